@@ -1,0 +1,1 @@
+"""Model-family adapters (registered with ``@model_family``) and tiny-model builders."""

@@ -1,0 +1,151 @@
+"""One registry for tasks, verifiers and model families, and the plugin loader.
+
+Built-ins (``mmrft.tasks``, ``mmrft.verifiers``, ``mmrft.models``) register themselves
+through the same decorators a user's plugin uses. A user plugin is named in a config's
+``plugins:`` list (or ``--plugin`` on the command line) as one of
+
+* a file path ``path/to/my_rewards.py`` (imported by path),
+* a dotted module ``mypkg.rewards`` (imported by name),
+* nothing at all: installed packages exposing the entry-point group ``mmrft.plugins`` are
+  imported automatically.
+
+Importing the plugin runs its ``@verifier`` / ``@task`` / ``@model_family`` decorators.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import logging
+import pkgutil
+import sys
+from collections.abc import Iterable
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ENTRY_POINT_GROUP = "mmrft.plugins"
+
+
+class UnknownNameError(KeyError):
+    """A name that is not registered. The message lists the closest registered names."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0])
+
+
+class PluginError(ImportError):
+    """A plugin that cannot be found or imported."""
+
+
+def closest(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
+    """Return up to ``n`` entries of ``valid`` closest to ``name`` (difflib ratio ≥ 0.5)."""
+    return difflib.get_close_matches(name, list(valid), n=n, cutoff=0.5)
+
+
+def did_you_mean(name: str, valid: Iterable[str]) -> str:
+    """A short hint: "did you mean 'x'?" or the list of valid names when nothing is close."""
+    valid = sorted(valid)
+    near = closest(name, valid)
+    if near:
+        return "did you mean " + " or ".join(f"'{v}'" for v in near) + "?"
+    return "valid: " + ", ".join(valid) if valid else "nothing is registered"
+
+
+class Registry(Generic[T]):
+    """Name → object mapping for one kind of plugin (``task``, ``verifier``, ``model family``)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def add(self, name: str, obj: T) -> None:
+        if not name or not isinstance(name, str):
+            raise ValueError(f"a {self.kind} needs a non-empty string name, got {name!r}")
+        old = self._items.get(name)
+        if old is not None and old is not obj:
+            # Re-registering the same name is allowed (a plugin imported twice, a notebook cell
+            # re-run) but never silent.
+            log.warning("%s '%s' registered again; the newer definition wins", self.kind, name)
+        self._items[name] = obj
+
+    def get(self, name: str) -> T:
+        load_builtins()
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownNameError(
+                f"unknown {self.kind} '{name}'; {did_you_mean(name, self._items)}"
+            ) from None
+
+    def names(self) -> list[str]:
+        load_builtins()
+        return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        load_builtins()
+        return name in self._items
+
+
+TASKS: Registry[Any] = Registry("task")
+VERIFIERS: Registry[Any] = Registry("verifier")
+MODEL_FAMILIES: Registry[Any] = Registry("model family")
+
+_BUILTIN_PACKAGES = ("mmrft.verifiers", "mmrft.tasks", "mmrft.models")
+_builtins_loaded = False
+
+
+def load_builtins() -> None:
+    """Import every module of the built-in plugin packages and the installed entry points, once."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    _builtins_loaded = True
+    for package_name in _BUILTIN_PACKAGES:
+        package = importlib.import_module(package_name)
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"{package_name}.{info.name}")
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()
+        except Exception as exc:
+            raise PluginError(
+                f"plugin entry point '{ep.name}' ({ep.value}) failed to import: {exc}"
+            ) from exc
+
+
+def load_plugin(spec: str) -> None:
+    """Import one user plugin: a ``.py`` file path or a dotted module name."""
+    load_builtins()
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise PluginError(f"plugin file not found: {spec}")
+        module_name = f"mmrft_user_plugin_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+        if module_name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise PluginError(f"plugin file {spec} failed to import: {exc}") from exc
+        return
+    try:
+        importlib.import_module(spec)
+    except ModuleNotFoundError as exc:
+        raise PluginError(f"plugin module '{spec}' not found ({exc})") from exc
+
+
+def load_plugins(specs: Iterable[str]) -> None:
+    for spec in specs:
+        load_plugin(spec)

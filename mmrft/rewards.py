@@ -1,0 +1,217 @@
+"""The verifier API and the weighted reward built from verifiers.
+
+A verifier is a plain function, batched::
+
+    @verifier("my_check", low=0.0, high=1.0)
+    def my_check(completions: list[str], samples: list[Sample], *, strict: bool = True):
+        return [Score(1.0) if ok(c, s) else Score(0.0, reason="no answer tag") for ...]
+
+Contract (DESIGN.md): one result per completion, in order; a result is a :class:`Score`, a
+plain float, or ``None`` for "not applicable to this sample" (it then adds nothing to the
+reward and is not averaged into the verifier's metric). A verifier never raises on model
+output: malformed output scores ``low`` with a short ``reason``. Parameters are keyword-only
+with type hints; :meth:`VerifierSpec.bind` type-checks them and then calls the verifier once
+on an empty batch, so a verifier that validates its parameter *values* at the top of its body
+fails at start-up rather than mid-run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mmrft.data import Sample
+from mmrft.plugins import VERIFIERS
+from mmrft.typecheck import ConfigError, bind_keyword_params
+
+
+@dataclass
+class Score:
+    """One verifier's verdict on one completion.
+
+    Attributes:
+        value: the score, inside the verifier's declared ``[low, high]``.
+        reason: why the score is the minimum (``"no answer tag"``, ``"unparsable box"``, ...);
+            ``None`` otherwise.
+        parts: named sub-scores, logged as ``train/reward/<verifier>/<part>``.
+    """
+
+    value: float
+    reason: str | None = None
+    parts: dict[str, float] = field(default_factory=dict)
+
+
+class NonFiniteRewardError(RuntimeError):
+    """A verifier returned NaN or inf; the message names the verifier and the sample."""
+
+
+VerifierFn = Callable[..., Sequence[Score | float | None]]
+
+
+@dataclass(frozen=True)
+class VerifierSpec:
+    """A registered verifier: the function and its declared score range."""
+
+    name: str
+    fn: VerifierFn
+    low: float
+    high: float
+
+    @property
+    def doc(self) -> str:
+        return (self.fn.__doc__ or "").strip()
+
+    def bind(self, params: Mapping[str, Any] | None = None) -> BoundVerifier:
+        """Check ``params`` (names, types, then values via an empty call) and bind them."""
+        checked = bind_keyword_params(self.fn, params or {}, where=f"verifier '{self.name}'")
+        try:
+            self.fn([], [], **checked)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"verifier '{self.name}': {exc}") from exc
+        return BoundVerifier(self, checked)
+
+
+def verifier(name: str, *, low: float = 0.0, high: float = 1.0) -> Callable[[VerifierFn], VerifierFn]:
+    """Register a batched verifier under ``name`` with score range ``[low, high]``.
+
+    The decorated function is returned unchanged, so it stays callable in a notebook.
+    """
+    if not low < high:
+        raise ValueError(f"verifier '{name}': low ({low}) must be below high ({high})")
+
+    def register(fn: VerifierFn) -> VerifierFn:
+        VERIFIERS.add(name, VerifierSpec(name=name, fn=fn, low=float(low), high=float(high)))
+        return fn
+
+    return register
+
+
+def as_score(result: Score | float | None, low: float) -> Score | None:
+    """Normalise one verifier result. A bare float at the minimum gets reason ``"minimum"``."""
+    if result is None or isinstance(result, Score):
+        return result
+    value = float(result)
+    return Score(value, reason="minimum" if value <= low else None)
+
+
+@dataclass(frozen=True)
+class BoundVerifier:
+    """A verifier with checked parameters, called as ``bound(completions, samples)``."""
+
+    spec: VerifierSpec
+    params: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> list[Score | None]:
+        if len(completions) != len(samples):
+            raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+        raw = self.spec.fn(list(completions), list(samples), **self.params)
+        if len(raw) != len(completions):
+            raise RuntimeError(
+                f"verifier '{self.name}' returned {len(raw)} results for {len(completions)} completions"
+            )
+        scores = [as_score(r, self.spec.low) for r in raw]
+        for score, sample in zip(scores, samples):
+            if score is None:
+                continue
+            if not math.isfinite(score.value):
+                raise NonFiniteRewardError(
+                    f"verifier '{self.name}' returned {score.value} for sample '{sample.id}'"
+                )
+            if score.value <= self.spec.low and score.reason is None:
+                score.reason = "minimum"
+        return scores
+
+
+@dataclass
+class RewardBreakdown:
+    """The rewards of a batch of completions.
+
+    Attributes:
+        total: Σ_v weight_v · score_v per completion (``None`` scores add nothing).
+        scores: verifier name → the per-completion :class:`Score` (or ``None``).
+        reasons: ``"<verifier>/<reason>"`` → count over the batch.
+    """
+
+    total: list[float]
+    scores: dict[str, list[Score | None]]
+    reasons: Counter
+
+    def metrics(self, prefix: str = "train/reward") -> dict[str, float]:
+        """Mean total and per-verifier means (and sub-scores), namespaced under ``prefix``."""
+        out = {prefix: sum(self.total) / max(len(self.total), 1)}
+        for name, scores in self.scores.items():
+            present = [s for s in scores if s is not None]
+            if present:
+                out[f"{prefix}/{name}"] = sum(s.value for s in present) / len(present)
+                for part in sorted({p for s in present for p in s.parts}):
+                    values = [s.parts[part] for s in present if part in s.parts]
+                    out[f"{prefix}/{name}/{part}"] = sum(values) / len(values)
+        return out
+
+
+@dataclass
+class WeightedReward:
+    """reward = Σ_v weight_v · score_v over the configured verifiers.
+
+    The range of the total is Σ_v weight_v · [low_v, high_v]; :attr:`range` reports it so that
+    unequal scales (GIoU + 1 up to 2, bonuses of 0.3) are visible rather than silent.
+    """
+
+    verifiers: list[tuple[BoundVerifier, float]]
+
+    @property
+    def range(self) -> tuple[float, float]:
+        low = sum(min(w * v.spec.low, w * v.spec.high) for v, w in self.verifiers)
+        high = sum(max(w * v.spec.low, w * v.spec.high) for v, w in self.verifiers)
+        return low, high
+
+    def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> RewardBreakdown:
+        total = [0.0] * len(completions)
+        by_name: dict[str, list[Score | None]] = {}
+        reasons: Counter = Counter()
+        for bound, weight in self.verifiers:
+            scores = bound(completions, samples)
+            by_name[bound.name] = scores
+            for i, score in enumerate(scores):
+                if score is None:
+                    continue
+                total[i] += weight * score.value
+                if score.reason:
+                    reasons[f"{bound.name}/{score.reason}"] += 1
+        return RewardBreakdown(total=total, scores=by_name, reasons=reasons)
+
+
+def build_reward(specs: Sequence[Mapping[str, Any]]) -> WeightedReward:
+    """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``."""
+    if not specs:
+        raise ConfigError("reward.verifiers: at least one verifier is needed")
+    verifiers = []
+    seen = set()
+    for i, spec in enumerate(specs):
+        unknown = set(spec) - {"name", "weight", "params"}
+        if unknown:
+            raise ConfigError(
+                f"reward.verifiers[{i}]: unknown key(s) {sorted(unknown)}; valid: name, weight, params"
+            )
+        if "name" not in spec:
+            raise ConfigError(f"reward.verifiers[{i}]: missing 'name'")
+        name = spec["name"]
+        if name in seen:
+            raise ConfigError(f"reward.verifiers[{i}]: verifier '{name}' listed twice")
+        seen.add(name)
+        weight = spec.get("weight", 1.0)
+        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight):
+            raise ConfigError(f"reward.verifiers[{i}].weight: expected a finite number, got {weight!r}")
+        try:
+            registered = VERIFIERS.get(name)
+        except KeyError as exc:
+            raise ConfigError(f"reward.verifiers[{i}].name: {exc}") from None
+        verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
+    return WeightedReward(verifiers)

@@ -1,0 +1,193 @@
+"""The task-adapter API.
+
+A task turns a dataset into :class:`~mmrft.data.Sample` s, owns the prompt template (with the
+model family's coordinate convention), names its default verifiers with weights, and its
+evaluation metrics. Built-in tasks live in the repository's ``tasks/`` folder (shipped as
+``mmrft.tasks``) and register themselves exactly like a user's task::
+
+    @task("my_task")
+    class MyTask(Task):
+        template = "{question}\\n{format_instruction}"
+        def default_verifiers(self): return [{"name": "format"}, {"name": "accuracy"}]
+        def evaluate_one(self, completion, sample): ...
+
+Prompt templates are ``str.format`` strings with the fields ``{question}`` (the text of the
+sample's last user turn), ``{format_instruction}`` (how to lay out think/answer tags) and, for
+box tasks, ``{box_instruction}`` (the model family's coordinate convention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from mmrft.data import OnError, ReadStats, Sample, read_mmrft_jsonl
+from mmrft.plugins import TASKS
+from mmrft.typecheck import ConfigError, bind_keyword_params
+
+if TYPE_CHECKING:
+    from mmrft.family import ModelFamily
+
+ThinkMode = Literal["required", "optional", "none"]
+
+FORMAT_INSTRUCTIONS: dict[str, str] = {
+    "required": (
+        "First think about the question inside <think> </think> tags, then give the final "
+        "answer inside <answer> </answer> tags."
+    ),
+    "optional": (
+        "You may think inside <think> </think> tags first; give the final answer inside "
+        "<answer> </answer> tags."
+    ),
+    "none": "Give only the final answer inside <answer> </answer> tags.",
+}
+
+
+@dataclass
+class EvalRecord:
+    """The evaluation of one completion.
+
+    Attributes:
+        id: the sample id.
+        completion: the model's text.
+        parsed: the answer as the strict evaluation parser read it (``None`` if unparsable).
+        score: the task's primary per-sample metric (accuracy 0/1, IoU, ...).
+        reason: why nothing usable was parsed (``"no answer tag"``, ...), else ``None``.
+        values: every per-sample metric; the benchmark result is the mean of each.
+    """
+
+    id: str
+    completion: str
+    parsed: Any
+    score: float
+    reason: str | None = None
+    values: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "completion": self.completion,
+            "parsed": self.parsed,
+            "score": self.score,
+            "reason": self.reason,
+            **self.values,
+        }
+
+
+class Task:
+    """Base class of task adapters; subclasses set the class attributes and override hooks.
+
+    Class attributes:
+        name: registry name (set by ``@task``).
+        template: the prompt template (see the module docstring).
+        primary_metric: the key of :attr:`EvalRecord.values` reported as *the* metric.
+        formats: dataset formats :meth:`read` understands (``"mmrft"`` is the project JSONL).
+    """
+
+    name: ClassVar[str] = ""
+    template: ClassVar[str] = "{question}\n{format_instruction}"
+    primary_metric: ClassVar[str] = "accuracy"
+    formats: ClassVar[tuple[str, ...]] = ("mmrft",)
+
+    def __init__(self, *, think: ThinkMode = "required", template: str | None = None) -> None:
+        """
+        Args:
+            think: whether the answer format asks for a ``<think>`` block first. Small models
+                often do better answering directly (R1-V, R1-AQA, CLS-RL), hence ``"none"``.
+            template: replaces the task's prompt template (same fields).
+        """
+        self.think = think
+        if template is not None:
+            self.template = template  # type: ignore[misc]
+        try:
+            self.template.format(question="", format_instruction="", box_instruction="")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ConfigError(f"task '{self.name}'.template: bad template field {exc}") from None
+
+    # -- data ---------------------------------------------------------------------------------
+    def read(
+        self,
+        path: str | Path,
+        fmt: str = "mmrft",
+        on_error: OnError = "raise",
+        check: Callable[[Sample], None] | None = None,
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read a dataset file in format ``fmt`` (one of :attr:`formats`)."""
+        if fmt != "mmrft":
+            raise ConfigError(
+                f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
+            )
+        return read_mmrft_jsonl(path, on_error=on_error, check=check)
+
+    # -- prompts ------------------------------------------------------------------------------
+    def format_instruction(self) -> str:
+        return FORMAT_INSTRUCTIONS[self.think]
+
+    def prompt(self, sample: Sample, family: ModelFamily) -> list[dict[str, Any]]:
+        """The chat messages sent to the model: the sample's messages with the last user
+        turn's text replaced by the filled template (media parts kept, in order)."""
+        text = self.template.format(
+            question=sample.text(),
+            format_instruction=self.format_instruction(),
+            box_instruction=family.box_instruction,
+        ).strip()
+        messages = [dict(m) for m in sample.messages]
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i]["role"] == "user":
+                content = messages[i]["content"]
+                media = [p for p in content if p.get("type") != "text"] if isinstance(content, list) else []
+                messages[i] = {"role": "user", "content": [*media, {"type": "text", "text": text}]}
+                break
+        return messages
+
+    # -- rewards and metrics --------------------------------------------------------------------
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        """``[{"name", "weight", "params"}]`` used when the config names no verifiers."""
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "accuracy", "weight": 1.0, "params": {}},
+        ]
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strictly parse and score one completion (greedy evaluation)."""
+        raise NotImplementedError
+
+    def evaluate(self, completions: list[str], samples: list[Sample]) -> list[EvalRecord]:
+        return [self.evaluate_one(c, s) for c, s in zip(completions, samples)]
+
+    def aggregate(self, records: list[EvalRecord]) -> dict[str, float]:
+        """Mean of every per-sample value, plus ``format_fail`` (share with a parse reason)."""
+        if not records:
+            return {}
+        keys = sorted({k for r in records for k in r.values})
+        out = {k: sum(r.values.get(k, 0.0) for r in records) / len(records) for k in keys}
+        out["format_fail"] = sum(r.reason is not None for r in records) / len(records)
+        return out
+
+    def chance(self, samples: list[Sample]) -> float | None:
+        """Expected primary metric of uniform guessing, when it is defined (else ``None``)."""
+        return None
+
+
+def task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Register a :class:`Task` subclass under ``name``."""
+
+    def register(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"@task('{name}') decorates a Task subclass, got {cls!r}")
+        cls.name = name
+        TASKS.add(name, cls)
+        return cls
+
+    return register
+
+
+def build_task(name: str, params: dict[str, Any] | None = None) -> Task:
+    """Instantiate the registered task ``name`` with type-checked ``params``."""
+    try:
+        cls = TASKS.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"task.name: {exc}") from None
+    return cls(**bind_keyword_params(cls, params or {}, where=f"task '{name}'"))

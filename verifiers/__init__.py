@@ -1,0 +1,1 @@
+"""Built-in verifiers, shipped as ``mmrft.verifiers``; each file registers itself with ``@verifier``."""
