@@ -78,7 +78,9 @@ class Sample:
         return ""
 
     def copy(self) -> Sample:
-        return Sample(self.id, copy.deepcopy(self.messages), copy.deepcopy(self.target), dict(self.meta))
+        return Sample(
+            self.id, copy.deepcopy(self.messages), copy.deepcopy(self.target), dict(self.meta)
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "messages": self.messages, "target": self.target, "meta": self.meta}

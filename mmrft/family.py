@@ -57,13 +57,20 @@ class ModelFamily:
     def __init__(self, media: MediaBudget | None = None) -> None:
         self.media = media or MediaBudget()
 
-    def load_model(self, path: str, dtype: str = "float32", attn_implementation: str | None = None) -> Any:
+    def load_model(
+        self, path: str, dtype: str = "float32", attn_implementation: str | None = None
+    ) -> Any:
         raise NotImplementedError
 
     def load_processor(self, path: str) -> Any:
         raise NotImplementedError
 
-    def prepare(self, processor: Any, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool = True) -> Any:
+    def prepare(
+        self,
+        processor: Any,
+        conversations: list[list[dict[str, Any]]],
+        add_generation_prompt: bool = True,
+    ) -> Any:
         """Tokenise a batch of conversations with their media: a ``BatchFeature`` with
         ``input_ids`` and ``attention_mask`` left-padded, plus the family's media tensors."""
         raise NotImplementedError
@@ -76,12 +83,90 @@ class ModelFamily:
         """Parameters of the vision tower (frozen by ``model.freeze_vision``)."""
         raise NotImplementedError
 
+    # Media tensors of a batch, each with the grid tensor that says how many of its rows belong
+    # to each image/video (Qwen-style flattened patches). Families with other layouts override
+    # split_rows / collate_rows.
+    media_keys: ClassVar[dict[str, str]] = {
+        "pixel_values": "image_grid_thw",
+        "pixel_values_videos": "video_grid_thw",
+    }
+    # The placeholder token that stands for each image (video) in the prompt; one contiguous
+    # run of it per image.
+    media_tokens: ClassVar[dict[str, str]] = {
+        "image_grid_thw": "<|image_pad|>",
+        "video_grid_thw": "<|video_pad|>",
+    }
+
+    def split_rows(self, batch: Any, processor: Any) -> list[dict[str, Any]]:
+        """Split prepared prompt inputs into one dict per conversation, padding removed.
+
+        Each row holds ``input_ids`` (1-D, no padding) and, per media key, the patch rows and
+        grid rows of that conversation's images/videos, so that micro-batches can be re-collated
+        in any order without re-running the processor.
+        """
+        import torch
+
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        rows: list[dict[str, Any]] = [
+            {"input_ids": ids[mask.bool()].clone()} for ids, mask in zip(input_ids, attention_mask)
+        ]
+        for values_key, grid_key in self.media_keys.items():
+            if batch.get(values_key) is None:
+                continue
+            grids, values = batch[grid_key], batch[values_key]
+            token_id = processor.tokenizer.convert_tokens_to_ids(self.media_tokens[grid_key])
+            counts = [
+                count_runs(ids[mask.bool()], token_id)
+                for ids, mask in zip(input_ids, attention_mask)
+            ]
+            patch_counts = grids.prod(dim=-1).tolist()
+            grid_pos = value_pos = 0
+            for row, n in zip(rows, counts):
+                n_patches = int(sum(patch_counts[grid_pos : grid_pos + n]))
+                row[grid_key] = grids[grid_pos : grid_pos + n].clone()
+                row[values_key] = values[value_pos : value_pos + n_patches].clone()
+                grid_pos += n
+                value_pos += n_patches
+            if grid_pos != len(grids) or value_pos != len(values):
+                raise RuntimeError(f"could not split {values_key}: media counts do not add up")
+        for row in rows:
+            row["input_ids"] = torch.as_tensor(row["input_ids"])
+        return rows
+
+    def collate_rows(self, rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+        """Left-pad ``input_ids`` of the rows and concatenate their media tensors."""
+        import torch
+
+        length = max(len(r["input_ids"]) for r in rows)
+        ids = torch.full((len(rows), length), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), length), dtype=torch.long)
+        for i, row in enumerate(rows):
+            n = len(row["input_ids"])
+            ids[i, length - n :] = row["input_ids"]
+            mask[i, length - n :] = 1
+        out: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        for values_key, grid_key in self.media_keys.items():
+            present = [r for r in rows if values_key in r and len(r[grid_key])]
+            if present:
+                out[values_key] = torch.cat([r[values_key] for r in present])
+                out[grid_key] = torch.cat([r[grid_key] for r in present])
+        return out
+
     def annotate(self, sample: Sample) -> None:
         """Store ``box_frame`` and, for the first image, ``input_size`` in ``sample.meta``."""
         sample.meta["box_frame"] = self.box_frame
         size = sample.meta.get("image_size")
         if size is not None:
             sample.meta["input_size"] = list(self.input_size(int(size[0]), int(size[1])))
+
+
+def count_runs(ids: Any, token_id: int) -> int:
+    """Number of maximal runs of ``token_id`` in a 1-D id tensor (= number of images)."""
+    hits = (ids == token_id).long()
+    if hits.numel() == 0:
+        return 0
+    starts = hits[1:] > hits[:-1]
+    return int(hits[0].item()) + int(starts.sum().item())
 
 
 def model_family(name: str) -> Callable[[type[ModelFamily]], type[ModelFamily]]:

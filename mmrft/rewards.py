@@ -74,7 +74,9 @@ class VerifierSpec:
         return BoundVerifier(self, checked)
 
 
-def verifier(name: str, *, low: float = 0.0, high: float = 1.0) -> Callable[[VerifierFn], VerifierFn]:
+def verifier(
+    name: str, *, low: float = 0.0, high: float = 1.0
+) -> Callable[[VerifierFn], VerifierFn]:
     """Register a batched verifier under ``name`` with score range ``[low, high]``.
 
     The decorated function is returned unchanged, so it stays callable in a notebook.
@@ -207,8 +209,14 @@ def build_reward(specs: Sequence[Mapping[str, Any]]) -> WeightedReward:
             raise ConfigError(f"reward.verifiers[{i}]: verifier '{name}' listed twice")
         seen.add(name)
         weight = spec.get("weight", 1.0)
-        if not isinstance(weight, (int, float)) or isinstance(weight, bool) or not math.isfinite(weight):
-            raise ConfigError(f"reward.verifiers[{i}].weight: expected a finite number, got {weight!r}")
+        if (
+            not isinstance(weight, (int, float))
+            or isinstance(weight, bool)
+            or not math.isfinite(weight)
+        ):
+            raise ConfigError(
+                f"reward.verifiers[{i}].weight: expected a finite number, got {weight!r}"
+            )
         try:
             registered = VERIFIERS.get(name)
         except KeyError as exc:

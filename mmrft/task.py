@@ -137,7 +137,11 @@ class Task:
         for i in range(len(messages) - 1, -1, -1):
             if messages[i]["role"] == "user":
                 content = messages[i]["content"]
-                media = [p for p in content if p.get("type") != "text"] if isinstance(content, list) else []
+                media = (
+                    [p for p in content if p.get("type") != "text"]
+                    if isinstance(content, list)
+                    else []
+                )
                 messages[i] = {"role": "user", "content": [*media, {"type": "text", "text": text}]}
                 break
         return messages
@@ -149,6 +153,10 @@ class Task:
             {"name": "format", "weight": 1.0, "params": {"think": self.think}},
             {"name": "accuracy", "weight": 1.0, "params": {}},
         ]
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The text a correct answer puts inside the answer tags (used by the warm start)."""
+        raise NotImplementedError(f"task '{self.name}' defines no reference answer")
 
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """Strictly parse and score one completion (greedy evaluation)."""

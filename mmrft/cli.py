@@ -1,0 +1,258 @@
+"""Command line: ``mmrft train | eval | verify | list | make-tiny | report``.
+
+Configuration errors (unknown keys, unknown plugin names, bad data lines, missing media) are
+printed as one message naming the key or file, with exit status 2 and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from mmrft.config import (
+    CONFIG_DIR,
+    DEFAULT_CONFIG,
+    REPO_ROOT,
+    help_table,
+    load_config,
+    parse_override,
+)
+from mmrft.data import DataError, Sample
+from mmrft.plugins import (
+    MODEL_FAMILIES,
+    TASKS,
+    VERIFIERS,
+    PluginError,
+    UnknownNameError,
+    load_plugins,
+)
+from mmrft.rewards import NonFiniteRewardError
+from mmrft.typecheck import ConfigError, keyword_params_doc
+
+USER_ERRORS = (
+    ConfigError,
+    DataError,
+    UnknownNameError,
+    PluginError,
+    NonFiniteRewardError,
+    FileNotFoundError,
+)
+
+
+def split_config_arg(config: str | None, overrides: list[str]) -> tuple[str | None, list[str]]:
+    """``mmrft train lr=1`` has no config: a first argument with '=' is an override."""
+    if config is not None and "=" in config:
+        return None, [config, *overrides]
+    return config, list(overrides)
+
+
+def cmd_train(args: argparse.Namespace, console: Console) -> int:
+    if args.help_config:
+        table = Table(title="mmrft config keys")
+        for column in ("key", "type", "default", "help"):
+            table.add_column(column, overflow="fold")
+        for row in help_table():
+            table.add_row(*row)
+        console.print(table)
+        return 0
+    from mmrft.trainer import train
+
+    config, overrides = split_config_arg(args.config, args.overrides)
+    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    train(cfg, console)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, console: Console) -> int:
+    from mmrft.evaluate import evaluate, print_table, write_eval
+    from mmrft.plugins import load_plugins as load
+    from mmrft.policy import load_policy
+    from mmrft.task import build_task
+    from mmrft.trainer import load_split, pick_device, run_name, seed_everything
+
+    # `model=PATH` is shorthand for `model.path=PATH`.
+    overrides = [
+        f"model.path={o.split('=', 1)[1]}" if o.startswith("model=") else o for o in args.overrides
+    ]
+    config, overrides = split_config_arg(args.config, overrides)
+    cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    seed_everything(cfg.train.seed)
+    load(cfg.plugins)
+    if not cfg.data.test:
+        raise ConfigError("data.test: evaluation needs a test file")
+    task = build_task(cfg.task.name, cfg.task.params)
+    policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False)
+    samples = load_split(task, policy, cfg, cfg.data.test, cfg.data.max_test_samples)
+    result = evaluate(
+        policy,
+        task,
+        samples,
+        cfg.eval.batch_size,
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    )
+    out = (
+        Path(args.out)
+        if args.out
+        else Path(cfg.output_dir) / run_name(cfg) / "eval" / Path(cfg.model.path).name
+    )
+    write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
+    print_table(
+        f"{task.name}: {cfg.model.path} on {cfg.data.test}", {"value": result.metrics}, console
+    )
+    console.print(f"wrote {out / 'results.json'} and {out / 'predictions.jsonl'}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, console: Console) -> int:
+    """Score lines ``{"completion", "target", "meta"}``; print one JSON line per input."""
+    load_plugins(args.plugin)
+    spec = VERIFIERS.get(args.name)
+    params = dict(parse_override(o) for o in args.params)
+    bound = spec.bind(params)
+    completions, samples = [], []
+    path = Path(args.file)
+    if not path.is_file():
+        raise DataError(f"file not found: {path}")
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or "completion" not in record or "target" not in record:
+            raise DataError(f"{where}: needs 'completion' and 'target'")
+        completions.append(str(record["completion"]))
+        samples.append(
+            Sample(
+                id=str(record.get("id", number)),
+                messages=record.get("messages") or [],
+                target=record["target"],
+                meta=record.get("meta") or {},
+            )
+        )
+    for sample, score in zip(samples, bound(completions, samples)):
+        if score is None:
+            line = {"id": sample.id, "score": None, "reason": "not applicable", "parts": {}}
+        else:
+            line = {
+                "id": sample.id,
+                "score": score.value,
+                "reason": score.reason,
+                "parts": score.parts,
+            }
+        sys.stdout.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    load_plugins(args.plugin)
+    if args.what == "configs":
+        for path in sorted(CONFIG_DIR.glob("**/*.yaml")):
+            console.print(str(path.relative_to(REPO_ROOT)))
+        return 0
+    registry = {"tasks": TASKS, "verifiers": VERIFIERS, "models": MODEL_FAMILIES}[args.what]
+    table = Table(title=args.what)
+    table.add_column("name")
+    table.add_column("parameters", overflow="fold")
+    table.add_column("description", overflow="fold")
+    for name in registry.names():
+        obj = registry.get(name)
+        fn = getattr(obj, "fn", obj)
+        params = ", ".join(f"{k}: {t} = {d!r}" for k, (t, d) in keyword_params_doc(fn).items())
+        doc = (fn.__doc__ or "").strip().splitlines()
+        extra = f" [{obj.low:g}, {obj.high:g}]" if hasattr(obj, "low") else ""
+        table.add_row(name, params, (doc[0] if doc else "") + extra)
+    console.print(table)
+    return 0
+
+
+def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:
+    from mmrft.models.tiny import build_all
+
+    for path in build_all(Path(args.out)):
+        console.print(f"wrote {path}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, console: Console) -> int:
+    from mmrft.report import write_report
+
+    for run in args.runs:
+        run_dir = Path(run)
+        metrics = run_dir / "metrics.jsonl"
+        if not metrics.is_file():
+            raise DataError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
+        history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        console.print(f"wrote {write_report(run_dir, history)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmrft", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train from a config (default: configs/demo.yaml)")
+    p.add_argument("config", nargs="?", default=None, help="config path or name under configs/")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. optim.lr=1e-5")
+    p.add_argument(
+        "--help-config",
+        action="store_true",
+        help="print every config key with its default and help",
+    )
+    p.set_defaults(fn=cmd_train)
+
+    p = sub.add_parser("eval", help="greedy evaluation of a checkpoint on the config's test split")
+    p.add_argument("config", help="config path or name under configs/")
+    p.add_argument(
+        "overrides", nargs="*", help="key=value overrides; model=PATH picks the checkpoint"
+    )
+    p.add_argument("--out", help="output directory (default: <run dir>/eval/<model name>)")
+    p.set_defaults(fn=cmd_eval)
+
+    p = sub.add_parser("verify", help="score completions from a JSONL file with one verifier")
+    p.add_argument("name", help="verifier name (`mmrft list verifiers`)")
+    p.add_argument("file", help='JSONL lines {"completion", "target", "meta"}')
+    p.add_argument("params", nargs="*", help="verifier parameters as key=value")
+    p.add_argument(
+        "--plugin", action="append", default=[], help="plugin file.py or module to import"
+    )
+    p.set_defaults(fn=cmd_verify)
+
+    p = sub.add_parser(
+        "list", help="list registered tasks, verifiers, model families or bundled configs"
+    )
+    p.add_argument("what", choices=["tasks", "verifiers", "models", "configs"])
+    p.add_argument(
+        "--plugin", action="append", default=[], help="plugin file.py or module to import"
+    )
+    p.set_defaults(fn=cmd_list)
+
+    p = sub.add_parser("make-tiny", help="build the tiny test models into assets/models")
+    p.add_argument("--out", default=str(REPO_ROOT / "assets"), help="assets directory")
+    p.set_defaults(fn=cmd_make_tiny)
+
+    p = sub.add_parser("report", help="write report.png for run directories")
+    p.add_argument("runs", nargs="+", help="run directories")
+    p.set_defaults(fn=cmd_report)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console(stderr=args.command == "verify")
+    try:
+        return args.fn(args, console)
+    except USER_ERRORS as exc:
+        console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

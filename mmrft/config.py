@@ -1,0 +1,394 @@
+"""The typed run config: defaults ← preset ← YAML ← ``key=value`` overrides.
+
+Every field is documented once, here, in its ``help`` metadata; defaults come from the papers'
+recipes (REFERENCE.md) unless noted. An unknown key is an error that names it and suggests the
+closest valid key; a wrong type names the key and the expected type. ``mmrft train --help-config``
+prints this table. The resolved config is printed at start-up and saved as ``config.yaml`` in
+the run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from mmrft.plugins import did_you_mean
+from mmrft.typecheck import ConfigError, coerce, type_name
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a default (copied when mutable) and its one help text."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights.")
+    r: int = _f(64, "LoRA rank.")
+    alpha: int = _f(128, "LoRA alpha (scale = alpha / r).")
+    dropout: float = _f(0.05, "LoRA dropout.")
+    target_modules: list[str] = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        "Module names that get adapters (language model only unless vision is unfrozen).",
+    )
+
+
+@dataclass
+class ModelConfig:
+    path: str = _f(
+        "assets/models/tiny-qwen2_5_vl", "Checkpoint directory (save_pretrained layout)."
+    )
+    family: str = _f("auto", "Model family adapter; 'auto' reads config.json's model_type.")
+    dtype: Literal["float32", "bfloat16", "float16"] = _f(
+        "float32", "Weights dtype. The papers train in bfloat16 on GPUs; CPU runs use float32."
+    )
+    attn_implementation: str | None = _f(
+        None, "'sdpa', 'eager', 'flash_attention_2'; None = transformers' default."
+    )
+    min_pixels: int = _f(3136, "Lower bound on resized image H·W in pixels (56·56).")
+    max_pixels: int = _f(
+        401408, "Upper bound on resized image H·W in pixels (512·28·28, as the papers)."
+    )
+    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    freeze_vision: bool = _f(
+        False, "Freeze the vision tower (train the language model and merger only)."
+    )
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings."})
+
+
+@dataclass
+class DataConfig:
+    train: str = _f(
+        "",
+        "Training dataset file (JSONL). Relative paths resolve against the current directory, then the repository root.",
+    )
+    test: str = _f("", "Held-out dataset file used by evaluation.")
+    format: str = _f(
+        "mmrft", "Dataset format understood by the task ('mmrft' JSONL, 'refcoco', ...)."
+    )
+    on_error: Literal["raise", "skip"] = _f(
+        "raise",
+        "A bad line or a missing/corrupt image: stop with an error naming the file, or skip it and count it in the log.",
+    )
+    max_train_samples: int | None = _f(None, "Use at most this many training samples (None = all).")
+    max_test_samples: int | None = _f(None, "Evaluate at most this many test samples (None = all).")
+
+
+@dataclass
+class TaskConfig:
+    name: str = _f("classification", "Registered task name (`mmrft list tasks`).")
+    params: dict[str, Any] = _f({}, "Keyword parameters of the task (e.g. think: none).")
+
+
+@dataclass
+class RewardConfig:
+    verifiers: list[dict[str, Any]] = _f(
+        [],
+        "List of {name, weight, params}; empty = the task's default verifiers (format + task check, weights 1).",
+    )
+
+
+@dataclass
+class RolloutConfig:
+    engine: Literal["hf"] = _f(
+        "hf", "Generation engine: 'hf' (transformers generate, KV cache on)."
+    )
+    group_size: int = _f(8, "Completions per prompt, G (papers: 8; 4 for 7B models).")
+    temperature: float = _f(1.0, "Sampling temperature (papers: 0.9–1.0).")
+    top_p: float = _f(1.0, "Nucleus sampling threshold.")
+    top_k: int = _f(0, "Top-k sampling; 0 disables.")
+    max_new_tokens: int = _f(512, "Maximum completion length in tokens.")
+    batch_size: int = _f(64, "Completions generated per generate() call.")
+
+
+@dataclass
+class AlgorithmConfig:
+    preset: Literal["grpo", "dr_grpo", "dapo", "bnpo", "gspo"] | None = _f(
+        None, "Fill the fields below from a named recipe (see README); explicit keys still win."
+    )
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _f(
+        "grpo",
+        "Advantage estimator: GRPO (r−mean)/(std+eps) (arXiv:2402.03300), Dr.GRPO mean-only (2503.20783), RLOO (2402.14740), REINFORCE++ (2501.03262).",
+    )
+    eps: float = _f(1e-4, "Added to the group std in GRPO advantages (R1-V / open-r1 use 1e-4).")
+    clip_low: float = _f(0.2, "Lower clip ε_low of the importance ratio (PPO).")
+    clip_high: float = _f(0.2, "Upper clip ε_high (DAPO clip-higher uses 0.28, arXiv:2503.14476).")
+    ratio_level: Literal["token", "sequence"] = _f(
+        "token", "Importance ratio per token, or per sequence (GSPO, arXiv:2507.18071)."
+    )
+    agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = _f(
+        "token-mean", "Loss aggregation over tokens and sequences of the whole optimizer step."
+    )
+    beta: float = _f(
+        0.0,
+        "KL coefficient β against the reference model; 0 = no reference model is loaded (papers: 0.04).",
+    )
+    kl_estimator: Literal["k1", "k2", "k3"] = _f(
+        "k3", "KL estimator (Schulman 2020); k3 as in GRPO."
+    )
+    entropy_coef: float = _f(0.0, "Entropy bonus coefficient (subtracted from the loss).")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = _f(1e-6, "Peak learning rate for AdamW (papers: 1e-6 for full fine-tuning).")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    betas: list[float] = _f([0.9, 0.99], "AdamW betas.")
+    schedule: Literal["constant", "cosine"] = _f("constant", "LR schedule after warm-up.")
+    warmup_steps: int = _f(0, "Linear warm-up steps.")
+    max_grad_norm: float = _f(1.0, "Gradient clipping norm; 0 disables.")
+
+
+@dataclass
+class TrainConfig:
+    steps: int = _f(500, "Optimizer steps of RL.")
+    prompts_per_step: int = _f(
+        16,
+        "Prompts per optimizer step; each gets group_size completions (papers: 1 × 2 accum × 8 GPUs).",
+    )
+    micro_batch_size: int = _f(
+        16,
+        "Completions per forward/backward (gradient accumulation splits the step into micro-batches).",
+    )
+    seed: int = _f(42, "Seed of python, numpy and torch RNGs and the data order.")
+    log_every: int = _f(1, "Write metrics every N steps.")
+    completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
+    threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+
+
+@dataclass
+class WarmStartConfig:
+    steps: int = _f(0, "Supervised warm-start steps before RL (0 = none).")
+    lr: float = _f(1e-3, "Learning rate of the warm start.")
+    batch_size: int = _f(16, "Samples per warm-start step.")
+    labels: Literal["random", "target"] = _f(
+        "random",
+        "'random': answers drawn from other samples' targets, which teaches only the answer format and keeps accuracy at chance; 'target': ordinary SFT on the ground truth.",
+    )
+
+
+@dataclass
+class EvalConfig:
+    every: int = _f(0, "Evaluate the test split every N RL steps (0 = only before and after).")
+    before: bool = _f(True, "Evaluate before RL (after any warm start).")
+    after: bool = _f(True, "Evaluate after RL.")
+    batch_size: int = _f(32, "Prompts per greedy generate() call.")
+    max_new_tokens: int | None = _f(
+        None, "Completion budget for evaluation (None = rollout.max_new_tokens)."
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = _f(100, "Save a checkpoint every N steps (0 = only at the end).")
+    keep_last: int = _f(2, "Keep the newest N step checkpoints.")
+    resume: str = _f(
+        "auto",
+        "'auto' resumes from the newest complete checkpoint in the run directory, 'never', or a checkpoint path.",
+    )
+
+
+@dataclass
+class RunConfig:
+    name: str = _f("", "Run name; empty = <task>__<model>__<seed>.")
+    output_dir: str = _f("runs", "Parent directory of run directories (run dir = output_dir/name).")
+    device: Literal["auto", "cpu", "cuda"] = _f(
+        "auto", "Where to train; 'auto' = cuda if available."
+    )
+    plugins: list[str] = _f([], "User plugins to import: file.py paths or dotted modules.")
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "The policy model."})
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "Datasets."})
+    task: TaskConfig = field(default_factory=TaskConfig, metadata={"help": "Task adapter."})
+    reward: RewardConfig = field(
+        default_factory=RewardConfig, metadata={"help": "Verifiers and weights."}
+    )
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "Sampling."})
+    algorithm: AlgorithmConfig = field(
+        default_factory=AlgorithmConfig, metadata={"help": "GRPO-family loss."}
+    )
+    optim: OptimConfig = field(
+        default_factory=OptimConfig, metadata={"help": "Optimizer and schedule."}
+    )
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "Training loop."})
+    warm_start: WarmStartConfig = field(
+        default_factory=WarmStartConfig, metadata={"help": "Optional supervised warm start."}
+    )
+    eval: EvalConfig = field(
+        default_factory=EvalConfig, metadata={"help": "Evaluation on the test split."}
+    )
+    checkpoint: CheckpointConfig = field(
+        default_factory=CheckpointConfig, metadata={"help": "Checkpoints and resume."}
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Building and validating
+
+
+def _from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in fields:
+            valid = [f"{prefix}{k}" for k in fields]
+            raise ConfigError(f"unknown config key '{full}'; {did_you_mean(full, valid)}")
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _from_dict(hint, value, f"{full}.")
+        else:
+            kwargs[key] = coerce(value, hint, full)
+    return cls(**kwargs)
+
+
+def _check(cfg: RunConfig) -> None:
+    """Cross-field checks that no single type can express."""
+
+    def need(ok: bool, key: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"{key}: {message}")
+
+    need(
+        cfg.rollout.group_size >= 2,
+        "rollout.group_size",
+        "needs at least 2 completions per prompt (advantages are relative to the group)",
+    )
+    need(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0 for sampling")
+    need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
+    need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
+    need(cfg.rollout.batch_size > 0, "rollout.batch_size", "must be > 0")
+    need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
+    need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")
+    need(cfg.train.steps >= 0, "train.steps", "must be ≥ 0")
+    need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
+    need(len(cfg.optim.betas) == 2, "optim.betas", "needs two numbers")
+    need(0 <= cfg.algorithm.clip_low < 1, "algorithm.clip_low", "must be in [0, 1)")
+    need(cfg.algorithm.clip_high >= 0, "algorithm.clip_high", "must be ≥ 0")
+    need(cfg.algorithm.beta >= 0, "algorithm.beta", "must be ≥ 0")
+    need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
+    need(
+        cfg.model.min_pixels <= cfg.model.max_pixels,
+        "model.min_pixels",
+        "must not exceed model.max_pixels",
+    )
+    need(
+        bool(cfg.data.train) or cfg.train.steps == 0,
+        "data.train",
+        "a training file is needed when train.steps > 0",
+    )
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = tree
+    for key in keys[:-1]:
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted}: '{key}' is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Split ``key.sub=value``; the value is read as a YAML scalar/list (``1e-4``, ``[a, b]``, ``null``)."""
+    if "=" not in text:
+        raise ConfigError(f"override '{text}' is not of the form key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError(f"override '{text}' has an empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def resolve_config_path(name: str | Path | None) -> Path:
+    """A config path as given, else ``configs/<name>.yaml`` of the repository."""
+    if name is None:
+        return DEFAULT_CONFIG
+    path = Path(name)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
+        if candidate.is_file():
+            return candidate
+    available = [p.stem for p in sorted(CONFIG_DIR.glob("**/*.yaml"))]
+    raise ConfigError(f"config '{name}' not found; {did_you_mean(str(path.stem), available)}")
+
+
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> RunConfig:
+    """defaults ← algorithm preset ← YAML file ← ``key=value`` overrides, validated."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        with resolve_config_path(path).open(encoding="utf-8") as f:
+            tree = yaml.safe_load(f) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: a config file must be a YAML mapping")
+    for item in overrides:
+        key, value = parse_override(item)
+        _set_dotted(tree, key, value)
+    preset = (tree.get("algorithm") or {}).get("preset")
+    if preset is not None:
+        from mmrft.algorithms import LOSS_PRESETS
+
+        if preset not in LOSS_PRESETS:
+            raise ConfigError(
+                f"algorithm.preset: unknown preset '{preset}'; {did_you_mean(str(preset), LOSS_PRESETS)}"
+            )
+        tree["algorithm"] = {**LOSS_PRESETS[preset], **tree["algorithm"]}
+    cfg = _from_dict(RunConfig, tree, "")
+    _check(cfg)
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def resolve_path(path: str) -> Path:
+    """A data/model path: as given if it exists, else relative to the repository root."""
+    candidate = Path(path).expanduser()
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    in_repo = REPO_ROOT / candidate
+    return in_repo if in_repo.exists() else candidate
+
+
+def help_table(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) for every leaf field, for ``--help-config`` and the README."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            rows.extend(help_table(hint, f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append(
+            (f"{prefix}{f.name}", type_name(hint), repr(default), f.metadata.get("help", ""))
+        )
+    return rows

@@ -1,0 +1,161 @@
+"""The policy: loading a checkpoint through its model family, and the training forward pass.
+
+``completion_logps`` is the one forward used for the policy, the reference model and the
+supervised warm start: prompts left-padded, completions right-padded, concatenated; the model
+sees the whole sequence with its media and returns per-token log-probabilities of the
+completion tokens only (``logits_to_keep`` limits the vocabulary projection to them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmrft.algorithms import entropy_from_logits, selective_log_softmax
+from mmrft.config import ModelConfig, resolve_path
+from mmrft.family import MediaBudget, ModelFamily, family_for_model_type
+from mmrft.plugins import MODEL_FAMILIES
+from mmrft.typecheck import ConfigError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Policy:
+    """A loaded model with its processor and family adapter."""
+
+    family: ModelFamily
+    model: Any
+    processor: Any
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    @property
+    def pad_token_id(self) -> int:
+        tok = self.tokenizer
+        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+
+def resolve_family(cfg: ModelConfig) -> ModelFamily:
+    """The family adapter named by ``model.family`` or found from config.json's model_type."""
+    media = MediaBudget(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    if cfg.family != "auto":
+        try:
+            return MODEL_FAMILIES.get(cfg.family)(media)
+        except KeyError as exc:
+            raise ConfigError(f"model.family: {exc}") from None
+    config_file = resolve_path(cfg.path) / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"model.path: no config.json in {resolve_path(cfg.path)}")
+    model_type = json.loads(config_file.read_text())["model_type"]
+    try:
+        return family_for_model_type(model_type)(media)
+    except KeyError as exc:
+        raise ConfigError(f"model.family: {exc}; set model.family explicitly") from None
+
+
+def load_policy(cfg: ModelConfig, device: torch.device, trainable: bool = True) -> Policy:
+    """Load model + processor; apply vision freezing, gradient checkpointing and LoRA."""
+    family = resolve_family(cfg)
+    path = str(resolve_path(cfg.path))
+    processor = family.load_processor(path)
+    model = family.load_model(path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+    model.to(device)
+    if not trainable:
+        model.eval().requires_grad_(False)
+        return Policy(family, model, processor)
+    if cfg.freeze_vision:
+        for p in family.vision_parameters(model):
+            p.requires_grad_(False)
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if cfg.lora.enabled:
+        from peft import LoraConfig, get_peft_model
+
+        lora = LoraConfig(
+            r=cfg.lora.r,
+            lora_alpha=cfg.lora.alpha,
+            lora_dropout=cfg.lora.dropout,
+            target_modules=cfg.lora.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        model = get_peft_model(model, lora)
+    model.train()
+    return Policy(family, model, processor)
+
+
+def pad_completions(
+    completions: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad completion id lists to ``[B, C]`` with a 0/1 mask."""
+    length = max(1, max(len(c) for c in completions))
+    ids = torch.full((len(completions), length), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(completions), length), dtype=torch.long)
+    for i, c in enumerate(completions):
+        ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = 1
+    return ids, mask
+
+
+def completion_logps(
+    policy: Policy,
+    prompt_rows: list[dict[str, Any]],
+    completions: list[list[int]],
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """log π(c_t | prompt, c_<t) for each completion token.
+
+    Args:
+        prompt_rows: one prepared prompt per completion (``ModelFamily.split_rows`` output).
+        completions: completion token ids (ending with the end-of-turn token when the model
+            stopped, cut at the length limit otherwise).
+    Returns:
+        ``(logps [B, C], mask [B, C], entropy [B, C] or None)`` on the policy's device.
+    """
+    device = policy.device
+    prompt = policy.family.collate_rows(prompt_rows, policy.pad_token_id)
+    completion_ids, completion_mask = pad_completions(completions, policy.pad_token_id)
+    input_ids = torch.cat([prompt["input_ids"], completion_ids], dim=1).to(device)
+    attention_mask = torch.cat([prompt["attention_mask"], completion_mask], dim=1).to(device)
+    media = {k: v.to(device) for k, v in prompt.items() if k not in ("input_ids", "attention_mask")}
+    for key in policy.family.media_keys:  # patch values follow the model's dtype
+        if key in media:
+            media[key] = media[key].to(policy.model.dtype)
+    n = completion_ids.shape[1]
+    out = policy.model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logits_to_keep=n + 1,
+        use_cache=False,
+        **media,
+    )
+    logits = out.logits[:, :-1, :].float()  # position t predicts token t+1
+    logps = selective_log_softmax(logits, completion_ids.to(device))
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return logps, completion_mask.to(device), entropy
+
+
+def save_pretrained(policy: Policy, directory: Path) -> None:
+    """Write a checkpoint transformers loads directly (LoRA merged into a copy first)."""
+    model = policy.model
+    if hasattr(model, "merge_and_unload"):  # peft: also keep the adapter for reference
+        model.save_pretrained(directory / "adapter")
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(directory, safe_serialization=True)
+    policy.processor.save_pretrained(directory)

@@ -1,0 +1,601 @@
+"""The GRPO training loop, top to bottom.
+
+One RL step (``train``, the loop body):
+
+1. take ``train.prompts_per_step`` prompts in a seeded order that is a pure function of the
+   position in the data (so a resume continues the same order);
+2. sample ``G = rollout.group_size`` completions per prompt (group-contiguous);
+3. score them with the weighted verifiers → reward r_i, with reasons counted;
+4. advantages A_i from the group's rewards (``algorithm.advantage``);
+5. forward the completions in micro-batches, loss = aggregated clipped surrogate
+   (+ β·KL to a reference model, − entropy bonus), with the denominators of the *whole* step
+   so that gradient accumulation equals one big batch; backward;
+6. clip gradients, AdamW step, LR schedule step;
+7. log metrics, sample completions, checkpoint, periodic evaluation.
+
+What this loop keeps of the papers and what it drops: one optimizer update per rollout batch
+(μ = 1, so the old policy is the current one and the ratio is 1 at the update, as in
+DeepSeekMath's GRPO as run by TRL / R1-V / VLM-R1); completions whose advantage is exactly 0
+are not forwarded when they cannot contribute a gradient (β = 0 and no entropy bonus): their
+loss term is exactly zero, and they still count in the token/sequence denominators, so the
+update is identical and cheaper.
+
+The optional supervised warm start (``warm_start``) runs before RL; the before/after
+evaluation brackets the RL stage alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from mmrft.algorithms import group_advantages, group_stats, grpo_loss
+from mmrft.checkpoint import (
+    find_resume_checkpoint,
+    load_trainer_state,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from mmrft.config import RunConfig, resolve_path, to_dict, to_yaml
+from mmrft.data import DataError, Sample
+from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
+from mmrft.plugins import load_plugins
+from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
+from mmrft.report import write_report
+from mmrft.rewards import build_reward
+from mmrft.rollout import Rollouts, Sampling, build_engine
+from mmrft.task import Task, build_task
+
+log = logging.getLogger("mmrft")
+
+
+# ---------------------------------------------------------------------------------------------
+# Set-up helpers
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device: 'cuda' requested but no CUDA device is available")
+    return torch.device(name)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def run_name(cfg: RunConfig) -> str:
+    """``<task>__<model>__<seed>`` unless the config names the run."""
+    return cfg.name or f"{cfg.task.name}__{Path(cfg.model.path).name}__{cfg.train.seed}"
+
+
+def load_split(
+    task: Task, policy: Policy, cfg: RunConfig, path: str, limit: int | None
+) -> list[Sample]:
+    """Read a split, check its media, annotate it with the model family's frames."""
+    from mmrft.models.qwen_vl import check_media
+
+    samples, stats = task.read(
+        resolve_path(path), fmt=cfg.data.format, on_error=cfg.data.on_error, check=check_media
+    )
+    log.info(stats.summary())
+    if not samples:
+        raise DataError(f"{path}: no usable samples ({stats.summary()})")
+    samples = samples[:limit] if limit else samples
+    for sample in samples:
+        policy.family.annotate(sample)
+    return samples
+
+
+def lr_lambda(cfg: RunConfig):
+    warmup, total, schedule = cfg.optim.warmup_steps, max(cfg.train.steps, 1), cfg.optim.schedule
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+@dataclass
+class DataStream:
+    """Prompt order as a pure function of the position: epoch e uses permutation(seed + e)."""
+
+    size: int
+    seed: int
+    position: int = 0
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position, self.size)
+            order = np.random.default_rng(self.seed + epoch).permutation(self.size)
+            out.append(int(order[offset]))
+            self.position += 1
+        return out
+
+
+@dataclass
+class RunLog:
+    """metrics.jsonl and completions.jsonl of a run directory."""
+
+    run_dir: Path
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: forget lines of steps after the checkpoint (they will be redone)."""
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            path = self.run_dir / name
+            if path.exists():
+                keep = [
+                    line
+                    for line in path.read_text().splitlines()
+                    if json.loads(line).get("step", 0) <= step
+                ]
+                path.write_text("".join(line + "\n" for line in keep))
+        path = self.run_dir / "metrics.jsonl"
+        self.history = (
+            [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        )
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        record = {"step": step, **{k: float(v) for k, v in values.items()}}
+        self.history.append(record)
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+
+
+def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
+    for begin in range(0, len(indices), size):
+        yield indices[begin : begin + size]
+
+
+# ---------------------------------------------------------------------------------------------
+# The warm start (optional, supervised)
+
+
+def warm_start(
+    policy: Policy, task: Task, samples: list[Sample], cfg: RunConfig, console: Console
+) -> None:
+    """Supervised steps on ``<answer>reference</answer>`` completions.
+
+    ``labels="random"`` pairs each prompt with the reference answer of another random sample:
+    the model learns the answer *format* and the label distribution, but nothing about the
+    image, so the accuracy after the warm start stays at chance and every gain measured across
+    RL is RL's. ``labels="target"`` is ordinary SFT.
+    """
+    ws = cfg.warm_start
+    if task.think == "required":
+        raise ValueError(
+            "warm_start needs task.params.think 'none' or 'optional' (it writes no think block)"
+        )
+    rng = random.Random(cfg.train.seed + 1)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=ws.lr, weight_decay=0.0)
+    end_of_turn = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    references = [task.reference_answer(s) for s in samples]
+    losses = []
+    for step in range(ws.steps):
+        batch = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+        answers = [
+            references[rng.randrange(len(samples))] if ws.labels == "random" else references[i]
+            for i in batch
+        ]
+        conversations = [task.prompt(samples[i], policy.family) for i in batch]
+        prepared = policy.family.prepare(
+            policy.processor, conversations, add_generation_prompt=True
+        )
+        rows = policy.family.split_rows(prepared, policy.processor)
+        completions = [
+            policy.tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False)
+            + [end_of_turn]
+            for a in answers
+        ]
+        logps, mask, _ = completion_logps(policy, rows, completions)
+        loss = -(logps * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if (step + 1) % 20 == 0 or step + 1 == ws.steps:
+            console.print(f"warm start {step + 1}/{ws.steps}: loss {np.mean(losses[-20:]):.3f}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The RL loop
+
+
+def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
+    """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary."""
+    console = console or Console()
+    t_start = time.perf_counter()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    seed_everything(cfg.train.seed)
+    device = pick_device(cfg.device)
+    load_plugins(cfg.plugins)
+
+    run_dir = (
+        resolve_path(cfg.output_dir) / run_name(cfg)
+        if not Path(cfg.output_dir).is_absolute()
+        else Path(cfg.output_dir) / run_name(cfg)
+    )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    _attach_file_log(run_dir / "train.log")
+    console.rule(f"[bold]mmrft train[/bold] → {run_dir}")
+    console.print(to_yaml(cfg), highlight=False)
+
+    # Task, reward, model, data ------------------------------------------------------------
+    task = build_task(cfg.task.name, cfg.task.params)
+    reward = build_reward(cfg.reward.verifiers or task.default_verifiers())
+    low, high = reward.range
+    console.print(
+        "reward = "
+        + " + ".join(f"{w:g}·{v.name}[{v.spec.low:g},{v.spec.high:g}]" for v, w in reward.verifiers)
+        + f"  ∈ [{low:g}, {high:g}]"
+    )
+    policy = load_policy(cfg.model, device)
+    reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
+    train_samples = (
+        load_split(task, policy, cfg, cfg.data.train, cfg.data.max_train_samples)
+        if cfg.data.train
+        else []
+    )
+    test_samples = (
+        load_split(task, policy, cfg, cfg.data.test, cfg.data.max_test_samples)
+        if cfg.data.test
+        else []
+    )
+    G, P = cfg.rollout.group_size, cfg.train.prompts_per_step
+    engine = build_engine(cfg.rollout.engine, policy, cfg.rollout.batch_size)
+    sampling = Sampling(
+        cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k
+    )
+
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    stream = DataStream(len(train_samples) or 1, cfg.train.seed)
+    runlog = RunLog(run_dir)
+    evals: dict[str, dict[str, float]] = {}
+    start_step = 0
+
+    # Resume or warm start ---------------------------------------------------------------------
+    checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        _load_weights(policy, checkpoint)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        stream.position = state["data_position"]
+        evals = state.get("evals", {})
+        start_step = state["step"]
+        runlog.truncate_after(start_step)
+        console.print(
+            f"resumed from {checkpoint} at step {start_step} (data position {stream.position})"
+        )
+    else:
+        runlog.truncate_after(-1)
+        if cfg.warm_start.steps and train_samples:
+            warm_start(policy, task, train_samples, cfg, console)
+        if cfg.eval.before and test_samples:
+            evals["before"] = _run_eval(
+                policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
+            )
+
+    def trainer_state(step: int) -> dict[str, Any]:
+        return {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "rng": rng_state(),
+            "data_position": stream.position,
+            "evals": evals,
+            "config": to_dict(cfg),
+        }
+
+    def checkpoint_now(step: int) -> None:
+        path = save_checkpoint(
+            run_dir / "checkpoints",
+            step,
+            lambda d: save_pretrained(policy, d),
+            trainer_state(step),
+            cfg.checkpoint.keep_last,
+        )
+        log.info("checkpoint %s", path)
+
+    # The loop ---------------------------------------------------------------------------------
+    t_train = time.perf_counter()
+    progress = Progress(
+        TextColumn("[bold]step {task.completed}/{task.total}"),
+        BarColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+    with progress:
+        bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
+        for step in range(start_step + 1, cfg.train.steps + 1):
+            t0 = time.perf_counter()
+            # 1-2. prompts and rollouts
+            samples = [train_samples[i] for i in stream.take(P)]
+            conversations = [task.prompt(s, policy.family) for s in samples]
+            rollouts = engine.generate(conversations, G, sampling)
+            expanded = [s for s in samples for _ in range(G)]
+            # 3. rewards
+            t1 = time.perf_counter()
+            scored = reward(rollouts.texts, expanded)
+            rewards = torch.tensor(scored.total, dtype=torch.float32)
+            # 4. advantages
+            advantages = group_advantages(
+                rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
+            )
+            # 5-6. update
+            t2 = time.perf_counter()
+            stats = _update(policy, reference, optimizer, rollouts, advantages, expanded, cfg, step)
+            scheduler.step()
+            t3 = time.perf_counter()
+
+            # 7. logs
+            metrics = {
+                **scored.metrics("train/reward"),
+                **{f"train/{k}": v for k, v in stats.items()},
+                **{f"rollout/{k}": v for k, v in group_stats(rewards, G).items()},
+                "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
+                "rollout/truncated": float(np.mean(rollouts.truncated)),
+                "train/lr": scheduler.get_last_lr()[0],
+                "train/epoch": stream.position / max(len(train_samples), 1),
+                "time/rollout_s": t1 - t0,
+                "time/reward_s": t2 - t1,
+                "time/update_s": t3 - t2,
+                "time/step_s": t3 - t0,
+            }
+            metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
+            if step % cfg.train.log_every == 0:
+                runlog.metrics(step, metrics)
+            if cfg.train.completions_every and step % cfg.train.completions_every == 0:
+                runlog.completions(step, _completion_rows(rollouts, expanded, scored, G))
+            progress.update(bar, completed=step, info=f"reward {metrics['train/reward']:.3f}")
+
+            if (
+                cfg.eval.every
+                and step % cfg.eval.every == 0
+                and step != cfg.train.steps
+                and test_samples
+            ):
+                _run_eval(
+                    policy,
+                    task,
+                    test_samples,
+                    cfg,
+                    run_dir / "eval" / f"step-{step:06d}",
+                    runlog,
+                    step,
+                    console,
+                )
+            if (
+                cfg.checkpoint.every
+                and step % cfg.checkpoint.every == 0
+                and step != cfg.train.steps
+            ):
+                checkpoint_now(step)
+    train_seconds = time.perf_counter() - t_train
+
+    # After RL -----------------------------------------------------------------------------------
+    if cfg.eval.after and test_samples:
+        evals["after"] = _run_eval(
+            policy,
+            task,
+            test_samples,
+            cfg,
+            run_dir / "eval" / "after",
+            runlog,
+            cfg.train.steps,
+            console,
+        )
+    if cfg.train.steps > start_step or checkpoint is None:
+        checkpoint_now(cfg.train.steps)
+    if evals:
+        print_table(f"{task.name} on {cfg.data.test}", evals, console)
+    summary = {
+        "run_dir": str(run_dir),
+        "task": task.name,
+        "metric": f"eval/{task.name}/{task.primary_metric}",
+        "chance": task.chance(test_samples) if test_samples else None,
+        "before": evals.get("before", {}).get("primary"),
+        "after": evals.get("after", {}).get("primary"),
+        "steps": cfg.train.steps,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.perf_counter() - t_start, 1),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_report(run_dir, runlog.history)
+    console.print(f"summary: {json.dumps(summary)}")
+    return summary
+
+
+def _update(
+    policy: Policy,
+    reference: Policy | None,
+    optimizer: torch.optim.Optimizer,
+    rollouts: Rollouts,
+    advantages: torch.Tensor,
+    samples: list[Sample],
+    cfg: RunConfig,
+    step: int,
+) -> dict[str, float]:
+    """Micro-batched forward/backward of one RL step and the optimizer step."""
+    algo = cfg.algorithm
+    n = len(rollouts.completion_ids)
+    needs_all = algo.beta > 0 or algo.entropy_coef > 0
+    active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
+    num_tokens = float(sum(len(c) for c in rollouts.completion_ids))
+    totals: Counter = Counter()
+    weight = 0.0
+    for chunk in micro_batches(active, cfg.train.micro_batch_size):
+        rows = [rollouts.prompt_rows[i] for i in chunk]
+        ids = [rollouts.completion_ids[i] for i in chunk]
+        logps, mask, entropy = completion_logps(policy, rows, ids, with_entropy=True)
+        ref_logps = None
+        if reference is not None:
+            with torch.no_grad():
+                ref_logps, _, _ = completion_logps(reference, rows, ids)
+        loss, stats = grpo_loss(
+            logps,
+            logps.detach(),  # μ = 1: the sampling policy is the current one
+            advantages[chunk].to(logps.device),
+            mask.float(),
+            ref_logps=ref_logps,
+            beta=algo.beta,
+            kl_estimator=algo.kl_estimator,
+            entropy=entropy if algo.entropy_coef > 0 else entropy.detach(),
+            entropy_coef=algo.entropy_coef,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            ratio_level=algo.ratio_level,
+            dual_clip=None,
+            agg_mode=algo.agg_mode,
+            num_tokens=num_tokens,
+            num_seqs=float(n),
+            max_len=cfg.rollout.max_new_tokens,
+        )
+        if not torch.isfinite(loss):
+            ids_text = ", ".join(sorted({samples[i].id for i in chunk}))
+            raise FloatingPointError(f"non-finite loss at step {step} (samples: {ids_text})")
+        loss.backward()
+        tokens = float(mask.sum().item())
+        weight += tokens
+        totals["loss"] += loss.item()
+        for key, value in stats.items():
+            totals[key] += float(value) * tokens
+    out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
+    out["loss"] = totals["loss"]
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    if cfg.optim.max_grad_norm > 0:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+    else:
+        grad_norm = torch.sqrt(
+            sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
+        )
+    if not torch.isfinite(grad_norm):
+        raise FloatingPointError(f"non-finite gradient norm at step {step}")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    out["grad_norm"] = float(grad_norm)
+    out["active_frac"] = len(active) / max(n, 1)
+    return out
+
+
+def _run_eval(
+    policy: Policy,
+    task: Task,
+    samples: list[Sample],
+    cfg: RunConfig,
+    directory: Path,
+    runlog: RunLog,
+    step: int,
+    console: Console,
+) -> dict[str, float]:
+    result: EvalResult = evaluate(
+        policy,
+        task,
+        samples,
+        cfg.eval.batch_size,
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    )
+    write_eval(result, directory, {"step": step})
+    runlog.metrics(
+        step, {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"}
+    )
+    console.print(
+        f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
+        f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
+    )
+    return result.metrics
+
+
+def _completion_rows(
+    rollouts: Rollouts, samples: list[Sample], scored: Any, group_size: int
+) -> list[dict[str, Any]]:
+    """The first two groups of a step, with media referenced by path."""
+    rows = []
+    for i in range(min(len(samples), 2 * group_size)):
+        rows.append(
+            {
+                "id": samples[i].id,
+                "media": samples[i].media(),
+                "target": samples[i].target,
+                "completion": rollouts.texts[i],
+                "reward": scored.total[i],
+                "scores": {k: (s[i].value if s[i] else None) for k, s in scored.scores.items()},
+                "reasons": {
+                    k: s[i].reason for k, s in scored.scores.items() if s[i] and s[i].reason
+                },
+            }
+        )
+    return rows
+
+
+def _load_weights(policy: Policy, checkpoint: Path) -> None:
+    """Load a checkpoint's weights into the live policy (LoRA: the adapter; else the model).
+
+    The full model is read back through the family's own loader, so transformers' key
+    conversions apply exactly as they do for a user loading the checkpoint.
+    """
+    if (checkpoint / "adapter").is_dir() and hasattr(policy.model, "load_adapter"):
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(
+            policy.model, load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
+        )
+        return
+    loaded = policy.family.load_model(
+        str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
+    )
+    policy.model.load_state_dict(loaded.state_dict())
+
+
+def _attach_file_log(path: Path) -> None:
+    root = logging.getLogger("mmrft")
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
