@@ -94,11 +94,13 @@ def normalise_text(text: str) -> str:
 
 
 # A standalone option letter, optionally prefixed "option"/"choice": A, (A), [A], A., A:, A).
-_BARE_LETTER = re.compile(r"(?:(?:option|choice)\s+)?[(\[]?([a-z])[)\]]?[.:]?", re.IGNORECASE)
-# A letter followed by text: "A. red", "(A) red", "A: red", "A) red", "Option A: red".
+_BARE_LETTER = re.compile(
+    r"(?:(?:option|choice)\s+)?[(\[]?([a-z])[)\]]?[.:]?", re.IGNORECASE | re.ASCII
+)
+# A letter followed by text: "A. red", "(A) red", "A: red", "A) red", "A, red", "Option A: red".
 _LETTER_TEXT = re.compile(
-    r"(?:(?:option|choice)\s+)?(?:[(\[]([a-z])[)\]]|([a-z])[.:)])\s*(.+)",
-    re.IGNORECASE | re.DOTALL,
+    r"(?:(?:option|choice)\s+)?(?:[(\[]([a-z])[)\]]|([a-z])[.:),])\s*(.+)",
+    re.IGNORECASE | re.DOTALL | re.ASCII,
 )
 _LIST_SEPARATORS = re.compile(r"\s*(?:[,;/&\n]|\bor\b|\band\b)\s*", re.IGNORECASE)
 

@@ -10,6 +10,7 @@ the run directory.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,28 @@ from mmrft.plugins import did_you_mean
 from mmrft.typecheck import ConfigError, coerce, type_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.safe_load`` that also reads ``1e-6`` as a float (YAML 1.1 demands ``1.0e-6``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+][0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
 
@@ -314,7 +337,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value
@@ -340,8 +363,7 @@ def load_config(
     """defaults ← algorithm preset ← YAML file ← ``key=value`` overrides, validated."""
     tree: dict[str, Any] = {}
     if path is not None:
-        with resolve_config_path(path).open(encoding="utf-8") as f:
-            tree = yaml.safe_load(f) or {}
+        tree = yaml_load(resolve_config_path(path).read_text(encoding="utf-8")) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a config file must be a YAML mapping")
     for item in overrides:

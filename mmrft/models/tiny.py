@@ -1,0 +1,391 @@
+"""Deterministic tiny Qwen2-VL / Qwen2.5-VL checkpoints for tests and the CPU demo.
+
+``mmrft make-tiny`` calls :func:`build_all`, which writes
+
+* ``assets/models/tiny-qwen2_5_vl`` (``model_type`` ``qwen2_5_vl``, boxes in input pixels),
+* ``assets/models/tiny-qwen2_vl`` (``model_type`` ``qwen2_vl``, boxes 0–1000 normalised).
+
+Each is a real Hugging Face checkpoint: the real config, model, processor, image-processor and
+video-processor classes, a few layers with random weights, and a byte-level BPE tokenizer
+*trained here* with the ``tokenizers`` library on a small built-in corpus (prompt words,
+colours, shapes, digits, JSON punctuation, think/answer tags), carrying the family's real
+special tokens and chat template. Nothing is downloaded.
+
+Determinism: fixed seeds, a corpus generated in a fixed order, no timestamps; building twice
+gives byte-identical files with the same library versions (:func:`tree_digest` checks it).
+
+Tokenizer facts the trainer relies on (same ids in both models, same layout as the real
+Qwen tokenizers: BPE vocabulary first, added tokens after it):
+
+* ``<|endoftext|>`` is the pad token (and the ``bos_token_id`` in the configs, as in the real
+  checkpoints; the tokenizer adds no BOS);
+* ``<|im_end|>`` is the eos token: generation stops on ``[<|im_end|>, <|endoftext|>]``
+  (``generation_config.json``), as for the real Instruct checkpoints.
+* The real pre-tokenizer is kept (digits are split one by one, ``<think>`` becomes ``<think``
+  + ``>``), so sequences match what the real tokenizers do, only with a smaller vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+
+# The Qwen2-VL / Qwen2.5-VL Instruct chat template (chat_template.json of both releases): a
+# default system prompt only when the first message is not a system message; one
+# <|vision_start|><|image_pad|><|vision_end|> per image part (<|video_pad|> per video part).
+CHAT_TEMPLATE = (
+    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
+    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
+    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
+    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
+    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Special tokens of the real Qwen2-VL tokenizer, in id order after the BPE vocabulary
+# (151643 … 151656 in the real one). All are `special`; the 13 after <|endoftext|> are the
+# real tokenizer_config's additional_special_tokens.
+QWEN2_VL_SPECIAL = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+# Qwen2.5-VL adds these (151657 … 151664) as added tokens that are *not* special.
+QWEN2_5_VL_EXTRA = (
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+BPE_VOCAB_SIZE = 1536  # byte alphabet (256) + merges; added tokens come after
+PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+    r"""|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+# Image budget of the tiny processors (pixels): the bundled benchmarks are 56–112 px a side.
+TINY_MIN_PIXELS = 56 * 56
+TINY_MAX_PIXELS = 112 * 112
+
+# Architecture of both tiny models (text part shared). head_dim = 64 / 4 = 16, so the mRoPE
+# sections (temporal, height, width) sum to head_dim / 2 = 8.
+TEXT = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+    "hidden_act": "silu",
+    "use_cache": True,
+}
+
+COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "cyan", "white", "black", "gray")
+SHAPES = ("circle", "square", "triangle", "cross", "star")
+WORDS = (
+    "a about above after all an and answer any are as at be below between big biggest box "
+    "bottom but by can colour color colours colors coordinates corner count did do does each "
+    "exactly final find first for from give given has have how if image images in inside is it "
+    "its kind large largest left letter locate many more most no not number object objects of on "
+    "one only option options or other output picture pixel pixels please question reasoning "
+    "right say see shape shapes should show single small smallest step tags than that the their "
+    "them then there these this to top two under what where which with write you your yes "
+    "think thinking json bbox describe background image_size point points region "
+    "JSON The It I A B C D"
+).split()
+QUESTIONS = (
+    "What colour is the shape?",
+    "What color is the shape?",
+    "What colour is the {shape}?",
+    "What kind of shape is in the image?",
+    "What shape is in the image?",
+    "How many shapes are in the image?",
+    "How many shapes are there in the image?",
+    "How many {colour} shapes are there?",
+    "How many {shape}s are in the image?",
+    "Is there a {colour} {shape} in the image?",
+    "Which shape is {colour}?",
+)
+FORMAT = (
+    "First think about the question inside <think> </think> tags, then give the final answer "
+    "inside <answer> </answer> tags.",
+    "You may think inside <think> </think> tags first; give the final answer inside "
+    "<answer> </answer> tags.",
+    "Give only the final answer inside <answer> </answer> tags.",
+    "Answer with the option letter only.",
+    "Answer with a single word.",
+    "Answer with a number.",
+)
+BOX_INSTRUCTIONS = (
+    'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} in pixel coordinates of the image.',
+    'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
+    "integers from 0 to 1000.",
+)
+
+
+def corpus() -> list[str]:
+    """The tokenizer training corpus: prompts, answers and word lists, in a fixed order.
+
+    Frequencies are chosen so that the words the CPU demo trains on become single tokens,
+    with and without a leading space.
+    """
+    lines: list[str] = [DEFAULT_SYSTEM_PROMPT] * 20
+    lines += ["system\nuser\nassistant\n"] * 20
+    # Word lists: bare, spaced and capitalised forms.
+    vocab_words = sorted(set(WORDS) | set(COLOURS) | set(SHAPES))
+    for _ in range(6):
+        lines.append(" ".join(vocab_words))
+        lines.append(" ".join(w.capitalize() for w in vocab_words))
+        lines.append("\n".join(vocab_words))
+    lines += [" ".join(str(n) for n in range(21))] * 10
+    # Questions with format instructions, and answers.
+    for colour in COLOURS:
+        for shape in SHAPES:
+            for question in QUESTIONS:
+                lines.append(question.format(colour=colour, shape=shape))
+            lines.append(f"Locate the {colour} {shape} in the image.")
+            lines.append(f"Locate the {colour} {shape}. {BOX_INSTRUCTIONS[0]}")
+            lines.append(f"the {colour} {shape}\n{BOX_INSTRUCTIONS[1]}")
+            lines.append(
+                f"<think>The shape is a {colour} {shape}.</think><answer>{colour}</answer>"
+            )
+            lines.append(f"<think>I see one {shape}. It is {colour}.</think>\n<answer>{shape}</answer>")
+            lines.append(f"<answer>{colour}</answer>")
+            lines.append(f"<answer>{shape}</answer>")
+    for instruction in FORMAT:
+        lines += [instruction] * 12
+    for instruction in BOX_INSTRUCTIONS:
+        lines += [instruction] * 12
+    for n in range(21):
+        lines.append(f"<think>I count {n} shapes.</think><answer>{n}</answer>")
+        lines.append(f"There are {n} shapes in the image. <answer>{n}</answer>")
+    for i in range(60):  # boxes: pixel and 0–1000 coordinates
+        x1, y1 = (7 * i) % 80, (11 * i) % 80
+        x2, y2 = x1 + 12 + i % 30, y1 + 9 + (3 * i) % 30
+        lines.append(f'<answer>{{"bbox_2d": [{x1}, {y1}, {x2}, {y2}]}}</answer>')
+        lines.append(f'{{"bbox_2d": [{x1 * 9}, {y1 * 9}, {x2 * 9}, {y2 * 9}]}}')
+        lines.append(f"<|box_start|>({x1 * 9},{y1 * 9}),({x2 * 9},{y2 * 9})<|box_end|>")
+    letters = "ABCD"
+    for i, colour in enumerate(COLOURS):
+        options = [COLOURS[(i + k) % len(COLOURS)] for k in range(4)]
+        listed = " ".join(f"{letters[k]}. {o}" for k, o in enumerate(options))
+        lines.append(f"Options: {listed}\nAnswer with the option letter only.")
+        lines.append(f"Options:\n" + "\n".join(f"({letters[k]}) {o}" for k, o in enumerate(options)))
+        lines.append(f"<answer>{letters[i % 4]}</answer>")
+    return lines
+
+
+def train_tokenizer(family: str) -> Any:
+    """A ``Qwen2TokenizerFast`` trained on :func:`corpus` with the family's special tokens."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
+    from tokenizers.models import BPE
+    from tokenizers.trainers import BpeTrainer
+    from transformers import Qwen2TokenizerFast
+
+    raw = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
+    raw.normalizer = normalizers.NFC()
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    raw.decoder = decoders.ByteLevel()
+    trainer = BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE,
+        min_frequency=2,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+    )
+    raw.train_from_iterator(corpus(), trainer=trainer)
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL])
+    extra = QWEN2_5_VL_EXTRA if family == "qwen2_5_vl" else ()
+    if extra:
+        raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
+    tokenizer = Qwen2TokenizerFast(
+        tokenizer_object=raw,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        extra_special_tokens=list(QWEN2_VL_SPECIAL[1:]),
+        errors="replace",
+        model_max_length=131072 if family == "qwen2_5_vl" else 32768,
+        clean_up_tokenization_spaces=False,
+        split_special_tokens=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_processor(family: str, tokenizer: Any) -> Any:
+    """The family's real processor around ``tokenizer`` with a small image/video budget."""
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    image_processor = Qwen2VLImageProcessor(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
+    video_processor = Qwen2VLVideoProcessor(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
+    cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
+    return cls(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_config(family: str, tokenizer: Any) -> Any:
+    """The real config class with tiny sizes; ``vocab_size`` = ``len(tokenizer)``."""
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
+    text = {
+        **TEXT,
+        "rope_parameters": dict(TEXT["rope_parameters"]),
+        "vocab_size": len(tokenizer),
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    common = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "tie_word_embeddings": True,
+    }
+    if family == "qwen2_5_vl":
+        vision = {
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "out_hidden_size": TEXT["hidden_size"],
+            "fullatt_block_indexes": [1],
+            "window_size": 112,
+            "tokens_per_second": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
+        config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
+    else:
+        vision = {
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": TEXT["hidden_size"],
+            "mlp_ratio": 2,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+        }
+        config = Qwen2VLConfig(text_config=text, vision_config=vision, **common)
+    config.architectures = [
+        "Qwen2_5_VLForConditionalGeneration" if family == "qwen2_5_vl" else "Qwen2VLForConditionalGeneration"
+    ]
+    return config
+
+
+def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
+    """Write a tiny ``family`` checkpoint (model, tokenizer, processor) to ``out_dir``.
+
+    ``out_dir`` is replaced. Returns ``out_dir``. Same ``seed`` → same bytes.
+    """
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2VLForConditionalGeneration,
+    )
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join(FAMILIES)}")
+    out_dir = Path(out_dir)
+    tokenizer = train_tokenizer(family)
+    processor = build_processor(family, tokenizer)
+    config = build_config(family, tokenizer)
+    cls = Qwen2_5_VLForConditionalGeneration if family == "qwen2_5_vl" else Qwen2VLForConditionalGeneration
+    torch.manual_seed(seed)
+    model = cls(config).to(torch.float32).eval()
+    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    model.generation_config = GenerationConfig(bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad])
+
+    # Write into a fresh temp folder beside the target, then swap, so a failed build never
+    # leaves a half-written checkpoint behind.
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        processor.save_pretrained(tmp)
+        tmp.chmod(0o755)
+        for path in tmp.iterdir():
+            path.chmod(0o644)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir
+
+
+def build_all(assets_dir: Path) -> list[Path]:
+    """Build every tiny model under ``assets_dir/models/tiny-<family>``."""
+    return [build_tiny(f, Path(assets_dir) / "models" / f"tiny-{f}") for f in FAMILIES]
+
+
+def tree_digest(folder: Path) -> str:
+    """SHA-256 over the relative paths and bytes of every file under ``folder``."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _summary(folder: Path) -> dict[str, Any]:
+    """Sizes of a built checkpoint (for the CLI's report)."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
+    return {"path": str(folder), "model_type": config["model_type"], "bytes": size}

@@ -1,0 +1,273 @@
+"""Referring-expression grounding: one expression in, one box out (RefCOCO/+/g, VLM-R1 REC).
+
+A sample holds one image and, as its question text, the referring expression ("the man on
+the left"). The target is the referred box ``[x1, y1, x2, y2]`` in absolute pixels of the
+*original* image (x right, y down; COCO's ``[x, y, x + w, y + h]``), and
+``meta["image_size"] = [W, H]``. The model answers in its family's frame
+(``meta["box_frame"]``, with ``meta["input_size"]`` for ``input_pixels``, both set by
+:meth:`~mmrft.family.ModelFamily.annotate`); predictions are converted to original pixels before
+any comparison, so frames are never mixed.
+
+Dataset formats:
+
+* ``mmrft``: the project JSONL (:mod:`mmrft.data`) with the target as above.
+  ``meta.image_size`` is read from the image header when the line does not give it.
+* ``refcoco``: VLM-R1's REC annotations (``rec_jsons_processed``: ``refcoco_train``,
+  ``refcocop_val``, ``refcocog_test``, ...), one JSON object per line::
+
+      {"image": "COCO_train2014_000000xxxxxx.jpg", "problem": "...",
+       "normal_caption": "the man on the left", "solution": [x1, y1, x2, y2],
+       "normalized_solution": [...]}
+
+  ``image`` is relative to the task parameter ``image_root`` (default: the file's folder),
+  ``normal_caption`` is the expression and ``solution`` the box in original pixels.
+  ``problem`` (VLM-R1's own prompt) and ``normalized_solution`` are not used: the prompt is this
+  task's template. ``image_size`` is read from each image's header (size only, no pixels
+  decoded; cached per path). VLM-R1 ships these as ``.json`` arrays; convert them once with
+  ``jq -c '.[]' refcoco_val.json > refcoco_val.jsonl``.
+
+Metrics (:meth:`GroundingTask.evaluate_one`): ``acc@0.5`` (IoU ≥ 0.5, the RefCOCO metric,
+primary) and ``iou``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from mmrft.answers import extract_answer
+from mmrft.boxes import box_iou, clip_box, format_box, is_degenerate, parse_one_box, to_pixels
+from mmrft.data import (
+    DataError,
+    OnError,
+    ReadStats,
+    Sample,
+    normalise_messages,
+    parse_mmrft_record,
+    read_records,
+)
+from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.typecheck import ConfigError
+
+ACC_IOU = 0.5
+"""IoU at or above which a box counts as correct for ``acc@0.5``."""
+
+
+@lru_cache(maxsize=65536)
+def image_size(path: str) -> tuple[int, int]:
+    """``(W, H)`` in pixels from the image header; PIL opens lazily, no pixels are decoded.
+
+    Raises ``FileNotFoundError`` or ``PIL.UnidentifiedImageError`` / ``OSError``.
+    """
+    with Image.open(path) as image:
+        return image.size
+
+
+def _read_image_size(path: str, where: str) -> list[int]:
+    if "://" in path or path.startswith("data:"):
+        raise DataError(f"{where}: meta.image_size is needed for a remote image ({path})")
+    try:
+        return list(image_size(path))
+    except FileNotFoundError:
+        raise DataError(f"{where}: image not found ({path})") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise DataError(f"{where}: unreadable image ({path}: {exc})") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_box(box: Any, size: list[int], where: str, field: str = "target") -> list[float]:
+    """A valid box in pixels of an image of ``size`` (1 px of slack at the edges), else DataError."""
+    if not (isinstance(box, list) and len(box) == 4 and all(_is_number(v) for v in box)):
+        raise DataError(f"{where}: '{field}' must be a box [x1, y1, x2, y2] in pixels, got {box!r}")
+    x1, y1, x2, y2 = box
+    if not (x1 < x2 and y1 < y2):
+        raise DataError(f"{where}: '{field}' box {box} needs x1 < x2 and y1 < y2")
+    width, height = size
+    if x1 < -1 or y1 < -1 or x2 > width + 1 or y2 > height + 1:
+        raise DataError(f"{where}: '{field}' box {box} lies outside the {width}×{height} image")
+    return box
+
+
+def _check_size(size: Any, where: str) -> list[int]:
+    if not (
+        isinstance(size, list)
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in size)
+    ):
+        raise DataError(f"{where}: meta.image_size must be [W, H] in pixels, got {size!r}")
+    return size
+
+
+def _box_frame(sample: Sample) -> str:
+    frame = sample.meta.get("box_frame")
+    if frame is None:
+        raise ValueError(
+            f"sample '{sample.id}' has no meta['box_frame']; annotate it with the model family "
+            "first (ModelFamily.annotate)"
+        )
+    return frame
+
+
+def _refuse_json_array(path: Path) -> None:
+    """VLM-R1 ships ``.json`` arrays; this reader wants one object per line."""
+    if path.is_file():
+        with path.open(encoding="utf-8") as f:
+            start = f.read(256).lstrip()
+        if start.startswith("["):
+            raise DataError(
+                f"{path}: a JSON array; the refcoco format is JSON Lines, one object per line "
+                f"(convert once: jq -c '.[]' {path} > {path.with_suffix('.jsonl')})"
+            )
+
+
+@task("grounding")
+class GroundingTask(Task):
+    """Referring-expression comprehension: the box of the object the expression names.
+
+    Template fields: ``{question}`` (the expression), ``{box_instruction}`` (the model family's
+    box format and frame), ``{format_instruction}``. Reward: format + iou (weights 1, 1; the iou
+    verifier reads ``meta["box_frame"]``, continuous IoU in [0, 1] as VLM-R1). Metrics:
+    ``acc@0.5`` (primary) and ``iou``.
+    """
+
+    template = "Locate {question} in the image. {box_instruction}\n{format_instruction}"
+    primary_metric = "acc@0.5"
+    formats = ("mmrft", "refcoco")
+
+    def __init__(
+        self,
+        *,
+        think: ThinkMode = "required",
+        template: str | None = None,
+        image_root: str | None = None,
+    ) -> None:
+        """
+        Args:
+            think: whether the answer format asks for a ``<think>`` block first.
+            template: replaces the prompt template (same fields).
+            image_root: folder the ``refcoco`` format's ``image`` paths are relative to
+                (COCO ``train2014/``); default: the annotation file's folder. The ``mmrft``
+                format always resolves media against its JSONL file.
+        """
+        super().__init__(think=think, template=template)
+        self.image_root = image_root
+
+    # -- data ---------------------------------------------------------------------------------
+    def read(
+        self,
+        path: str | Path,
+        fmt: str = "mmrft",
+        on_error: OnError = "raise",
+        check: Callable[[Sample], None] | None = None,
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read ``path`` in format ``mmrft`` or ``refcoco`` (module docstring)."""
+        path = Path(path)
+        if fmt == "mmrft":
+            return read_records(path, self._parse_mmrft, on_error=on_error, check=check)
+        if fmt == "refcoco":
+            _refuse_json_array(path)
+            root = Path(self.image_root).expanduser() if self.image_root else path.parent
+
+            def parse(record: Any, base: Path, where: str) -> Sample:
+                return self._parse_refcoco(record, root, where)
+
+            return read_records(path, parse, on_error=on_error, check=check)
+        raise ConfigError(
+            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
+        )
+
+    def _parse_mmrft(self, record: Any, base: Path, where: str) -> Sample:
+        sample = parse_mmrft_record(record, base, where)
+        images = sample.media("image")
+        if not images:
+            raise DataError(f"{where}: a grounding sample needs an image")
+        if "image_size" in sample.meta:
+            size = _check_size(sample.meta["image_size"], where)
+        else:
+            size = _read_image_size(images[0], where)
+        sample.meta["image_size"] = size
+        sample.target = _check_box(sample.target, size, where)
+        return sample
+
+    def _parse_refcoco(self, record: Any, root: Path, where: str) -> Sample:
+        if not isinstance(record, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        missing = [k for k in ("image", "normal_caption", "solution") if k not in record]
+        if missing:
+            raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+        image, caption = record["image"], record["normal_caption"]
+        if not isinstance(image, str) or not image:
+            raise DataError(f"{where}: 'image' must be a path string, got {image!r}")
+        if not isinstance(caption, str) or not caption.strip():
+            raise DataError(f"{where}: 'normal_caption' must be a non-empty string")
+        messages = normalise_messages(
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": image},
+                        {"type": "text", "text": caption.strip()},
+                    ],
+                }
+            ],
+            root,
+            where,
+        )
+        image_path = messages[0]["content"][0]["image"]
+        size = _read_image_size(image_path, where)
+        target = _check_box(record["solution"], size, where, field="solution")
+        file, line = where.rsplit(":", 1)
+        sample_id = str(record.get("id", f"{Path(file).stem}-{line}"))
+        return Sample(id=sample_id, messages=messages, target=target, meta={"image_size": size})
+
+    # -- rewards and metrics --------------------------------------------------------------------
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "iou", "weight": 1.0, "params": {}},
+        ]
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The target box written in the sample's ``meta["box_frame"]`` (rounded as the
+        family writes it), e.g. ``{"bbox_2d": [55, 58, 88, 91]}``."""
+        return format_box(sample.target, _box_frame(sample), sample.meta)
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strict parse: exactly one answer block holding exactly one box, read in
+        ``meta["box_frame"]``, converted to original pixels and clipped to the image.
+
+        Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0. Unparsable answers
+        score 0 with the parser's reason (``no answer tag``, ``no box``, ``several boxes``,
+        ``degenerate box``); ``parsed`` is the predicted box in original pixels.
+        Raises ``ValueError`` for a sample without ``box_frame`` (a setup error, not the model's).
+        """
+        frame = _box_frame(sample)
+
+        def failed(reason: str | None) -> EvalRecord:
+            values = {"acc@0.5": 0.0, "iou": 0.0}
+            return EvalRecord(sample.id, completion, None, 0.0, reason, values)
+
+        answer, reason = extract_answer(completion)
+        if answer is None:
+            return failed(reason)
+        box, reason = parse_one_box(answer)
+        if box is None:
+            return failed(reason)
+        pixels = to_pixels(box, frame, sample.meta)
+        if is_degenerate(pixels):
+            return failed("degenerate box")
+        width, height = sample.meta["image_size"]
+        iou = box_iou(clip_box(pixels, float(width), float(height)), sample.target)
+        correct = float(iou >= ACC_IOU)
+        parsed = [round(v, 2) for v in pixels]
+        return EvalRecord(
+            sample.id, completion, parsed, correct, None, {"acc@0.5": correct, "iou": iou}
+        )

@@ -1,0 +1,56 @@
+import math
+
+import pytest
+
+from mmrft import Sample, Score, verifier
+from mmrft.rewards import NonFiniteRewardError, build_reward
+from mmrft.typecheck import ConfigError
+
+
+@verifier("test_const", low=0.0, high=2.0)
+def const(completions, samples, *, value: float = 1.0):
+    return [value for _ in completions]
+
+
+@verifier("test_parts")
+def parts(completions, samples):
+    return [Score(0.5, parts={"a": 0.25}) if c else None for c in completions]
+
+
+def samples(n):
+    return [Sample(id=f"s{i}", messages=[]) for i in range(n)]
+
+
+def test_weighted_sum_range_and_metrics():
+    reward = build_reward([{"name": "test_const", "weight": 2.0}, {"name": "test_parts", "weight": 1.0}])
+    assert reward.range == (0.0, 5.0)
+    out = reward(["x", ""], samples(2))
+    assert out.total == [2.5, 2.0]  # None ("not applicable") adds nothing
+    metrics = out.metrics()
+    assert metrics["train/reward"] == pytest.approx(2.25)
+    assert metrics["train/reward/test_parts"] == 0.5  # mean over applicable only
+    assert metrics["train/reward/test_parts/a"] == 0.25
+
+
+def test_float_minimum_gets_a_reason():
+    reward = build_reward([{"name": "test_const", "params": {"value": 0.0}}])
+    out = reward(["x"], samples(1))
+    assert out.reasons["test_const/minimum"] == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_reward_stops_naming_verifier_and_sample(bad):
+    reward = build_reward([{"name": "test_const", "params": {"value": bad}}])
+    with pytest.raises(NonFiniteRewardError, match=r"verifier 'test_const' returned .* for sample 's0'"):
+        reward(["x"], samples(1))
+
+
+def test_bad_reward_specs():
+    with pytest.raises(ConfigError, match="listed twice"):
+        build_reward([{"name": "test_const"}, {"name": "test_const"}])
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['wieght'\]"):
+        build_reward([{"name": "test_const", "wieght": 1}])
+    with pytest.raises(ConfigError, match="weight"):
+        build_reward([{"name": "test_const", "weight": "heavy"}])
+    with pytest.raises(ConfigError, match="at least one"):
+        build_reward([])
