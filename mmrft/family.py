@@ -79,6 +79,10 @@ class ModelFamily:
         """(w, h) in pixels of the image as the model sees it after resizing."""
         raise NotImplementedError
 
+    def suppress_token_ids(self, processor: Any) -> list[int]:
+        """Token ids generation must never produce (media placeholders); none by default."""
+        return []
+
     def vision_parameters(self, model: Any) -> list[Any]:
         """Parameters of the vision tower (frozen by ``model.freeze_vision``)."""
         raise NotImplementedError
@@ -90,6 +94,10 @@ class ModelFamily:
         "pixel_values": "image_grid_thw",
         "pixel_values_videos": "video_grid_thw",
     }
+    # Per-token tensors aligned with input_ids (Qwen-VL: which tokens are image/video
+    # placeholders; without it transformers silently skips mRoPE, so the trainer must pass it
+    # exactly as generate() got it). Completion tokens get 0.
+    token_keys: ClassVar[tuple[str, ...]] = ("mm_token_type_ids",)
     # The placeholder token that stands for each image (video) in the prompt; one contiguous
     # run of it per image.
     media_tokens: ClassVar[dict[str, str]] = {
@@ -110,6 +118,10 @@ class ModelFamily:
         rows: list[dict[str, Any]] = [
             {"input_ids": ids[mask.bool()].clone()} for ids, mask in zip(input_ids, attention_mask)
         ]
+        for key in self.token_keys:
+            if batch.get(key) is not None:
+                for row, values, mask in zip(rows, batch[key], attention_mask):
+                    row[key] = values[mask.bool()].clone()
         for values_key, grid_key in self.media_keys.items():
             if batch.get(values_key) is None:
                 continue
@@ -145,6 +157,12 @@ class ModelFamily:
             ids[i, length - n :] = row["input_ids"]
             mask[i, length - n :] = 1
         out: dict[str, Any] = {"input_ids": ids, "attention_mask": mask}
+        for key in self.token_keys:
+            if key in rows[0]:
+                values = torch.zeros((len(rows), length), dtype=rows[0][key].dtype)
+                for i, row in enumerate(rows):
+                    values[i, length - len(row[key]) :] = row[key]
+                out[key] = values
         for values_key, grid_key in self.media_keys.items():
             present = [r for r in rows if values_key in r and len(r[grid_key])]
             if present:

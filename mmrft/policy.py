@@ -129,9 +129,14 @@ def completion_logps(
     device = policy.device
     prompt = policy.family.collate_rows(prompt_rows, policy.pad_token_id)
     completion_ids, completion_mask = pad_completions(completions, policy.pad_token_id)
-    input_ids = torch.cat([prompt["input_ids"], completion_ids], dim=1).to(device)
-    attention_mask = torch.cat([prompt["attention_mask"], completion_mask], dim=1).to(device)
-    media = {k: v.to(device) for k, v in prompt.items() if k not in ("input_ids", "attention_mask")}
+    input_ids = torch.cat([prompt.pop("input_ids"), completion_ids], dim=1).to(device)
+    attention_mask = torch.cat([prompt.pop("attention_mask"), completion_mask], dim=1).to(device)
+    for key in policy.family.token_keys:  # per-token tensors: completion tokens are text (0)
+        if key in prompt:
+            prompt[key] = torch.cat(
+                [prompt[key], torch.zeros_like(completion_ids, dtype=prompt[key].dtype)], dim=1
+            )
+    media = {k: v.to(device) for k, v in prompt.items()}
     for key in policy.family.media_keys:  # patch values follow the model's dtype
         if key in media:
             media[key] = media[key].to(policy.model.dtype)

@@ -16,6 +16,11 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _legend(ax: plt.Axes) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        _legend(ax)
+
+
 def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None = None) -> Path:
     """Write ``report.png``: train reward (total and per verifier), eval metrics, completion
     length, and the time split of a step, each against the RL step."""
@@ -30,7 +35,7 @@ def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None
         )
     ax.set_title("train reward")
     ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax = axes[0][1]
     for key in sorted(k for k in keys if k.startswith("eval/") and not k.endswith("truncated")):
         steps, values = _series(history, key)
@@ -38,7 +43,7 @@ def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None
     ax.set_title("evaluation (test split)")
     ax.set_xlabel("step")
     ax.set_ylim(-0.02, 1.02)
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax = axes[1][0]
     for key in ("rollout/len_mean", "train/entropy"):
         steps, values = _series(history, key)
@@ -46,7 +51,7 @@ def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None
             ax.plot(steps, values, label=key)
     ax.set_title("completion length (tokens) / entropy")
     ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    _legend(ax)
     ax = axes[1][1]
     for key in ("time/rollout_s", "time/reward_s", "time/update_s"):
         steps, values = _series(history, key)
@@ -54,7 +59,7 @@ def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None
             ax.plot(steps, values, label=key)
     ax.set_title("time per step (s)")
     ax.set_xlabel("step")
-    ax.legend(fontsize=7)
+    _legend(ax)
     fig.suptitle(run_dir.name)
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -65,6 +65,9 @@ class HFEngine:
         self.policy = policy
         self.batch_size = batch_size
         self.stop_ids = stop_token_ids(policy)
+        # A model must never write a media placeholder: the training forward would then count
+        # more image tokens than images ("Image features and image tokens do not match").
+        self.suppress_ids = policy.family.suppress_token_ids(policy.processor)
 
     @torch.no_grad()
     def generate(
@@ -93,6 +96,8 @@ class HFEngine:
                     "pad_token_id": policy.pad_token_id,
                     "use_cache": True,
                 }
+                if self.suppress_ids:
+                    kwargs["suppress_tokens"] = self.suppress_ids
                 if sampling.greedy:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 else:

@@ -106,7 +106,10 @@ def place(
                 x0 = int(rng.integers(1, width - side))
                 y0 = int(rng.integers(1, height - side))
                 if all(
-                    x0 + side + gap <= x or x + s + gap <= x0 or y0 + side + gap <= y or y + s + gap <= y0
+                    x0 + side + gap <= x
+                    or x + s + gap <= x0
+                    or y0 + side + gap <= y
+                    or y + s + gap <= y0
                     for (x, y), s in zip(corners, sides)
                 ):
                     corners.append((x0, y0))
@@ -213,26 +216,34 @@ def save_png(pixels: Array, path: Path) -> None:
     image.save(path, format="PNG", optimize=False, compress_level=9)
 
 
-BENCHMARKS: dict[str, tuple[int, Callable[[np.random.Generator, int], list[Item]]]] = {
-    # name: (seed, maker)
-    "shapes_colour": (101, make_colour),
-    "shapes_kind": (102, make_kind),
-    "shapes_counting": (103, make_counting),
-    "shapes_grounding": (104, make_grounding),
+@dataclass(frozen=True)
+class Benchmark:
+    """A bundled benchmark: its seed, the task that reads it, and the function that makes it."""
+
+    seed: int
+    task: str
+    make: Callable[[np.random.Generator, int], list[Item]]
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "shapes_colour": Benchmark(101, "classification", make_colour),
+    "shapes_kind": Benchmark(102, "classification", make_kind),
+    "shapes_counting": Benchmark(103, "counting", make_counting),
+    "shapes_grounding": Benchmark(104, "grounding", make_grounding),
 }
 
 
 def generate(name: str, out: Path) -> None:
     """Write benchmark ``name`` to ``out/<name>/`` (replacing what is there)."""
-    seed, maker = BENCHMARKS[name]
+    benchmark = BENCHMARKS[name]
     folder = out / name
     if folder.exists():
         shutil.rmtree(folder)
     (folder / "images").mkdir(parents=True)
     for split_index, (split, n) in enumerate(SPLITS.items()):
-        rng = np.random.default_rng([seed, split_index])
+        rng = np.random.default_rng([benchmark.seed, split_index])
         lines = []
-        for i, item in enumerate(maker(rng, n)):
+        for i, item in enumerate(benchmark.make(rng, n)):
             relative = f"images/{split}-{i:04d}.png"
             save_png(item.pixels, folder / relative)
             height, width = item.pixels.shape[:2]
@@ -263,7 +274,9 @@ def differences(expected: Path, actual: Path) -> list[str]:
     for name in sorted(names):
         a, b = expected / name, actual / name
         if not (a.is_file() and b.is_file()):
-            out.append(f"{name}: only in {'the committed files' if a.is_file() else 'the new files'}")
+            out.append(
+                f"{name}: only in {'the committed files' if a.is_file() else 'the new files'}"
+            )
         elif name.suffix == ".png":
             with Image.open(a) as ia, Image.open(b) as ib:
                 if ia.size != ib.size or ia.convert("RGB").tobytes() != ib.convert("RGB").tobytes():

@@ -24,7 +24,9 @@ def test_defaults_yaml_overrides_layering(tmp_path):
 
 
 def test_unknown_key_names_it_and_suggests_closest(tmp_path):
-    with pytest.raises(ConfigError, match=r"unknown config key 'rollout.group_sise'.*'rollout.group_size'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'rollout.group_sise'.*'rollout.group_size'"
+    ):
         load_config(write(tmp_path, "rollout:\n  group_sise: 4\n"))
     with pytest.raises(ConfigError, match=r"'optim.lr'"):
         load_config(None, ["optim.lrr=1"])
@@ -37,7 +39,9 @@ def test_wrong_type_names_key_and_type():
         load_config(None, ["optim.lr=fast"])
     with pytest.raises(ConfigError, match=r"rollout.group_size: expected an integer"):
         load_config(None, ["rollout.group_size=2.5"])
-    with pytest.raises(ConfigError, match=r"algorithm.advantage: 'grpoo' is not one of.*did you mean 'grpo'"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm.advantage: 'grpoo' is not one of.*did you mean 'grpo'"
+    ):
         load_config(None, ["algorithm.advantage=grpoo"])
 
 

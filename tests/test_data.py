@@ -6,21 +6,31 @@ from mmrft.data import DataError, read_mmrft_jsonl
 
 
 def write_lines(path, lines):
-    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    path.write_text(
+        "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
+    )
     return path
 
 
 def good(i, image="img.png"):
     return {
         "id": f"s{i}",
-        "messages": [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Q?"}]}],
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image", "image": image}, {"type": "text", "text": "Q?"}],
+            }
+        ],
         "target": "red",
         "meta": {"choices": ["red", "blue"]},
     }
 
 
 def test_reads_and_resolves_media_relative_to_file(tmp_path):
-    path = write_lines(tmp_path / "d.jsonl", [good(0), good(1, "/abs/x.png"), {"messages": "plain text", "target": 3}])
+    path = write_lines(
+        tmp_path / "d.jsonl",
+        [good(0), good(1, "/abs/x.png"), {"messages": "plain text", "target": 3}],
+    )
     samples, stats = read_mmrft_jsonl(path)
     assert [s.id for s in samples] == ["s0", "s1", "3"]
     assert samples[0].media() == [str(tmp_path / "img.png")]

@@ -20,7 +20,9 @@ def test_unknown_names_list_the_closest():
         VERIFIERS.get("iuo")
     with pytest.raises(ConfigError, match=r"task.name: unknown task 'grounding2'.*'grounding'"):
         build_task("grounding2")
-    with pytest.raises(ConfigError, match=r"reward.verifiers\[0\].name: unknown verifier 'acuracy'.*'accuracy'"):
+    with pytest.raises(
+        ConfigError, match=r"reward.verifiers\[0\].name: unknown verifier 'acuracy'.*'accuracy'"
+    ):
         build_reward([{"name": "acuracy"}])
 
 
@@ -45,13 +47,17 @@ def test_file_plugin_registers_a_verifier_and_a_task(tmp_path):
         )
     )
     load_plugin(str(plugin))
-    reward = build_reward([{"name": "test_length_bonus", "weight": 0.5, "params": {"target_len": 3}}])
+    reward = build_reward(
+        [{"name": "test_length_bonus", "weight": 0.5, "params": {"target_len": 3}}]
+    )
     out = reward(["abc", "abcdef"], [None, None])  # the verifier ignores samples
     assert out.total == [0.5, 0.0]
     assert out.reasons["test_length_bonus/too long"] == 1
     assert build_task("test_echo").name == "test_echo"
     # parameter checks happen at start-up: names, types, then values
-    with pytest.raises(ConfigError, match=r"unknown parameter 'target_length'; did you mean 'target_len'"):
+    with pytest.raises(
+        ConfigError, match=r"unknown parameter 'target_length'; did you mean 'target_len'"
+    ):
         build_reward([{"name": "test_length_bonus", "params": {"target_length": 3}}])
     with pytest.raises(ConfigError, match=r"target_len: expected an integer"):
         build_reward([{"name": "test_length_bonus", "params": {"target_len": "x"}}])
@@ -86,5 +92,7 @@ def test_tasks_and_verifiers_are_not_top_level_packages():
     import mmrft.verifiers
 
     assert mmrft.tasks.__name__ == "mmrft.tasks"
-    assert importlib.util.find_spec("tasks") is None or "mmrft" not in str(importlib.util.find_spec("tasks").origin)
+    assert importlib.util.find_spec("tasks") is None or "mmrft" not in str(
+        importlib.util.find_spec("tasks").origin
+    )
     assert mmrft.verifiers.__name__ == "mmrft.verifiers"

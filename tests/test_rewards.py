@@ -22,7 +22,9 @@ def samples(n):
 
 
 def test_weighted_sum_range_and_metrics():
-    reward = build_reward([{"name": "test_const", "weight": 2.0}, {"name": "test_parts", "weight": 1.0}])
+    reward = build_reward(
+        [{"name": "test_const", "weight": 2.0}, {"name": "test_parts", "weight": 1.0}]
+    )
     assert reward.range == (0.0, 5.0)
     out = reward(["x", ""], samples(2))
     assert out.total == [2.5, 2.0]  # None ("not applicable") adds nothing
@@ -41,7 +43,9 @@ def test_float_minimum_gets_a_reason():
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 def test_non_finite_reward_stops_naming_verifier_and_sample(bad):
     reward = build_reward([{"name": "test_const", "params": {"value": bad}}])
-    with pytest.raises(NonFiniteRewardError, match=r"verifier 'test_const' returned .* for sample 's0'"):
+    with pytest.raises(
+        NonFiniteRewardError, match=r"verifier 'test_const' returned .* for sample 's0'"
+    ):
         reward(["x"], samples(1))
 
 

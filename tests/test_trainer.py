@@ -19,7 +19,19 @@ MODEL = REPO / "assets/models/tiny-qwen2_5_vl"
 BENCH = REPO / "assets/benchmarks/shapes_colour"
 
 
+LENGTH_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_length", low=0.0, high=1.0)
+def length(completions, samples):
+    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
+    return [min(len(c), 20) / 20 for c in completions]
+"""
+
+
 def tiny_config(tmp_path: Path, *extra: str):
+    plugin = tmp_path / "length_plugin.py"
+    plugin.write_text(LENGTH_PLUGIN)
     return load_config(
         REPO / "configs/demo.yaml",
         [
@@ -35,6 +47,8 @@ def tiny_config(tmp_path: Path, *extra: str):
             "train.completions_every=1",
             "checkpoint.every=2",
             "checkpoint.keep_last=2",
+            f"plugins=[{plugin}]",
+            "reward.verifiers=[{name: format}, {name: accuracy}, {name: test_length}]",
             *extra,
         ],
     )
@@ -48,8 +62,8 @@ def weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def test_three_steps_change_parameters_and_checkpoint_loads(tmp_path):
-    # Every completion must get a non-zero advantage somewhere, or nothing changes: use a
-    # reward that always differs inside a group (the length of the completion).
+    # A random model never writes the answer format, so format and accuracy are 0 for every
+    # completion; the length reward differs inside each group and gives non-zero advantages.
     summary = train(tiny_config(tmp_path, "train.steps=3", "optim.lr=1e-2"))
     run = Path(summary["run_dir"])
     before = weights(MODEL)
@@ -67,7 +81,13 @@ def test_three_steps_change_parameters_and_checkpoint_loads(tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [m["step"] for m in metrics if "train/reward" in m]
     assert steps == [1, 2, 3]
-    for key in ("train/reward/format", "train/reward/accuracy", "train/loss", "rollout/len_mean", "time/rollout_s"):
+    for key in (
+        "train/reward/format",
+        "train/reward/accuracy",
+        "train/loss",
+        "rollout/len_mean",
+        "time/rollout_s",
+    ):
         assert key in metrics[0], key
     assert (run / "config.yaml").is_file() and (run / "completions.jsonl").is_file()
     assert (run / "report.png").is_file() and (run / "summary.json").is_file()
@@ -85,7 +105,9 @@ def test_resume_continues_from_the_saved_step(tmp_path):
     assert resumed["run_dir"] == str(cut_dir)
     lines = [json.loads(x) for x in (cut_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3, 4]
-    reference = [json.loads(x) for x in (Path(full["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    reference = [
+        json.loads(x) for x in (Path(full["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    ]
     # same data, same sampling RNG: the resumed steps see the same rewards as the full run
     for a, b in zip(reference, lines):
         assert a["step"] == b["step"]
@@ -113,7 +135,7 @@ def test_nan_reward_stops_and_keeps_checkpoints(tmp_path):
     )
     cfg = tiny_config(
         tmp_path,
-        f"plugins=[{plugin}]",
+        f"plugins=[{tmp_path / 'length_plugin.py'}, {plugin}]",
         "train.steps=4",
         "checkpoint.every=1",
         "reward.verifiers=[{name: test_nan_after_two}]",

@@ -110,14 +110,18 @@ TEXT = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 4096,
     "rms_norm_eps": 1e-6,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3]},
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 1000000.0,
+        "mrope_section": [2, 3, 3],
+    },
     "hidden_act": "silu",
     "use_cache": True,
 }
 
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "cyan", "white", "black", "gray")
 SHAPES = ("circle", "square", "triangle", "cross", "star")
-WORDS = (
+_WORD_TEXT = (
     "a about above after all an and answer any are as at be below between big biggest box "
     "bottom but by can colour color colours colors coordinates corner count did do does each "
     "exactly final find first for from give given has have how if image images in inside is it "
@@ -126,8 +130,9 @@ WORDS = (
     "right say see shape shapes should show single small smallest step tags than that the their "
     "them then there these this to top two under what where which with write you your yes "
     "think thinking json bbox describe background image_size point points region "
-    "JSON The It I A B C D"
-).split()
+    "JSON The It I A B C D width height relative normalised integers"
+)
+WORDS = _WORD_TEXT.split()
 QUESTIONS = (
     "What colour is the shape?",
     "What color is the shape?",
@@ -151,10 +156,10 @@ FORMAT = (
     "Answer with a single word.",
     "Answer with a number.",
 )
-BOX_INSTRUCTIONS = (
+BOX_INSTRUCTIONS = (  # the families' box_instruction (mmrft.models.qwen_vl)
     'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} in pixel coordinates of the image.',
     'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
-    "integers from 0 to 1000.",
+    "integers from 0 to 1000 relative to the image width and height.",
 )
 
 
@@ -184,7 +189,9 @@ def corpus() -> list[str]:
             lines.append(
                 f"<think>The shape is a {colour} {shape}.</think><answer>{colour}</answer>"
             )
-            lines.append(f"<think>I see one {shape}. It is {colour}.</think>\n<answer>{shape}</answer>")
+            lines.append(
+                f"<think>I see one {shape}. It is {colour}.</think>\n<answer>{shape}</answer>"
+            )
             lines.append(f"<answer>{colour}</answer>")
             lines.append(f"<answer>{shape}</answer>")
     for instruction in FORMAT:
@@ -200,13 +207,16 @@ def corpus() -> list[str]:
         lines.append(f'<answer>{{"bbox_2d": [{x1}, {y1}, {x2}, {y2}]}}</answer>')
         lines.append(f'{{"bbox_2d": [{x1 * 9}, {y1 * 9}, {x2 * 9}, {y2 * 9}]}}')
         lines.append(f"<|box_start|>({x1 * 9},{y1 * 9}),({x2 * 9},{y2 * 9})<|box_end|>")
+    # Multiple choice, as the classification task lists options: "Options: a, b, c" or
+    # lettered, one per line ("A. red").
     letters = "ABCD"
-    for i, colour in enumerate(COLOURS):
-        options = [COLOURS[(i + k) % len(COLOURS)] for k in range(4)]
-        listed = " ".join(f"{letters[k]}. {o}" for k, o in enumerate(options))
-        lines.append(f"Options: {listed}\nAnswer with the option letter only.")
-        lines.append(f"Options:\n" + "\n".join(f"({letters[k]}) {o}" for k, o in enumerate(options)))
-        lines.append(f"<answer>{letters[i % 4]}</answer>")
+    for group in (COLOURS, SHAPES):
+        for i in range(len(group)):
+            options = [group[(i + k) % len(group)] for k in range(4)]
+            lines.append("Options: " + ", ".join(options))
+            lettered = "\n".join(f"{letters[k]}. {o}" for k, o in enumerate(options))
+            lines.append(f"Options:\n{lettered}\nAnswer with the option letter only.")
+            lines.append(f"<answer>{letters[i % 4]}</answer>")
     return lines
 
 
@@ -234,7 +244,9 @@ def train_tokenizer(family: str) -> Any:
         special_tokens=[],
     )
     raw.train_from_iterator(corpus(), trainer=trainer)
-    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL])
+    raw.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL]
+    )
     extra = QWEN2_5_VL_EXTRA if family == "qwen2_5_vl" else ()
     if extra:
         raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
@@ -322,7 +334,9 @@ def build_config(family: str, tokenizer: Any) -> Any:
         }
         config = Qwen2VLConfig(text_config=text, vision_config=vision, **common)
     config.architectures = [
-        "Qwen2_5_VLForConditionalGeneration" if family == "qwen2_5_vl" else "Qwen2VLForConditionalGeneration"
+        "Qwen2_5_VLForConditionalGeneration"
+        if family == "qwen2_5_vl"
+        else "Qwen2VLForConditionalGeneration"
     ]
     return config
 
@@ -345,11 +359,17 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     tokenizer = train_tokenizer(family)
     processor = build_processor(family, tokenizer)
     config = build_config(family, tokenizer)
-    cls = Qwen2_5_VLForConditionalGeneration if family == "qwen2_5_vl" else Qwen2VLForConditionalGeneration
+    cls = (
+        Qwen2_5_VLForConditionalGeneration
+        if family == "qwen2_5_vl"
+        else Qwen2VLForConditionalGeneration
+    )
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
     pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-    model.generation_config = GenerationConfig(bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad])
+    model.generation_config = GenerationConfig(
+        bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
+    )
 
     # Write into a fresh temp folder beside the target, then swap, so a failed build never
     # leaves a half-written checkpoint behind.
@@ -384,8 +404,14 @@ def tree_digest(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def _summary(folder: Path) -> dict[str, Any]:
-    """Sizes of a built checkpoint (for the CLI's report)."""
+def describe(folder: Path) -> dict[str, Any]:
+    """Path, model_type, vocabulary and size in bytes of a built checkpoint (for the CLI)."""
     config = json.loads((Path(folder) / "config.json").read_text())
     size = sum(p.stat().st_size for p in Path(folder).rglob("*") if p.is_file())
-    return {"path": str(folder), "model_type": config["model_type"], "bytes": size}
+    return {
+        "path": str(folder),
+        "model_type": config["model_type"],
+        "vocab_size": config["text_config"]["vocab_size"],
+        "bytes": size,
+        "digest": tree_digest(folder),
+    }

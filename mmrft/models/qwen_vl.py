@@ -1,0 +1,652 @@
+"""Model-family adapters for Qwen2-VL, Qwen2.5-VL and Qwen3-VL.
+
+Inputs are built the way the Qwen model cards do it: the processor's own chat template renders
+the text (one ``<|vision_start|><|image_pad|><|vision_end|>`` per image part), then
+``qwen_vl_utils.process_vision_info`` loads and resizes the media, then the processor expands the
+placeholders and patchifies. Prompts are left-padded and never truncated (truncation would cut
+image tokens and break the image-feature/token match).
+
+Coordinate frames (see ``mmrft.family``):
+
+* Qwen2-VL: ``norm1000``, integers 0–1000 relative to the image (Qwen2-VL paper).
+* Qwen2.5-VL: ``input_pixels``, absolute pixels of the *resized* input image, whose sides are
+  multiples of 28 (``image_grid_thw × 14``); :meth:`QwenVLFamily.input_size` gives that size.
+* Qwen3-VL: ``norm1000``. Qwen3-VL went back to relative 0–1000 coordinates (Qwen3-VL
+  cookbooks: "Qwen3-VL uses relative coordinates ranging from 0 to 1000"); its resized input
+  has sides that are multiples of 32 (patch 16 × merge 2).
+
+Media. Image parts are ``{"type": "image", "image": "/abs/path.png"}`` (``file://`` paths,
+URLs and PIL images also work). Each image is decoded and resized once and kept in a
+process-wide LRU cache keyed by path, modification time, file size and the pixel budget, so the
+G copies of a prompt in a GRPO group (and later epochs) do not reread the file. A missing or
+corrupt file raises :class:`mmrft.data.DataError` naming it. Videos go through
+``process_vision_info`` as they are (frame sampling per part: ``fps`` / ``nframes`` /
+``min_pixels`` / ``max_pixels`` / ``total_pixels`` keys of the part).
+
+mRoPE positions. In transformers ≥ 5 these models compute their 3-D (time, height, width)
+rotary positions only when ``mm_token_type_ids`` is passed; without it they silently fall back
+to 1-D text positions. :meth:`QwenVLFamily.load_model` therefore installs a forward pre-hook
+that derives ``mm_token_type_ids`` from ``input_ids`` whenever a caller leaves it out (the
+training forward over prompt + completion, re-collated rows), so generation and training see the
+same positions.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from mmrft.data import DataError, Sample
+from mmrft.family import BoxFrame, ModelFamily, model_family
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+# Placeholder tokens a model must never generate: a completion holding one would desynchronise
+# image features and image tokens in the training forward.
+MEDIA_SPECIAL_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+
+def _transformers_major() -> int:
+    from importlib.metadata import version
+
+    return int(version("transformers").split(".")[0])
+
+
+_TRANSFORMERS_5 = _transformers_major() >= 5
+
+
+@functools.cache
+def _video_reader() -> str | None:
+    """The qwen-vl-utils video backend that can run here, or ``None``."""
+    import importlib.util
+
+    forced = os.environ.get("FORCE_QWENVL_VIDEO_READER")
+    if forced:
+        return forced
+    for name in ("torchcodec", "decord"):
+        if importlib.util.find_spec(name) is not None:
+            return name
+    import torchvision.io
+
+    return "torchvision" if hasattr(torchvision.io, "read_video") else None
+
+
+def require_video_reader() -> None:
+    """Raise a clear error when no video decoder is installed (video files need one; a
+    video given as a list of frame images does not)."""
+    if _video_reader() is None:
+        raise RuntimeError(
+            "reading video files needs torchcodec or decord (this torchvision has no "
+            "read_video): pip install 'mmrft[video]', or give the video as a list of frames"
+        )
+
+
+# -- image loading and cache -------------------------------------------------------------------
+class ImageCache:
+    """Thread-safe LRU cache of decoded (and resized) PIL images.
+
+    Keys hold the file's ``(path, mtime_ns, size)`` so an edited file is reloaded.
+    """
+
+    def __init__(self, max_items: int = 256) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            value = self._items.get(key)
+            if value is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.max_items:
+                self._items.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+IMAGE_CACHE = ImageCache()
+
+
+def _local_path(source: str) -> str | None:
+    """The filesystem path of a media reference, or ``None`` for URLs / data URIs."""
+    if source.startswith("file://"):
+        return source[len("file://") :]
+    if "://" in source or source.startswith("data:"):
+        return None
+    return source
+
+
+def file_key(path: str) -> tuple[str, int, int]:
+    """``(path, mtime_ns, size)``; raises DataError naming the file if it does not exist."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: image file not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read image file ({exc.strerror or exc})") from None
+    if not Path(path).is_file():
+        raise DataError(f"{path}: not a file")
+    return (path, stat.st_mtime_ns, stat.st_size)
+
+
+def decode_image(path: str) -> Any:
+    """Open and fully decode an image file (PIL, RGB); DataError naming the file on failure."""
+    from PIL import Image, UnidentifiedImageError
+    from qwen_vl_utils.vision_process import to_rgb
+
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return to_rgb(image)
+    except FileNotFoundError:
+        raise DataError(f"{path}: image file not found") from None
+    except (
+        UnidentifiedImageError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        Image.DecompressionBombError,
+    ) as exc:
+        raise DataError(f"{path}: corrupt or unreadable image ({exc})") from None
+
+
+_checked_sizes: dict[tuple[str, int, int], tuple[int, int]] = {}
+_checked_lock = threading.Lock()
+
+
+def check_media(sample: Sample) -> None:
+    """Decode each local image of ``sample`` once; raise DataError naming a missing/corrupt file.
+
+    Used by dataset readers (``data.on_error``). A file already checked in this process (same
+    path, mtime and size) is not decoded again. When ``sample.meta`` has no ``image_size``, the
+    size ``[W, H]`` (pixels) of the first image is stored there. Videos and audio are only checked
+    for existence; URLs are not fetched.
+    """
+    first_size: tuple[int, int] | None = None
+    for message in sample.messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            kind = part.get("type")
+            if kind not in ("image", "video", "audio"):
+                continue
+            source = part.get(kind)
+            if kind == "video" and isinstance(source, list):  # a video given as frame images
+                for frame in source:
+                    frame_path = _local_path(frame) if isinstance(frame, str) else None
+                    if frame_path is not None and not Path(frame_path).is_file():
+                        raise DataError(f"{frame_path}: video frame not found")
+                continue
+            if not isinstance(source, str):
+                continue
+            path = _local_path(source)
+            if path is None:
+                continue
+            if kind != "image":
+                if not Path(path).exists():
+                    raise DataError(f"{path}: {kind} file not found")
+                continue
+            key = file_key(path)
+            with _checked_lock:
+                size = _checked_sizes.get(key)
+            if size is None:
+                size = decode_image(path).size
+                with _checked_lock:
+                    _checked_sizes[key] = size
+            if first_size is None:
+                first_size = size
+    if first_size is not None and "image_size" not in sample.meta:
+        sample.meta["image_size"] = [int(first_size[0]), int(first_size[1])]
+
+
+# -- the adapters ------------------------------------------------------------------------------
+class QwenVLFamily(ModelFamily):
+    """Shared implementation of the Qwen-VL families.
+
+    Class attributes:
+        patch_size: vision patch side (pixels); 14 for Qwen2/2.5-VL, 16 for Qwen3-VL.
+        merge_size: patches merged per side into one LLM token (2).
+        video_metadata: whether the processor wants qwen-vl-utils' video metadata (Qwen3-VL).
+        image_cache: the LRU cache of resized images shared by all instances.
+    """
+
+    patch_size: ClassVar[int] = 14
+    merge_size: ClassVar[int] = 2
+    video_metadata: ClassVar[bool] = False
+    image_cache: ClassVar[ImageCache] = IMAGE_CACHE
+
+    @property
+    def factor(self) -> int:
+        """Side multiple (pixels) of the resized input: ``patch_size × merge_size``."""
+        return self.patch_size * self.merge_size
+
+    # -- loading -----------------------------------------------------------------------------
+    def load_model(
+        self, path: str, dtype: str = "float32", attn_implementation: str | None = None
+    ) -> Any:
+        """Load with ``AutoModelForImageTextToText``; check the ``model_type``; install the
+        ``mm_token_type_ids`` hook (see the module docstring)."""
+        import torch
+        from transformers import AutoConfig, AutoModelForImageTextToText
+
+        from mmrft.typecheck import ConfigError
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"model.dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+        config = AutoConfig.from_pretrained(path)
+        self._check_model_type(config.model_type, path)
+        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
+        install_mm_token_type_hook(model)
+        return model
+
+    def _check_model_type(self, model_type: str, path: str) -> None:
+        from mmrft.typecheck import ConfigError
+
+        if model_type not in self.model_types:
+            raise ConfigError(
+                f"model.family: family '{self.name}' loads model_type "
+                f"{', '.join(self.model_types)}, but {path} has model_type '{model_type}' "
+                f"(its box frame may differ); set model.family to match or 'auto'"
+            )
+
+    def load_processor(self, path: str) -> Any:
+        """``AutoProcessor`` with the family's :class:`MediaBudget` on the image processor,
+        left padding, and a check that the checkpoint's patch geometry is the family's."""
+        from transformers import AutoProcessor
+
+        from mmrft.typecheck import ConfigError
+
+        processor = AutoProcessor.from_pretrained(path)
+        image_processor = processor.image_processor
+        geometry = (
+            getattr(image_processor, "patch_size", None),
+            getattr(image_processor, "merge_size", None),
+        )
+        if geometry != (self.patch_size, self.merge_size):
+            raise ConfigError(
+                f"model.family: family '{self.name}' expects patch {self.patch_size} × merge "
+                f"{self.merge_size}, but the processor in {path} has patch {geometry[0]} × merge "
+                f"{geometry[1]}; is model.family right?"
+            )
+        set_pixel_budget(image_processor, self.media.min_pixels, self.media.max_pixels)
+        video_processor = getattr(processor, "video_processor", None)
+        if getattr(video_processor, "cap_pixels_per_frame", False) is None:
+            # qwen-vl-utils' per-frame pixel cap (the reference behaviour; frames arrive
+            # resized anyway, this only settles transformers' deprecation warning)
+            video_processor.cap_pixels_per_frame = True
+        processor.tokenizer.padding_side = "left"
+        return processor
+
+    # -- inputs ------------------------------------------------------------------------------
+    def input_size(self, width: int, height: int) -> tuple[int, int]:
+        """``(w, h)`` in pixels after qwen-vl-utils ``smart_resize`` with factor
+        ``patch_size × merge_size`` and the budget: sides multiples of the factor, area in
+        ``[min_pixels, max_pixels]``, aspect ratio kept as well as possible."""
+        from qwen_vl_utils.vision_process import smart_resize
+
+        h, w = smart_resize(
+            int(height),
+            int(width),
+            factor=self.factor,
+            min_pixels=self.media.min_pixels,
+            max_pixels=self.media.max_pixels,
+        )
+        return int(w), int(h)
+
+    def load_image(self, source: Any, part: dict[str, Any] | None = None) -> Any:
+        """The image as the model sees it (RGB, resized by qwen-vl-utils ``fetch_image``).
+
+        Local files and URLs are cached (see the module docstring); a part's own
+        ``min_pixels`` / ``max_pixels`` / ``resized_height`` / ``resized_width`` win over the
+        family budget, as in qwen-vl-utils.
+        """
+        from qwen_vl_utils.vision_process import fetch_image
+
+        part = part or {}
+        options = {"min_pixels": self.media.min_pixels, "max_pixels": self.media.max_pixels}
+        options.update(
+            {
+                k: part[k]
+                for k in ("min_pixels", "max_pixels", "resized_height", "resized_width")
+                if k in part
+            }
+        )
+        option_key = tuple(sorted(options.items()))
+        if not isinstance(source, str):  # a PIL image
+            return fetch_image({"image": source, **options}, image_patch_size=self.patch_size)
+        path = _local_path(source)
+        if path is None and source.startswith("data:"):
+            return fetch_image({"image": source, **options}, image_patch_size=self.patch_size)
+        key = (file_key(path) if path is not None else source, self.patch_size, option_key)
+        image = self.image_cache.get(key)
+        if image is None:
+            decoded = decode_image(path) if path is not None else source
+            try:
+                image = fetch_image({"image": decoded, **options}, image_patch_size=self.patch_size)
+            except DataError:
+                raise
+            except Exception as exc:  # bad URL, impossible aspect ratio, ...
+                raise DataError(f"{source}: cannot load image ({exc})") from None
+            self.image_cache.put(key, image)
+        return image
+
+    def _with_loaded_media(self, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A shallow copy of ``conversation`` whose image parts hold the resized PIL images
+        (with bounds equal to their area, so that ``fetch_image`` keeps their size) and whose
+        local video paths were checked to exist."""
+        out = []
+        for message in conversation:
+            content = message.get("content")
+            if not isinstance(content, list):
+                out.append(message)
+                continue
+            parts = []
+            for part in content:
+                if part.get("type") == "image" or "image" in part or "image_url" in part:
+                    source = part.get("image", part.get("image_url"))
+                    image = self.load_image(source, part)
+                    area = image.width * image.height  # fetch_image keeps a size within bounds
+                    parts.append(
+                        {"type": "image", "image": image, "min_pixels": area, "max_pixels": area}
+                    )
+                elif part.get("type") == "video" or "video" in part:
+                    video = part.get("video")
+                    if isinstance(video, str):
+                        path = _local_path(video)
+                        if path is not None and not Path(path).exists():
+                            raise DataError(f"{path}: video file not found")
+                        require_video_reader()
+                    parts.append(part)
+                else:
+                    parts.append(part)
+            out.append({**message, "content": parts})
+        return out
+
+    def prepare(
+        self,
+        processor: Any,
+        conversations: list[list[dict[str, Any]]],
+        add_generation_prompt: bool = True,
+    ) -> Any:
+        """Tokenise a batch of conversations with their media.
+
+        Returns a ``BatchFeature`` of torch tensors: ``input_ids`` and ``attention_mask``
+        ``[B, L]`` left-padded with the tokenizer's pad token, ``mm_token_type_ids`` ``[B, L]``
+        (0 text, 1 image, 2 video), and when there are images ``pixel_values``
+        ``[Σ patches, 3·2·patch²]`` + ``image_grid_thw`` ``[#images, 3]`` (t, h, w in patches),
+        when there are videos ``pixel_values_videos`` + ``video_grid_thw`` (+ Qwen2.5-VL's
+        ``second_per_grid_ts``). Images are in prompt order across the batch.
+        """
+        from qwen_vl_utils import process_vision_info
+
+        if not conversations:
+            raise ValueError("prepare() needs at least one conversation")
+        texts = [
+            processor.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            for conv in conversations
+        ]
+        loaded = [self._with_loaded_media(conv) for conv in conversations]
+        with_metadata = self.video_metadata or _TRANSFORMERS_5
+        try:
+            images, videos, video_kwargs = process_vision_info(
+                loaded,
+                return_video_kwargs=True,
+                return_video_metadata=with_metadata,
+                image_patch_size=self.patch_size,
+            )
+        except DataError:
+            raise
+        except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
+            videos = sorted({str(p["video"]) for c in loaded for p in _media_parts(c, "video")})
+            raise DataError(f"{', '.join(videos) or 'media'}: cannot load ({exc})") from exc
+        kwargs: dict[str, Any] = {}
+        if videos is not None:
+            # Frames are sampled already (do_sample_frames=False). transformers ≥ 5 derives the
+            # sampled fps (Qwen2.5-VL's second_per_grid_ts, Qwen3-VL's timestamps) from the
+            # metadata; 4.x took a list of fps instead.
+            kwargs.update(video_kwargs)
+            if with_metadata:
+                videos, metadata = (list(x) for x in zip(*videos))
+                kwargs["video_metadata"] = metadata
+        # The media are already resized to the budget by qwen-vl-utils; resizing again could
+        # only move them off the size that input_size() reports.
+        batch = processor(
+            text=texts,
+            images=images,
+            videos=videos,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+            do_resize=False,
+            **kwargs,
+        )
+        return batch
+
+    def suppress_token_ids(self, processor: Any) -> list[int]:
+        """Ids of the vision placeholder tokens; pass them as ``suppress_tokens`` to generate so
+        that a (small, random) model never writes an image token into a completion."""
+        tokenizer = getattr(processor, "tokenizer", processor)
+        ids = tokenizer.convert_tokens_to_ids(list(MEDIA_SPECIAL_TOKENS))
+        return [i for i in ids if i is not None and i != tokenizer.unk_token_id]
+
+    # -- re-collation (keeps Qwen2.5-VL's per-video time step) --------------------------------
+    def runs_per_item(self, grid_key: str, grid_row: Any) -> int:
+        """Placeholder runs one image/video occupies in the prompt (1; Qwen3-VL videos: one
+        run per temporal patch, the runs separated by frame timestamps)."""
+        return 1
+
+    def split_rows(self, batch: Any, processor: Any) -> list[dict[str, Any]]:
+        """As :meth:`ModelFamily.split_rows` (incl. its ``token_keys``), also carrying
+        ``second_per_grid_ts`` per video (Qwen2.5-VL's time step, needed for the temporal mRoPE
+        positions) and counting placeholder runs with :meth:`runs_per_item`."""
+        import torch
+
+        from mmrft.family import count_runs
+
+        tokenizer = getattr(processor, "tokenizer", processor)
+        unpadded = [
+            ids[mask.bool()] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
+        ]
+        rows: list[dict[str, Any]] = [{"input_ids": ids.clone()} for ids in unpadded]
+        for key in getattr(self, "token_keys", ()):  # per-token tensors (mm_token_type_ids)
+            if batch.get(key) is not None:
+                for row, values, mask in zip(rows, batch[key], batch["attention_mask"]):
+                    row[key] = values[mask.bool()].clone()
+        seconds = batch.get("second_per_grid_ts")
+        for values_key, grid_key in self.media_keys.items():
+            if batch.get(values_key) is None:
+                continue
+            grids, values = batch[grid_key], batch[values_key]
+            token_id = tokenizer.convert_tokens_to_ids(self.media_tokens[grid_key])
+            grid_pos = value_pos = 0
+            for row, ids in zip(rows, unpadded):
+                runs, start = count_runs(ids, token_id), grid_pos
+                while runs > 0 and grid_pos < len(grids):
+                    runs -= self.runs_per_item(grid_key, grids[grid_pos])
+                    grid_pos += 1
+                if runs != 0:
+                    raise RuntimeError(f"could not split {values_key}: media counts do not add up")
+                n_patches = int(grids[start:grid_pos].prod(dim=-1).sum())
+                row[grid_key] = grids[start:grid_pos].clone()
+                row[values_key] = values[value_pos : value_pos + n_patches].clone()
+                if grid_key == "video_grid_thw" and seconds is not None:
+                    row["second_per_grid_ts"] = torch.as_tensor(seconds)[start:grid_pos].clone()
+                value_pos += n_patches
+            if grid_pos != len(grids) or value_pos != len(values):
+                raise RuntimeError(f"could not split {values_key}: media counts do not add up")
+        return rows
+
+    def collate_rows(self, rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+        """As :meth:`ModelFamily.collate_rows`, also concatenating ``second_per_grid_ts``."""
+        import torch
+
+        out = super().collate_rows(rows, pad_token_id)
+        seconds = [r["second_per_grid_ts"] for r in rows if len(r.get("second_per_grid_ts", ()))]
+        if seconds:
+            out["second_per_grid_ts"] = torch.cat(seconds)
+        return out
+
+    # -- training helpers ----------------------------------------------------------------------
+    def vision_parameters(self, model: Any) -> list[Any]:
+        """Parameters of the vision tower (patch embedding, blocks and the patch merger)."""
+        return list(vision_tower(model).parameters())
+
+    def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
+        """``[B, L]`` modality types of ``input_ids``: 0 text, 1 image token, 2 video token."""
+        tokenizer = getattr(processor, "tokenizer", processor)
+        image_id, video_id = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>"])
+        return _token_types(input_ids, image_id, video_id)
+
+
+def _media_parts(conversation: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [
+        part
+        for message in conversation
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if part.get("type") == kind or kind in part
+    ]
+
+
+def _token_types(input_ids: Any, image_id: int | None, video_id: int | None) -> Any:
+    import torch
+
+    types = torch.zeros_like(input_ids, dtype=torch.int)
+    if image_id is not None:
+        types[input_ids == image_id] = 1
+    if video_id is not None:
+        types[input_ids == video_id] = 2
+    return types
+
+
+def vision_tower(model: Any) -> Any:
+    """The vision encoder module of a (possibly peft-wrapped) Qwen-VL model."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for owner in (getattr(base, "model", None), base):
+        visual = getattr(owner, "visual", None)
+        if visual is not None:
+            return visual
+    raise AttributeError(f"{type(base).__name__} has no vision tower ('model.visual' or 'visual')")
+
+
+def install_mm_token_type_hook(model: Any) -> None:
+    """Make the inner multimodal model derive ``mm_token_type_ids`` from ``input_ids`` when a
+    caller passes media grids without it (transformers ≥ 5 would use 1-D positions)."""
+    inner = None
+    for module in model.modules():
+        if hasattr(module, "get_rope_index") and hasattr(module, "compute_3d_position_ids"):
+            inner = module
+            break
+    if inner is None:  # transformers < 5 computes positions from input_ids itself
+        return
+    if getattr(inner, "_mmrft_token_type_hook", False):
+        return
+    config = model.config
+    image_id = getattr(config, "image_token_id", None)
+    video_id = getattr(config, "video_token_id", None)
+
+    def hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        if kwargs.get("mm_token_type_ids") is not None or kwargs.get("position_ids") is not None:
+            return args, kwargs
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        has_media = (
+            kwargs.get("image_grid_thw") is not None or kwargs.get("video_grid_thw") is not None
+        )
+        if input_ids is None or not has_media:
+            return args, kwargs
+        kwargs["mm_token_type_ids"] = _token_types(input_ids, image_id, video_id)
+        return args, kwargs
+
+    inner.register_forward_pre_hook(hook, with_kwargs=True)
+    inner._mmrft_token_type_hook = True
+
+
+def set_pixel_budget(image_processor: Any, min_pixels: int, max_pixels: int) -> None:
+    """Set a Qwen2-VL-style image processor's resize bounds (pixels of H·W)."""
+    if min_pixels > max_pixels:
+        raise ValueError(f"min_pixels ({min_pixels}) > max_pixels ({max_pixels})")
+    size = getattr(image_processor, "size", None)
+    if isinstance(size, dict) or size is None:
+        image_processor.size = {"shortest_edge": min_pixels, "longest_edge": max_pixels}
+    else:  # transformers ≥ 5: SizeDict
+        image_processor.size = type(size)(shortest_edge=min_pixels, longest_edge=max_pixels)
+    for attr, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if hasattr(image_processor, attr):  # transformers 4.x keeps these too
+            setattr(image_processor, attr, value)
+
+
+@model_family("qwen2_vl")
+class Qwen2VL(QwenVLFamily):
+    """Qwen2-VL: boxes as integers 0–1000 relative to the image; patch 14, merge 2."""
+
+    model_types = ("qwen2_vl",)
+    box_frame: ClassVar[BoxFrame] = "norm1000"
+    box_instruction = (
+        'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
+        "integers from 0 to 1000 relative to the image width and height."
+    )
+
+
+@model_family("qwen2_5_vl")
+class Qwen25VL(QwenVLFamily):
+    """Qwen2.5-VL: boxes in absolute pixels of the resized input; patch 14, merge 2."""
+
+    model_types = ("qwen2_5_vl",)
+    box_frame: ClassVar[BoxFrame] = "input_pixels"
+    box_instruction = (
+        'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} in pixel coordinates of the image.'
+    )
+
+
+@model_family("qwen3_vl")
+class Qwen3VL(QwenVLFamily):
+    """Qwen3-VL: boxes as integers 0–1000 relative to the image; patch 16, merge 2.
+
+    Adapter only (no tiny model). The processor wants video metadata (frame timestamps).
+    """
+
+    model_types = ("qwen3_vl",)
+    box_frame: ClassVar[BoxFrame] = "norm1000"
+    box_instruction = Qwen2VL.box_instruction
+    patch_size: ClassVar[int] = 16
+    video_metadata: ClassVar[bool] = True
+
+    def runs_per_item(self, grid_key: str, grid_row: Any) -> int:
+        return int(grid_row[0]) if grid_key == "video_grid_thw" else 1

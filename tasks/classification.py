@@ -1,0 +1,172 @@
+"""Image classification and multiple-choice QA (Visual-RFT classification, SEED-Bench-R1, R1-AQA).
+
+A sample holds the media and a question; ``meta["choices"]`` lists the options in the data's
+order (kept as is, never shuffled), and the target is the correct option's *text*, e.g.::
+
+    {"id": "shapes_colour-test-0000",
+     "messages": [{"role": "user", "content": [
+         {"type": "image", "image": "images/test-0000.png"},
+         {"type": "text", "text": "What colour is the shape?"}]}],
+     "target": "red",
+     "meta": {"choices": ["red", "green", "blue", "yellow"], "image_size": [56, 56]}}
+
+(A target that is a single letter such as ``"B"`` and matches no option's text is read as
+that letter's option, as :func:`mmrft.answers.choice_index` does.)
+
+The prompt lists the options after the question (``show_choices``), either as
+``Options: red, green, blue, yellow`` or, with ``lettered``, one per line as ``A. red`` followed
+by "Answer with the option letter only.". Answers are matched strictly
+(:func:`mmrft.answers.match_choice`: the option's letter or its text, never a substring).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmrft.answers import choice_index, extract_answer, match_choice
+from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.family import ModelFamily
+from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.typecheck import ConfigError
+
+LETTERS = string.ascii_uppercase
+
+
+@task("classification")
+class ClassificationTask(Task):
+    """Pick one option of ``meta["choices"]``; the target is the option text.
+
+    Template fields: ``{question}`` (the sample's question, with the options appended when
+    ``show_choices``) and ``{format_instruction}``. Reward: format + accuracy in choice mode
+    (weights 1, 1). Metric: ``accuracy`` (0/1 per sample); chance = mean of 1 / #options.
+    """
+
+    template = "{question}\n{format_instruction}"
+    primary_metric = "accuracy"
+    formats = ("mmrft",)
+
+    def __init__(
+        self,
+        *,
+        think: ThinkMode = "required",
+        template: str | None = None,
+        show_choices: bool = True,
+        lettered: bool = False,
+    ) -> None:
+        """
+        Args:
+            think: whether the answer format asks for a ``<think>`` block first.
+            template: replaces the prompt template (same fields).
+            show_choices: list the options after the question (``Options: a, b, c``); turn off
+                when the question text already lists them.
+            lettered: list them one per line as ``A. red`` and ask for the letter; the
+                reference answer is then the letter.
+        """
+        super().__init__(think=think, template=template)
+        if lettered and not show_choices:
+            raise ConfigError(f"task '{self.name}': lettered needs show_choices")
+        self.show_choices = show_choices
+        self.lettered = lettered
+
+    # -- data ---------------------------------------------------------------------------------
+    def read(
+        self,
+        path: str | Path,
+        fmt: str = "mmrft",
+        on_error: OnError = "raise",
+        check: Callable[[Sample], None] | None = None,
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read the project JSONL; every line needs ``meta.choices`` and a target among them."""
+        if fmt != "mmrft":
+            raise ConfigError(f"data.format: task '{self.name}' reads mmrft, not '{fmt}'")
+        return read_records(path, self._parse, on_error=on_error, check=check)
+
+    def _parse(self, record: Any, base: Path, where: str) -> Sample:
+        sample = parse_mmrft_record(record, base, where)
+        choices = sample.meta.get("choices")
+        if not (
+            isinstance(choices, list)
+            and len(choices) >= 2
+            and all(isinstance(c, str) and c.strip() for c in choices)
+        ):
+            raise DataError(f"{where}: meta.choices must list at least 2 option strings")
+        if self.lettered and len(choices) > len(LETTERS):
+            raise DataError(f"{where}: {len(choices)} options are too many to letter A–Z")
+        if not isinstance(sample.target, str) or choice_index(sample.target, choices) is None:
+            raise DataError(f"{where}: target {sample.target!r} is not one of meta.choices")
+        return sample
+
+    # -- prompts ------------------------------------------------------------------------------
+    def question(self, sample: Sample) -> str:
+        """The question text with the options appended (when ``show_choices``)."""
+        text = sample.text()
+        if not self.show_choices:
+            return text
+        choices = sample.meta["choices"]
+        if self.lettered:
+            listed = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
+            return f"{text}\nOptions:\n{listed}\nAnswer with the option letter only."
+        return f"{text}\nOptions: {', '.join(choices)}"
+
+    def prompt(self, sample: Sample, family: ModelFamily) -> list[dict[str, Any]]:
+        """:meth:`Task.prompt` with :meth:`question` as the ``{question}`` field."""
+        messages = [dict(m) for m in sample.messages]
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i]["role"] == "user":
+                content = messages[i]["content"]
+                media = (
+                    [p for p in content if p.get("type") != "text"]
+                    if isinstance(content, list)
+                    else []
+                )
+                text = {"type": "text", "text": self.question(sample)}
+                messages[i] = {"role": "user", "content": [*media, text]}
+                break
+        shown = Sample(sample.id, messages, sample.target, sample.meta)
+        return super().prompt(shown, family)
+
+    # -- rewards and metrics --------------------------------------------------------------------
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "accuracy", "weight": 1.0, "params": {"mode": "choice"}},
+        ]
+
+    def _correct(self, sample: Sample) -> int:
+        index = choice_index(sample.target, sample.meta["choices"])
+        if index is None:
+            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
+        return index
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The correct option's text, or its letter when ``lettered``."""
+        index = self._correct(sample)
+        return LETTERS[index] if self.lettered else sample.meta["choices"][index]
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strict parse: exactly one answer block naming exactly one option (letter or text).
+
+        Value ``accuracy`` = 1 for the correct option, else 0. An answer that names no option
+        or several has a reason (``no option matched``, ``several options``, or an answer-tag
+        reason); a wrong option has none. ``parsed`` is the named option's text.
+        """
+        choices = sample.meta["choices"]
+        answer, reason = extract_answer(completion)
+        picked = None
+        if answer is not None:
+            picked, reason = match_choice(answer, choices)
+        if picked is None:
+            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
+        correct = float(picked == self._correct(sample))
+        return EvalRecord(
+            sample.id, completion, choices[picked], correct, None, {"accuracy": correct}
+        )
+
+    def chance(self, samples: list[Sample]) -> float | None:
+        """Mean over samples of 1 / #options (uniform guessing)."""
+        if not samples:
+            return None
+        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)

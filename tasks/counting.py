@@ -1,0 +1,110 @@
+"""Object counting (R1-V on CLEVR, SuperCLEVR): how many objects does the image show?
+
+A sample holds the media and a question; the target is a non-negative integer. Optional
+``meta["count_range"] = [lo, hi]`` (inclusive) states the counts the dataset can hold; it
+defines the chance level and must contain the target::
+
+    {"id": "shapes_counting-test-0000",
+     "messages": [{"role": "user", "content": [
+         {"type": "image", "image": "images/test-0000.png"},
+         {"type": "text", "text": "How many shapes are in the image?"}]}],
+     "target": 3,
+     "meta": {"count_range": [1, 6], "image_size": [84, 84]}}
+
+Answers are read strictly: exactly one number in the one answer block
+(:func:`mmrft.answers.parse_number`: digits or the words zero–twenty), equal to the target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmrft.answers import extract_answer, parse_number
+from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.task import EvalRecord, Task, task
+from mmrft.typecheck import ConfigError
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@task("counting")
+class CountingTask(Task):
+    """Count objects; the target is an integer ≥ 0.
+
+    Template fields: ``{question}``, ``{format_instruction}``. Reward: format + accuracy in
+    number mode (weights 1, 1; exact equality). Metric: ``accuracy`` (0/1 per sample); chance
+    = mean of 1 / (hi − lo + 1) over ``meta["count_range"]`` when every sample has one.
+    """
+
+    template = "{question} Answer with a number.\n{format_instruction}"
+    primary_metric = "accuracy"
+    formats = ("mmrft",)
+
+    # -- data ---------------------------------------------------------------------------------
+    def read(
+        self,
+        path: str | Path,
+        fmt: str = "mmrft",
+        on_error: OnError = "raise",
+        check: Callable[[Sample], None] | None = None,
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read the project JSONL; every target must be an integer ≥ 0 (inside ``count_range``)."""
+        if fmt != "mmrft":
+            raise ConfigError(f"data.format: task '{self.name}' reads mmrft, not '{fmt}'")
+        return read_records(path, self._parse, on_error=on_error, check=check)
+
+    def _parse(self, record: Any, base: Path, where: str) -> Sample:
+        sample = parse_mmrft_record(record, base, where)
+        if not _is_count(sample.target):
+            raise DataError(f"{where}: target must be an integer ≥ 0, got {sample.target!r}")
+        bounds = sample.meta.get("count_range")
+        if bounds is not None:
+            if not (
+                isinstance(bounds, list)
+                and len(bounds) == 2
+                and all(_is_count(b) for b in bounds)
+                and bounds[0] <= bounds[1]
+            ):
+                raise DataError(f"{where}: meta.count_range must be [lo, hi] with 0 ≤ lo ≤ hi")
+            if not bounds[0] <= sample.target <= bounds[1]:
+                raise DataError(f"{where}: target {sample.target} is outside count_range {bounds}")
+        return sample
+
+    # -- rewards and metrics --------------------------------------------------------------------
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "accuracy", "weight": 1.0, "params": {"mode": "number"}},
+        ]
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The count in digits, e.g. ``"3"``."""
+        return str(sample.target)
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strict parse: exactly one answer block stating exactly one number.
+
+        Value ``accuracy`` = 1 if that number equals the target, else 0. Reasons for no number:
+        the answer-tag reasons, ``no number``, ``several numbers``; a wrong count has none.
+        ``parsed`` is the number (an int when whole).
+        """
+        answer, reason = extract_answer(completion)
+        value = None
+        if answer is not None:
+            value, reason = parse_number(answer)
+        if value is None:
+            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
+        parsed = int(value) if value.is_integer() else value
+        correct = float(value == sample.target)
+        return EvalRecord(sample.id, completion, parsed, correct, None, {"accuracy": correct})
+
+    def chance(self, samples: list[Sample]) -> float | None:
+        """Mean of 1 / (number of counts in ``count_range``); ``None`` unless every sample has one."""
+        ranges = [s.meta.get("count_range") for s in samples]
+        if not ranges or any(r is None for r in ranges):
+            return None
+        return sum(1.0 / (hi - lo + 1) for lo, hi in ranges) / len(ranges)

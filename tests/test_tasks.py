@@ -1,0 +1,320 @@
+"""Built-in tasks: readers (project JSONL, VLM-R1 RefCOCO), strict evaluation, chance, reference
+answers, default verifiers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from mmrft.data import DataError, Sample
+from mmrft.family import MediaBudget
+from mmrft.plugins import MODEL_FAMILIES
+from mmrft.rewards import build_reward
+from mmrft.task import build_task
+from mmrft.typecheck import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+BENCHMARKS = REPO / "assets" / "benchmarks"
+BUNDLED = {
+    "shapes_colour": "classification",
+    "shapes_kind": "classification",
+    "shapes_counting": "counting",
+    "shapes_grounding": "grounding",
+}
+
+
+def write_lines(path: Path, records: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def families() -> list:
+    """One family per box frame: Qwen2-VL (norm1000), Qwen2.5-VL at its default budget, and
+    Qwen2.5-VL upscaling every image (so input pixels ≠ original pixels)."""
+    qwen2 = MODEL_FAMILIES.get("qwen2_vl")
+    qwen25 = MODEL_FAMILIES.get("qwen2_5_vl")
+    return [qwen2(), qwen25(), qwen25(MediaBudget(min_pixels=200 * 200, max_pixels=300 * 300))]
+
+
+# -- RefCOCO (VLM-R1 rec_jsons_processed) ------------------------------------------------------
+def refcoco_line(image: str = "COCO_train2014_000000000001.jpg", **changes) -> dict:
+    record = {
+        "image": image,
+        "problem": "Please provide the bounding box coordinate of the region: the dog on the left",
+        "normal_caption": "the dog on the left",
+        "solution": [10.5, 20.0, 50.25, 40.0],
+        "normalized_solution": [164, 416, 785, 1250],
+    }
+    record.update(changes)
+    return record
+
+
+@pytest.fixture
+def coco(tmp_path: Path) -> Path:
+    """An image root with one 64×48 JPEG."""
+    root = tmp_path / "train2014"
+    root.mkdir()
+    Image.new("RGB", (64, 48), (90, 120, 200)).save(root / "COCO_train2014_000000000001.jpg")
+    return root
+
+
+def test_refcoco_reader(tmp_path, coco):
+    path = write_lines(
+        tmp_path / "refcoco_val.jsonl",
+        [refcoco_line(), refcoco_line(normal_caption=" man ", solution=[0, 0, 64, 48], id=7)],
+    )
+    task = build_task("grounding", {"image_root": str(coco)})
+    samples, stats = task.read(path, fmt="refcoco")
+    assert stats.kept == 2
+    first, second = samples
+    assert first.id == "refcoco_val-1" and second.id == "7"
+    assert first.text() == "the dog on the left" and second.text() == "man"
+    assert first.media("image") == [str(coco / "COCO_train2014_000000000001.jpg")]
+    assert first.target == [10.5, 20.0, 50.25, 40.0]
+    assert first.meta == {"image_size": [64, 48]}
+
+
+def test_refcoco_image_root_defaults_to_the_file_folder(coco):
+    path = write_lines(coco / "refcoco_val.jsonl", [refcoco_line()])
+    samples, _ = build_task("grounding").read(path, fmt="refcoco")
+    assert samples[0].meta["image_size"] == [64, 48]
+
+
+def test_refcoco_missing_field_names_file_and_line(tmp_path, coco):
+    bad = refcoco_line()
+    del bad["normal_caption"]
+    path = write_lines(tmp_path / "refcoco_val.jsonl", [refcoco_line(), bad])
+    task = build_task("grounding", {"image_root": str(coco)})
+    with pytest.raises(DataError, match=r"refcoco_val.jsonl:2: missing field 'normal_caption'"):
+        task.read(path, fmt="refcoco")
+
+
+def test_refcoco_missing_image_raises_or_is_skipped(tmp_path, coco):
+    path = write_lines(
+        tmp_path / "refcoco_val.jsonl", [refcoco_line(), refcoco_line(image="gone.jpg")]
+    )
+    task = build_task("grounding", {"image_root": str(coco)})
+    with pytest.raises(DataError, match=r"refcoco_val.jsonl:2: image not found \(.*gone.jpg\)"):
+        task.read(path, fmt="refcoco")
+    samples, stats = task.read(path, fmt="refcoco", on_error="skip")
+    assert len(samples) == 1 and stats.read == 2
+    assert stats.skipped == {"image not found": 1}
+
+
+def test_refcoco_rejects_bad_boxes_and_json_arrays(tmp_path, coco):
+    task = build_task("grounding", {"image_root": str(coco)})
+    inverted = write_lines(tmp_path / "a.jsonl", [refcoco_line(solution=[50, 20, 10, 40])])
+    with pytest.raises(DataError, match=r"a.jsonl:1: 'solution' box .* x1 < x2"):
+        task.read(inverted, fmt="refcoco")
+    outside = write_lines(tmp_path / "b.jsonl", [refcoco_line(solution=[10, 20, 100, 40])])
+    with pytest.raises(DataError, match="outside the 64×48 image"):
+        task.read(outside, fmt="refcoco")
+    array = tmp_path / "refcoco_val.json"
+    array.write_text(json.dumps([refcoco_line()]))
+    with pytest.raises(DataError, match=r"JSON array.*jq -c"):
+        task.read(array, fmt="refcoco")
+    with pytest.raises(ConfigError, match="reads mmrft, refcoco"):
+        task.read(array, fmt="coco")
+
+
+# -- project JSONL readers -------------------------------------------------------------------
+def mmrft_line(target, meta, image="img.png", text="Q?") -> dict:
+    content = [{"type": "image", "image": image}, {"type": "text", "text": text}]
+    return {
+        "id": "s",
+        "messages": [{"role": "user", "content": content}],
+        "target": target,
+        "meta": meta,
+    }
+
+
+def test_grounding_reads_image_size_from_header_when_absent(coco):
+    path = write_lines(
+        coco / "d.jsonl", [mmrft_line([1, 2, 30, 40], {}, image="COCO_train2014_000000000001.jpg")]
+    )
+    samples, _ = build_task("grounding").read(path)
+    assert samples[0].meta["image_size"] == [64, 48]
+    missing = write_lines(coco / "e.jsonl", [mmrft_line([1, 2, 30, 40], {}, image="nope.png")])
+    with pytest.raises(DataError, match=r"e.jsonl:1: image not found \(.*nope.png\)"):
+        build_task("grounding").read(missing)
+
+
+@pytest.mark.parametrize(
+    ("task_name", "target", "meta", "message"),
+    [
+        ("classification", "red", {}, "meta.choices must list"),
+        ("classification", "purple", {"choices": ["red", "blue"]}, "not one of meta.choices"),
+        ("counting", "3", {}, "target must be an integer"),
+        ("counting", 7, {"count_range": [1, 6]}, "outside count_range"),
+        ("grounding", [1, 2, 3], {"image_size": [10, 10]}, "must be a box"),
+    ],
+)
+def test_bad_lines_name_file_and_line(tmp_path, task_name, target, meta, message):
+    path = write_lines(tmp_path / "d.jsonl", [mmrft_line(target, meta)])
+    with pytest.raises(DataError, match=rf"d.jsonl:1: .*{message}"):
+        build_task(task_name).read(path)
+    samples, stats = build_task(task_name).read(path, on_error="skip")
+    assert samples == [] and sum(stats.skipped.values()) == 1
+
+
+# -- strict evaluation ---------------------------------------------------------------------------
+def grounding_sample(frame: str, input_size=None) -> Sample:
+    meta = {"image_size": [200, 100], "box_frame": frame}
+    if input_size:
+        meta["input_size"] = input_size
+    return Sample("g", [], target=[20, 10, 60, 50], meta=meta)
+
+
+@pytest.mark.parametrize(
+    ("frame", "input_size", "answer"),
+    [
+        ("pixels", None, "[20, 10, 60, 50]"),
+        ("norm1000", None, '{"bbox_2d": [100, 100, 300, 500]}'),
+        ("input_pixels", [400, 200], '{"bbox_2d": [40, 20, 120, 100]}'),
+    ],
+)
+def test_grounding_evaluate_reads_the_family_frame(frame, input_size, answer):
+    task = build_task("grounding")
+    record = task.evaluate_one(
+        f"<think>..</think><answer>{answer}</answer>", grounding_sample(frame, input_size)
+    )
+    assert record.values == {"acc@0.5": 1.0, "iou": pytest.approx(1.0)}
+    assert record.score == 1.0 and record.reason is None
+    assert record.parsed == pytest.approx([20, 10, 60, 50])
+
+
+def test_grounding_evaluate_failures():
+    task = build_task("grounding")
+    sample = grounding_sample("pixels")
+    cases = {
+        "[20, 10, 60, 50]": "no answer tag",
+        "<answer>[20, 10, 60, 50]</answer><answer>[0,0,1,1]</answer>": "several answer tags",
+        "<answer>[20, 10, 60, 50] or [0, 0, 5, 5]</answer>": "several boxes",
+        "<answer>left</answer>": "no box",
+        "<answer>[60, 10, 20, 50]</answer>": "degenerate box",
+    }
+    for completion, reason in cases.items():
+        record = task.evaluate_one(completion, sample)
+        assert (record.score, record.reason, record.values["iou"]) == (0.0, reason, 0.0), completion
+    # Parsed but off target: a wrong answer, not a format failure; IoU 1/3 < 0.5.
+    record = task.evaluate_one("<answer>[40, 10, 80, 50]</answer>", sample)
+    assert record.reason is None and record.score == 0.0
+    assert record.values["iou"] == pytest.approx(1 / 3)
+    # A box past the image edge is clipped before the IoU.
+    record = task.evaluate_one("<answer>[20, 10, 60, 130]</answer>", sample)
+    assert record.values["iou"] == pytest.approx(40 / 90)
+    with pytest.raises(ValueError, match="no meta\\['box_frame'\\]"):
+        task.evaluate_one("<answer>[1, 2, 3, 4]</answer>", Sample("x", [], [1, 2, 3, 4], {}))
+
+
+def test_classification_evaluate():
+    task = build_task("classification")
+    sample = Sample("c", [], target="green", meta={"choices": ["red", "green", "blue"]})
+    scored = {
+        "<answer>green</answer>": (1.0, None, "green"),
+        "<think>red?</think><answer>B</answer>": (1.0, None, "green"),
+        "<answer>B. green</answer>": (1.0, None, "green"),
+        "<answer>red</answer>": (0.0, None, "red"),
+        "<answer>red or green</answer>": (0.0, "several options", None),
+        "<answer>greenish</answer>": (0.0, "no option matched", None),
+        "green": (0.0, "no answer tag", None),
+    }
+    for completion, expected in scored.items():
+        record = task.evaluate_one(completion, sample)
+        assert (record.score, record.reason, record.parsed) == expected, completion
+        assert record.values == {"accuracy": record.score}
+
+
+def test_counting_evaluate():
+    task = build_task("counting")
+    sample = Sample("n", [], target=3, meta={"count_range": [1, 6]})
+    scored = {
+        "<answer>3</answer>": (1.0, None, 3),
+        "<answer>three</answer>": (1.0, None, 3),
+        "<answer>There are 3 shapes.</answer>": (1.0, None, 3),
+        "<answer>4</answer>": (0.0, None, 4),
+        "<answer>3.5</answer>": (0.0, None, 3.5),
+        "<answer>3 or 4</answer>": (0.0, "several numbers", None),
+        "<answer>many</answer>": (0.0, "no number", None),
+        "<think>3</think>": (0.0, "no answer tag", None),
+    }
+    for completion, expected in scored.items():
+        record = task.evaluate_one(completion, sample)
+        assert (record.score, record.reason, record.parsed) == expected, completion
+
+
+def test_chance():
+    classification = build_task("classification")
+    two = Sample("a", [], "x", {"choices": ["x", "y"]})
+    four = Sample("b", [], "x", {"choices": ["x", "y", "z", "w"]})
+    assert classification.chance([two, four]) == pytest.approx((1 / 2 + 1 / 4) / 2)
+    assert classification.chance([]) is None
+    counting = build_task("counting")
+    assert counting.chance([Sample("n", [], 2, {"count_range": [1, 6]})]) == pytest.approx(1 / 6)
+    assert counting.chance([Sample("n", [], 2, {})]) is None
+    assert build_task("grounding").chance([grounding_sample("pixels")]) is None
+
+
+# -- prompts and params ----------------------------------------------------------------------------
+def test_classification_prompt_lists_options_in_data_order():
+    family = MODEL_FAMILIES.get("qwen2_vl")()
+    sample = Sample(
+        "c",
+        [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": "/x.png"},
+                    {"type": "text", "text": "Colour?"},
+                ],
+            }
+        ],
+        target="blue",
+        meta={"choices": ["yellow", "blue", "red"]},
+    )
+    task = build_task("classification", {"think": "none"})
+    messages = task.prompt(sample, family)
+    assert messages[0]["content"][0] == {"type": "image", "image": "/x.png"}
+    assert messages[0]["content"][1]["text"] == (
+        "Colour?\nOptions: yellow, blue, red\n"
+        "Give only the final answer inside <answer> </answer> tags."
+    )
+    lettered = build_task("classification", {"think": "none", "lettered": True})
+    text = lettered.prompt(sample, family)[0]["content"][1]["text"]
+    assert "Options:\nA. yellow\nB. blue\nC. red\nAnswer with the option letter only." in text
+    assert lettered.reference_answer(sample) == "B"
+    assert lettered.evaluate_one("<answer>B</answer>", sample).score == 1.0
+    hidden = build_task("classification", {"show_choices": False})
+    assert "Options" not in hidden.prompt(sample, family)[0]["content"][1]["text"]
+    assert sample.text() == "Colour?"  # the sample itself is untouched
+
+
+def test_task_params_are_checked():
+    with pytest.raises(ConfigError, match="lettered needs show_choices"):
+        build_task("classification", {"lettered": True, "show_choices": False})
+    with pytest.raises(ConfigError, match="did you mean 'show_choices'"):
+        build_task("classification", {"show_choice": True})
+    with pytest.raises(ConfigError, match="image_root"):
+        build_task("grounding", {"image_root": 3})
+
+
+# -- bundled benchmarks: reference answers score 1, default verifiers agree ----------------------
+@pytest.mark.parametrize("benchmark", sorted(BUNDLED))
+def test_reference_answers_score_one(benchmark):
+    task = build_task(BUNDLED[benchmark], {"think": "none"})
+    samples, stats = task.read(BENCHMARKS / benchmark / "test.jsonl")
+    assert stats.kept == 200
+    reward = build_reward(task.default_verifiers())
+    high = sum(w * v.spec.high for v, w in reward.verifiers)
+    for family in families() if task.name == "grounding" else families()[:1]:
+        for sample in samples:
+            family.annotate(sample)
+        completions = [f"<answer>{task.reference_answer(s)}</answer>" for s in samples]
+        records = task.evaluate(completions, samples)
+        assert all(r.score == 1.0 and r.reason is None for r in records), family.name
+        totals = reward(completions, samples).total
+        # IoU of a box rounded to whole frame units stays just below 1.
+        assert min(totals) >= high - 0.1 and all(r > 1.5 for r in totals)
