@@ -53,12 +53,12 @@ def split_config_arg(config: str | None, overrides: list[str]) -> tuple[str | No
 
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     if args.help_config:
-        table = Table(title="mmrft config keys")
-        for column in ("key", "type", "default", "help"):
-            table.add_column(column, overflow="fold")
-        for row in help_table():
-            table.add_row(*row)
-        console.print(table)
+        for key, type_, default, help_text in help_table():
+            console.print(
+                f"[bold]{key}[/bold]: {type_} = {default}\n    {help_text}",
+                highlight=False,
+                soft_wrap=True,
+            )
         return 0
     from mmrft.trainer import train
 
@@ -245,12 +245,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come after options (`mmrft eval demo --out d data.on_error=skip`)
+    bucket = (
+        "overrides" if hasattr(args, "overrides") else "params" if hasattr(args, "params") else None
+    )
+    if extra:
+        if bucket is None or not all("=" in e and not e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        getattr(args, bucket).extend(extra)
     console = Console(stderr=args.command == "verify")
     try:
         return args.fn(args, console)
     except USER_ERRORS as exc:
-        console.print(f"[bold red]error:[/bold red] {exc}", highlight=False)
+        Console(stderr=True).print(
+            f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True
+        )
         return 2
 
 

@@ -341,6 +341,25 @@ def build_config(family: str, tokenizer: Any) -> Any:
     return config
 
 
+# transformers initialises weights with N(0, 0.02), a scale tuned for hidden sizes in the
+# thousands. At hidden 64 it leaves attention uniform and the image's share of the answer
+# logits near 0.5 %, so even supervised training on the bundled colour task stays at chance
+# for 150 steps (measured); N(0, 0.1) ≈ 1/√64 (fan-in scale) reaches 98 % in the same steps.
+INIT_STD = 0.1
+
+
+def reinit_fan_in(model: Any, seed: int) -> None:
+    """Redraw every weight matrix (≥ 2-D) from N(0, INIT_STD), in name order, seeded; norms
+    and biases keep transformers' init."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, param in sorted(model.named_parameters()):
+            if param.dim() >= 2:
+                param.normal_(0.0, INIT_STD, generator=generator)
+
+
 def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     """Write a tiny ``family`` checkpoint (model, tokenizer, processor) to ``out_dir``.
 
@@ -366,6 +385,7 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
+    reinit_fan_in(model, seed)
     pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     model.generation_config = GenerationConfig(
         bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
