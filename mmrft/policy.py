@@ -58,9 +58,17 @@ def resolve_family(cfg: ModelConfig) -> ModelFamily:
         except KeyError as exc:
             raise ConfigError(f"model.family: {exc}") from None
     config_file = resolve_path(cfg.path) / "config.json"
-    if not config_file.is_file():
-        raise ConfigError(f"model.path: no config.json in {resolve_path(cfg.path)}")
-    model_type = json.loads(config_file.read_text())["model_type"]
+    if config_file.is_file():
+        model_type = json.loads(config_file.read_text())["model_type"]
+    else:  # a hub id such as Qwen/Qwen2.5-VL-3B-Instruct (needs the hub or its local cache)
+        from transformers import AutoConfig
+
+        try:
+            model_type = AutoConfig.from_pretrained(cfg.path).model_type
+        except OSError as exc:
+            raise ConfigError(
+                f"model.path: '{cfg.path}' is neither a checkpoint directory nor a loadable hub id ({exc})"
+            ) from None
     try:
         return family_for_model_type(model_type)(media)
     except KeyError as exc:

@@ -18,7 +18,7 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 def _legend(ax: plt.Axes) -> None:
     if ax.get_legend_handles_labels()[0]:
-        _legend(ax)
+        ax.legend(fontsize=7)
 
 
 def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None = None) -> Path:

@@ -125,11 +125,16 @@ class Task:
     def format_instruction(self) -> str:
         return FORMAT_INSTRUCTIONS[self.think]
 
+    def question(self, sample: Sample) -> str:
+        """The ``{question}`` field: the text of the sample's last user turn (tasks may add to it,
+        e.g. the list of options)."""
+        return sample.text()
+
     def prompt(self, sample: Sample, family: ModelFamily) -> list[dict[str, Any]]:
         """The chat messages sent to the model: the sample's messages with the last user
         turn's text replaced by the filled template (media parts kept, in order)."""
         text = self.template.format(
-            question=sample.text(),
+            question=self.question(sample),
             format_instruction=self.format_instruction(),
             box_instruction=family.box_instruction,
         ).strip()

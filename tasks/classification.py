@@ -28,7 +28,6 @@ from typing import Any
 
 from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
-from mmrft.family import ModelFamily
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
@@ -110,23 +109,6 @@ class ClassificationTask(Task):
             listed = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
             return f"{text}\nOptions:\n{listed}\nAnswer with the option letter only."
         return f"{text}\nOptions: {', '.join(choices)}"
-
-    def prompt(self, sample: Sample, family: ModelFamily) -> list[dict[str, Any]]:
-        """:meth:`Task.prompt` with :meth:`question` as the ``{question}`` field."""
-        messages = [dict(m) for m in sample.messages]
-        for i in range(len(messages) - 1, -1, -1):
-            if messages[i]["role"] == "user":
-                content = messages[i]["content"]
-                media = (
-                    [p for p in content if p.get("type") != "text"]
-                    if isinstance(content, list)
-                    else []
-                )
-                text = {"type": "text", "text": self.question(sample)}
-                messages[i] = {"role": "user", "content": [*media, text]}
-                break
-        shown = Sample(sample.id, messages, sample.target, sample.meta)
-        return super().prompt(shown, family)
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
