@@ -83,9 +83,12 @@ class ModelFamily:
         """Token ids generation must never produce (media placeholders); none by default."""
         return []
 
-    def vision_parameters(self, model: Any) -> list[Any]:
-        """Parameters of the vision tower (frozen by ``model.freeze_vision``)."""
+    def vision_tower(self, model: Any) -> Any:
+        """The vision (or audio) encoder module, frozen by ``model.freeze_vision``."""
         raise NotImplementedError
+
+    def vision_parameters(self, model: Any) -> list[Any]:
+        return list(self.vision_tower(model).parameters())
 
     # Media tensors of a batch, each with the grid tensor that says how many of its rows belong
     # to each image/video (Qwen-style flattened patches). Families with other layouts override

@@ -98,12 +98,28 @@ def load_policy(cfg: ModelConfig, device: torch.device, trainable: bool = True) 
             r=cfg.lora.r,
             lora_alpha=cfg.lora.alpha,
             lora_dropout=cfg.lora.dropout,
-            target_modules=cfg.lora.target_modules,
+            target_modules=lora_targets(model, family, cfg),
             task_type="CAUSAL_LM",
         )
         model = get_peft_model(model, lora)
     model.train()
     return Policy(family, model, processor)
+
+
+def lora_targets(model: Any, family: ModelFamily, cfg: ModelConfig) -> list[str]:
+    """Full names of the modules that get LoRA adapters: those whose name ends with one of
+    ``lora.target_modules``, outside the vision tower when ``freeze_vision`` is set (the
+    vision MLP has the same ``*_proj`` names as the language model's)."""
+    skip = {id(m) for m in family.vision_tower(model).modules()} if cfg.freeze_vision else set()
+    names = [
+        name
+        for name, module in model.named_modules()
+        if id(module) not in skip
+        and any(name == t or name.endswith("." + t) for t in cfg.lora.target_modules)
+    ]
+    if not names:
+        raise ConfigError(f"model.lora.target_modules: no module matches {cfg.lora.target_modules}")
+    return names
 
 
 def pad_completions(

@@ -143,3 +143,55 @@ def test_nan_reward_stops_and_keeps_checkpoints(tmp_path):
     with pytest.raises(NonFiniteRewardError, match=r"test_nan_after_two.*sample"):
         train(cfg)
     assert (tmp_path / "smoke" / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
+
+
+def test_lora_checkpointing_frozen_vision_and_kl(tmp_path):
+    """LoRA (merged into the saved checkpoint), gradient checkpointing, a frozen vision tower
+    and β > 0 (a reference model is loaded) run together; the checkpoint loads with
+    transformers, the vision weights are untouched and the language model changed."""
+    cfg = tiny_config(
+        tmp_path,
+        "name=lora",
+        "train.steps=2",
+        "optim.lr=5e-2",
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "model.lora.alpha=8",
+        "model.gradient_checkpointing=true",
+        "model.freeze_vision=true",
+        "algorithm.beta=0.04",
+        "eval.after=false",
+    )
+    summary = train(cfg)
+    run = Path(summary["run_dir"])
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "train/kl" in metrics[-1]
+    saved = run / "checkpoints" / "step-000002"
+    assert (saved / "adapter" / "adapter_model.safetensors").is_file()
+    before, after = weights(MODEL), weights(saved)
+    assert set(before) == set(after), "the merged checkpoint has the base model's keys"
+    vision = [k for k in before if "visual" in k]
+    assert vision and all(torch.equal(before[k], after[k]) for k in vision)
+    language = [k for k in before if "visual" not in k and "proj" in k]
+    assert any(not torch.equal(before[k], after[k]) for k in language)
+
+    from transformers import AutoModelForImageTextToText
+
+    AutoModelForImageTextToText.from_pretrained(saved)
+    # resuming a LoRA run loads the adapter and continues
+    resumed = train(tiny_config(tmp_path, *[*_lora_overrides(), "train.steps=3"]))
+    assert resumed["steps"] == 3
+
+
+def _lora_overrides() -> list[str]:
+    return [
+        "name=lora",
+        "optim.lr=5e-2",
+        "model.lora.enabled=true",
+        "model.lora.r=4",
+        "model.lora.alpha=8",
+        "model.gradient_checkpointing=true",
+        "model.freeze_vision=true",
+        "algorithm.beta=0.04",
+        "eval.after=false",
+    ]

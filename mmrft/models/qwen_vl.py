@@ -524,9 +524,9 @@ class QwenVLFamily(ModelFamily):
         return out
 
     # -- training helpers ----------------------------------------------------------------------
-    def vision_parameters(self, model: Any) -> list[Any]:
-        """Parameters of the vision tower (patch embedding, blocks and the patch merger)."""
-        return list(vision_tower(model).parameters())
+    def vision_tower(self, model: Any) -> Any:
+        """The vision encoder (patch embedding, blocks and the patch merger)."""
+        return vision_tower(model)
 
     def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
         """``[B, L]`` modality types of ``input_ids``: 0 text, 1 image token, 2 video token."""
