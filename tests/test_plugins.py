@@ -96,3 +96,24 @@ def test_tasks_and_verifiers_are_not_top_level_packages():
         importlib.util.find_spec("tasks").origin
     )
     assert mmrft.verifiers.__name__ == "mmrft.verifiers"
+
+
+def test_entry_point_plugins_load_with_the_builtins(tmp_path, monkeypatch):
+    """An installed package exposing the `mmrft.plugins` entry-point group is imported when the
+    registry first loads (simulated with a dist-info folder on sys.path)."""
+    import importlib.metadata
+
+    import mmrft.plugins as plugins
+
+    package = tmp_path / "ep_plugin_pkg.py"
+    package.write_text(
+        "from mmrft import verifier\n@verifier('test_from_entry_point')\ndef f(completions, samples):\n    return [1.0 for _ in completions]\n"
+    )
+    dist = tmp_path / "ep_plugin_pkg-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-plugin-pkg\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[mmrft.plugins]\nmine = ep_plugin_pkg\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(plugins, "_builtins_loaded", False)
+    assert "test_from_entry_point" in VERIFIERS
