@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from mmrft.data import OnError, ReadStats, Sample, read_mmrft_jsonl
+from mmrft.data import OnError, ReadStats, Sample, parse_mmrft_record, read_records
 from mmrft.plugins import TASKS
 from mmrft.typecheck import ConfigError, bind_keyword_params
 
@@ -114,12 +114,18 @@ class Task:
         on_error: OnError = "raise",
         check: Callable[[Sample], None] | None = None,
     ) -> tuple[list[Sample], ReadStats]:
-        """Read a dataset file in format ``fmt`` (one of :attr:`formats`)."""
+        """Read a dataset file in format ``fmt`` (one of :attr:`formats`); the base class reads
+        the project JSONL, each line through :meth:`parse_record`."""
         if fmt != "mmrft":
             raise ConfigError(
                 f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
             )
-        return read_mmrft_jsonl(path, on_error=on_error, check=check)
+        return read_records(path, self.parse_record, on_error=on_error, check=check)
+
+    def parse_record(self, record: Any, base: Path, where: str) -> Sample:
+        """One project-JSONL line → Sample; tasks extend it to validate their targets (raise
+        :class:`~mmrft.data.DataError` naming ``where``)."""
+        return parse_mmrft_record(record, base, where)
 
     # -- prompts ------------------------------------------------------------------------------
     def format_instruction(self) -> str:

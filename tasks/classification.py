@@ -22,12 +22,11 @@ by "Answer with the option letter only.". Answers are matched strictly
 from __future__ import annotations
 
 import string
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mmrft.answers import choice_index, extract_answer, match_choice
-from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.data import DataError, Sample
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
@@ -71,20 +70,8 @@ class ClassificationTask(Task):
         self.lettered = lettered
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
-    ) -> tuple[list[Sample], ReadStats]:
-        """Read the project JSONL; every line needs ``meta.choices`` and a target among them."""
-        if fmt != "mmrft":
-            raise ConfigError(f"data.format: task '{self.name}' reads mmrft, not '{fmt}'")
-        return read_records(path, self._parse, on_error=on_error, check=check)
-
-    def _parse(self, record: Any, base: Path, where: str) -> Sample:
-        sample = parse_mmrft_record(record, base, where)
+    def parse_record(self, record: Any, base: Path, where: str) -> Sample:
+        sample = super().parse_record(record, base, where)
         choices = sample.meta.get("choices")
         if not (
             isinstance(choices, list)

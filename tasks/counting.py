@@ -17,14 +17,12 @@ Answers are read strictly: exactly one number in the one answer block
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from mmrft.answers import extract_answer, parse_number
-from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.data import DataError, Sample
 from mmrft.task import EvalRecord, Task, task
-from mmrft.typecheck import ConfigError
 
 
 def _is_count(value: Any) -> bool:
@@ -45,20 +43,8 @@ class CountingTask(Task):
     formats = ("mmrft",)
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
-    ) -> tuple[list[Sample], ReadStats]:
-        """Read the project JSONL; every target must be an integer ≥ 0 (inside ``count_range``)."""
-        if fmt != "mmrft":
-            raise ConfigError(f"data.format: task '{self.name}' reads mmrft, not '{fmt}'")
-        return read_records(path, self._parse, on_error=on_error, check=check)
-
-    def _parse(self, record: Any, base: Path, where: str) -> Sample:
-        sample = parse_mmrft_record(record, base, where)
+    def parse_record(self, record: Any, base: Path, where: str) -> Sample:
+        sample = super().parse_record(record, base, where)
         if not _is_count(sample.target):
             raise DataError(f"{where}: target must be an integer ≥ 0, got {sample.target!r}")
         bounds = sample.meta.get("count_range")

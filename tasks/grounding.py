@@ -48,7 +48,6 @@ from mmrft.data import (
     ReadStats,
     Sample,
     normalise_messages,
-    parse_mmrft_record,
     read_records,
 )
 from mmrft.task import EvalRecord, Task, ThinkMode, task
@@ -171,7 +170,7 @@ class GroundingTask(Task):
         """Read ``path`` in format ``mmrft`` or ``refcoco`` (module docstring)."""
         path = Path(path)
         if fmt == "mmrft":
-            return read_records(path, self._parse_mmrft, on_error=on_error, check=check)
+            return read_records(path, self.parse_record, on_error=on_error, check=check)
         if fmt == "refcoco":
             _refuse_json_array(path)
             root = Path(self.image_root).expanduser() if self.image_root else path.parent
@@ -184,8 +183,8 @@ class GroundingTask(Task):
             f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
         )
 
-    def _parse_mmrft(self, record: Any, base: Path, where: str) -> Sample:
-        sample = parse_mmrft_record(record, base, where)
+    def parse_record(self, record: Any, base: Path, where: str) -> Sample:
+        sample = super().parse_record(record, base, where)
         images = sample.media("image")
         if not images:
             raise DataError(f"{where}: a grounding sample needs an image")

@@ -149,20 +149,7 @@ def test_lora_checkpointing_frozen_vision_and_kl(tmp_path):
     """LoRA (merged into the saved checkpoint), gradient checkpointing, a frozen vision tower
     and β > 0 (a reference model is loaded) run together; the checkpoint loads with
     transformers, the vision weights are untouched and the language model changed."""
-    cfg = tiny_config(
-        tmp_path,
-        "name=lora",
-        "train.steps=2",
-        "optim.lr=5e-2",
-        "model.lora.enabled=true",
-        "model.lora.r=4",
-        "model.lora.alpha=8",
-        "model.gradient_checkpointing=true",
-        "model.freeze_vision=true",
-        "algorithm.beta=0.04",
-        "eval.after=false",
-    )
-    summary = train(cfg)
+    summary = train(tiny_config(tmp_path, *_lora_overrides(), "train.steps=2"))
     run = Path(summary["run_dir"])
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert "train/kl" in metrics[-1]
