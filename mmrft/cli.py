@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.command == "verify")
     try:
         return args.fn(args, console)
+    except KeyboardInterrupt:
+        Console(stderr=True).print("interrupted")
+        return 130
     except USER_ERRORS as exc:
         Console(stderr=True).print(
             f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True

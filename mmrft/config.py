@@ -122,6 +122,13 @@ class RewardConfig:
         [],
         "List of {name, weight, params}; empty = the task's default verifiers (format + task check, weights 1).",
     )
+    timeout_s: float = _f(
+        300.0, "Time budget of one verifier call on one batch (seconds); 0 = none."
+    )
+    on_timeout: Literal["zero", "stop"] = _f(
+        "zero",
+        "A verifier over its budget: score the batch 0 with reason 'timeout' (logged with the sample ids), or stop the run.",
+    )
 
 
 @dataclass
@@ -135,6 +142,10 @@ class RolloutConfig:
     top_k: int = _f(0, "Top-k sampling; 0 disables.")
     max_new_tokens: int = _f(512, "Maximum completion length in tokens.")
     batch_size: int = _f(64, "Completions generated per generate() call.")
+    timeout_s: float = _f(
+        0.0,
+        "Time budget of one generate() call (seconds; transformers max_time); completions cut by it count as truncated; 0 = none.",
+    )
 
 
 @dataclass
@@ -163,6 +174,26 @@ class AlgorithmConfig:
         "k3", "KL estimator (Schulman 2020); k3 as in GRPO."
     )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (subtracted from the loss).")
+    dual_clip: float | None = _f(
+        None,
+        "Dual-clip constant c > 1 bounding the loss of negative advantages (Ye et al. 2020, arXiv:1912.09729); None = off.",
+    )
+    updates_per_batch: int = _f(
+        1,
+        "Optimizer updates μ per rollout batch; > 1 reuses the batch with stored old log-probs and a real clipped ratio (PPO epochs).",
+    )
+    dynamic_sampling: bool = _f(
+        False,
+        "DAPO dynamic sampling (arXiv:2503.14476): drop groups whose rewards are all equal and refill from the next prompts.",
+    )
+    max_sampling_tries: int = _f(
+        3, "Dynamic sampling: rollout rounds per step before training on the groups kept so far."
+    )
+    overlong_buffer: int = _f(
+        0,
+        "DAPO soft overlong punishment: completions longer than max_new_tokens − buffer lose up to overlong_penalty linearly; 0 = off.",
+    )
+    overlong_penalty: float = _f(1.0, "Largest overlong punishment (reward units).")
 
 
 @dataclass
@@ -304,6 +335,19 @@ def _check(cfg: RunConfig) -> None:
     need(0 <= cfg.algorithm.clip_low < 1, "algorithm.clip_low", "must be in [0, 1)")
     need(cfg.algorithm.clip_high >= 0, "algorithm.clip_high", "must be ≥ 0")
     need(cfg.algorithm.beta >= 0, "algorithm.beta", "must be ≥ 0")
+    need(
+        cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,
+        "algorithm.dual_clip",
+        "must be > 1 (or null)",
+    )
+    need(cfg.algorithm.updates_per_batch >= 1, "algorithm.updates_per_batch", "must be ≥ 1")
+    need(cfg.algorithm.max_sampling_tries >= 1, "algorithm.max_sampling_tries", "must be ≥ 1")
+    need(
+        0 <= cfg.algorithm.overlong_buffer < cfg.rollout.max_new_tokens,
+        "algorithm.overlong_buffer",
+        "must be in [0, rollout.max_new_tokens)",
+    )
+    need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
     need(
         cfg.model.min_pixels <= cfg.model.max_pixels,

@@ -17,7 +17,9 @@ fails at start-up rather than mid-run.
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ from typing import Any
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
 from mmrft.typecheck import ConfigError, bind_keyword_params
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -46,6 +50,38 @@ class Score:
 
 class NonFiniteRewardError(RuntimeError):
     """A verifier returned NaN or inf; the message names the verifier and the sample."""
+
+
+class VerifierTimeoutError(RuntimeError):
+    """A verifier call exceeded ``reward.timeout_s`` under ``reward.on_timeout: stop``."""
+
+
+def call_with_budget(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Run ``fn()`` in a daemon thread and wait at most ``timeout_s`` seconds (0 = no limit).
+
+    Raises :class:`TimeoutError` naming ``what`` when the budget is exceeded. A Python thread
+    cannot be killed, so a verifier that never returns keeps its thread (and nothing else) until
+    the process ends; verifiers that run untrusted code use the sandbox, which kills its
+    processes on its own timeout.
+    """
+    if not timeout_s:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=f"mmrft:{what}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} exceeded its {timeout_s:g}s budget")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 VerifierFn = Callable[..., Sequence[Score | float | None]]
@@ -145,6 +181,16 @@ class RewardBreakdown:
     scores: dict[str, list[Score | None]]
     reasons: Counter
 
+    @classmethod
+    def concat(cls, parts: list[RewardBreakdown]) -> RewardBreakdown:
+        """One breakdown over several batches (e.g. the rounds of dynamic sampling)."""
+        names = list(parts[0].scores)
+        return cls(
+            total=[t for p in parts for t in p.total],
+            scores={n: [s for p in parts for s in p.scores[n]] for n in names},
+            reasons=sum((p.reasons for p in parts), Counter()),
+        )
+
     def metrics(self, prefix: str = "train/reward") -> dict[str, float]:
         """Mean total and per-verifier means (and sub-scores), namespaced under ``prefix``."""
         out = {prefix: sum(self.total) / max(len(self.total), 1)}
@@ -167,6 +213,8 @@ class WeightedReward:
     """
 
     verifiers: list[tuple[BoundVerifier, float]]
+    timeout_s: float = 0.0
+    on_timeout: str = "zero"
 
     @property
     def range(self) -> tuple[float, float]:
@@ -174,12 +222,15 @@ class WeightedReward:
         high = sum(max(w * v.spec.low, w * v.spec.high) for v, w in self.verifiers)
         return low, high
 
-    def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> RewardBreakdown:
+    def __call__(
+        self, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+    ) -> RewardBreakdown:
+        """Score a batch. ``context`` (e.g. ``"step 12"``) goes into timeout messages."""
         total = [0.0] * len(completions)
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
         for bound, weight in self.verifiers:
-            scores = bound(completions, samples)
+            scores = self._scores(bound, completions, samples, context)
             by_name[bound.name] = scores
             for i, score in enumerate(scores):
                 if score is None:
@@ -189,8 +240,31 @@ class WeightedReward:
                     reasons[f"{bound.name}/{score.reason}"] += 1
         return RewardBreakdown(total=total, scores=by_name, reasons=reasons)
 
+    def _scores(
+        self,
+        bound: BoundVerifier,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+    ) -> list[Score | None]:
+        try:
+            return call_with_budget(
+                lambda: bound(completions, samples), self.timeout_s, f"verifier '{bound.name}'"
+            )
+        except TimeoutError as exc:
+            ids = sorted({s.id for s in samples})
+            message = (
+                f"{exc} {context} on {len(samples)} completions of samples {', '.join(ids[:20])}"
+            )
+            if self.on_timeout == "stop":
+                raise VerifierTimeoutError(message) from None
+            log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
+            return [Score(bound.spec.low, reason="timeout") for _ in completions]
 
-def build_reward(specs: Sequence[Mapping[str, Any]]) -> WeightedReward:
+
+def build_reward(
+    specs: Sequence[Mapping[str, Any]], timeout_s: float = 0.0, on_timeout: str = "zero"
+) -> WeightedReward:
     """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``."""
     if not specs:
         raise ConfigError("reward.verifiers: at least one verifier is needed")
@@ -222,4 +296,4 @@ def build_reward(specs: Sequence[Mapping[str, Any]]) -> WeightedReward:
         except KeyError as exc:
             raise ConfigError(f"reward.verifiers[{i}].name: {exc}") from None
         verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
-    return WeightedReward(verifiers)
+    return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout)

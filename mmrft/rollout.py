@@ -46,6 +46,23 @@ class Rollouts:
     truncated: list[bool] = field(default_factory=list)
     seconds: float = 0.0
 
+    def select(self, indices: list[int]) -> Rollouts:
+        """The completions at ``indices``, in that order."""
+        return Rollouts(
+            [self.prompt_rows[i] for i in indices],
+            [self.completion_ids[i] for i in indices],
+            [self.texts[i] for i in indices],
+            [self.truncated[i] for i in indices],
+            self.seconds,
+        )
+
+    def extend(self, other: Rollouts) -> None:
+        self.prompt_rows += other.prompt_rows
+        self.completion_ids += other.completion_ids
+        self.texts += other.texts
+        self.truncated += other.truncated
+        self.seconds += other.seconds
+
 
 def stop_token_ids(policy: Policy) -> list[int]:
     """End-of-turn tokens: the tokenizer's eos plus the chat template's ``<|im_end|>``."""
@@ -61,9 +78,10 @@ def stop_token_ids(policy: Policy) -> list[int]:
 class HFEngine:
     """Generation with transformers ``generate`` on the policy itself (no weight sync needed)."""
 
-    def __init__(self, policy: Policy, batch_size: int) -> None:
+    def __init__(self, policy: Policy, batch_size: int, timeout_s: float = 0.0) -> None:
         self.policy = policy
         self.batch_size = batch_size
+        self.timeout_s = timeout_s
         self.stop_ids = stop_token_ids(policy)
         # A model must never write a media placeholder: the training forward would then count
         # more image tokens than images ("Image features and image tokens do not match").
@@ -98,6 +116,8 @@ class HFEngine:
                 }
                 if self.suppress_ids:
                     kwargs["suppress_tokens"] = self.suppress_ids
+                if self.timeout_s:  # generation stops here; the completions count as truncated
+                    kwargs["max_time"] = self.timeout_s
                 if sampling.greedy:
                     kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
                 else:
@@ -129,7 +149,7 @@ def cut_at_stop(ids: list[int], stop_ids: list[int]) -> tuple[list[int], bool]:
     return ids, True
 
 
-def build_engine(name: str, policy: Policy, batch_size: int) -> HFEngine:
+def build_engine(name: str, policy: Policy, batch_size: int, timeout_s: float = 0.0) -> HFEngine:
     if name == "hf":
-        return HFEngine(policy, batch_size)
+        return HFEngine(policy, batch_size, timeout_s)
     raise ValueError(f"rollout.engine: unknown engine '{name}'")

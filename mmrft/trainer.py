@@ -30,6 +30,8 @@ import json
 import logging
 import math
 import random
+import signal
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -42,7 +44,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from mmrft.algorithms import group_advantages, group_stats, grpo_loss
+from mmrft.algorithms import (
+    filter_zero_variance_groups,
+    group_advantages,
+    group_stats,
+    grpo_loss,
+    overlong_penalty,
+)
 from mmrft.checkpoint import (
     find_resume_checkpoint,
     load_trainer_state,
@@ -56,8 +64,8 @@ from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.plugins import load_plugins
 from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
 from mmrft.report import write_report
-from mmrft.rewards import build_reward
-from mmrft.rollout import Rollouts, Sampling, build_engine
+from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
+from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
 from mmrft.task import Task, build_task
 
 log = logging.getLogger("mmrft")
@@ -105,7 +113,9 @@ def load_split(
 
 
 def lr_lambda(cfg: RunConfig):
-    warmup, total, schedule = cfg.optim.warmup_steps, max(cfg.train.steps, 1), cfg.optim.schedule
+    # counted in optimizer updates: train.steps × algorithm.updates_per_batch
+    warmup, schedule = cfg.optim.warmup_steps, cfg.optim.schedule
+    total = max(cfg.train.steps * cfg.algorithm.updates_per_batch, 1)
 
     def factor(step: int) -> float:
         if warmup and step < warmup:
@@ -255,7 +265,11 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
 
     # Task, reward, model, data ------------------------------------------------------------
     task = build_task(cfg.task.name, cfg.task.params)
-    reward = build_reward(cfg.reward.verifiers or task.default_verifiers())
+    reward = build_reward(
+        cfg.reward.verifiers or task.default_verifiers(),
+        cfg.reward.timeout_s,
+        cfg.reward.on_timeout,
+    )
     low, high = reward.range
     console.print(
         "reward = "
@@ -274,8 +288,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         if cfg.data.test
         else []
     )
-    G, P = cfg.rollout.group_size, cfg.train.prompts_per_step
-    engine = build_engine(cfg.rollout.engine, policy, cfg.rollout.batch_size)
+    G = cfg.rollout.group_size
+    engine = build_engine(cfg.rollout.engine, policy, cfg.rollout.batch_size, cfg.rollout.timeout_s)
     sampling = Sampling(
         cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k
     )
@@ -347,40 +361,48 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         console=console,
         transient=False,
     )
-    with progress:
+    stop = GracefulStop()
+    with progress, stop:
         bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
         for step in range(start_step + 1, cfg.train.steps + 1):
             t0 = time.perf_counter()
-            # 1-2. prompts and rollouts
-            samples = [train_samples[i] for i in stream.take(P)]
-            conversations = [task.prompt(s, policy.family) for s in samples]
-            rollouts = engine.generate(conversations, G, sampling)
-            expanded = [s for s in samples for _ in range(G)]
-            # 3. rewards
-            t1 = time.perf_counter()
-            scored = reward(rollouts.texts, expanded)
-            rewards = torch.tensor(scored.total, dtype=torch.float32)
-            # 4. advantages
-            advantages = group_advantages(
-                rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
+            # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
+            batch = _collect(
+                task, policy, engine, sampling, reward, train_samples, stream, cfg, step
             )
-            # 5-6. update
+            advantages = (
+                group_advantages(
+                    batch.rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
+                )
+                if len(batch.rewards)
+                else batch.rewards
+            )
+            # 5-6. μ optimizer updates on this batch
             t2 = time.perf_counter()
-            stats = _update(policy, reference, optimizer, rollouts, advantages, expanded, cfg, step)
-            scheduler.step()
+            try:
+                stats = _update(
+                    policy, reference, optimizer, scheduler, batch, advantages, cfg, step
+                )
+            except FloatingPointError as exc:
+                _write_failure(run_dir, step, str(exc), batch.samples)
+                raise
             t3 = time.perf_counter()
+            rollouts, scored = batch.generated, batch.scored
 
             # 7. logs
             metrics = {
                 **scored.metrics("train/reward"),
                 **{f"train/{k}": v for k, v in stats.items()},
-                **{f"rollout/{k}": v for k, v in group_stats(rewards, G).items()},
+                **{
+                    f"rollout/{k}": v for k, v in group_stats(torch.tensor(scored.total), G).items()
+                },
+                **batch.counts,
                 "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
                 "rollout/truncated": float(np.mean(rollouts.truncated)),
                 "train/lr": scheduler.get_last_lr()[0],
                 "train/epoch": stream.position / max(len(train_samples), 1),
-                "time/rollout_s": t1 - t0,
-                "time/reward_s": t2 - t1,
+                "time/rollout_s": rollouts.seconds,
+                "time/reward_s": batch.reward_seconds,
                 "time/update_s": t3 - t2,
                 "time/step_s": t3 - t0,
             }
@@ -388,8 +410,11 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             if step % cfg.train.log_every == 0:
                 runlog.metrics(step, metrics)
             if cfg.train.completions_every and step % cfg.train.completions_every == 0:
-                runlog.completions(step, _completion_rows(rollouts, expanded, scored, G))
+                runlog.completions(
+                    step, _completion_rows(rollouts, batch.generated_samples, scored, G)
+                )
             progress.update(bar, completed=step, info=f"reward {metrics['train/reward']:.3f}")
+            log.info("step %d done: reward %.4f, %.1fs", step, metrics["train/reward"], t3 - t0)
 
             if (
                 cfg.eval.every
@@ -413,6 +438,12 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                 and step != cfg.train.steps
             ):
                 checkpoint_now(step)
+            if stop.requested:
+                checkpoint_now(step)
+                console.print(
+                    f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
+                )
+                raise KeyboardInterrupt(stop.requested)
     train_seconds = time.perf_counter() - t_train
 
     # After RL -----------------------------------------------------------------------------------
@@ -448,76 +479,246 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     return summary
 
 
+@dataclass
+class StepBatch:
+    """The completions one RL step trains on, and what it took to get them.
+
+    Attributes:
+        samples / rollouts / rewards: the kept groups, group-contiguous (``rewards`` includes
+            the overlong shaping).
+        generated / generated_samples / scored: every completion sampled this step, kept or
+            not, with its sample and reward
+            breakdown (the train/reward metrics are over these, so dropping groups hides nothing).
+        counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``, ``rollout/tries``.
+    """
+
+    samples: list[Sample]
+    rollouts: Rollouts
+    rewards: torch.Tensor
+    generated: Rollouts
+    generated_samples: list[Sample]
+    scored: RewardBreakdown
+    counts: dict[str, float]
+    reward_seconds: float
+
+
+def _collect(
+    task: Task,
+    policy: Policy,
+    engine: HFEngine,
+    sampling: Sampling,
+    reward: WeightedReward,
+    train_samples: list[Sample],
+    stream: DataStream,
+    cfg: RunConfig,
+    step: int,
+) -> StepBatch:
+    """Sample G completions for ``prompts_per_step`` prompts and score them.
+
+    With ``algorithm.dynamic_sampling`` (DAPO), groups whose rewards are all equal carry no
+    advantage and are dropped; more prompts are drawn until ``prompts_per_step`` groups are kept
+    or ``max_sampling_tries`` rounds ran (then the step trains on what it kept, possibly less).
+    """
+    algo, G, P = cfg.algorithm, cfg.rollout.group_size, cfg.train.prompts_per_step
+    kept_samples: list[Sample] = []
+    kept = Rollouts()
+    kept_rewards: list[torch.Tensor] = []
+    generated = Rollouts()
+    generated_samples: list[Sample] = []
+    breakdowns: list[RewardBreakdown] = []
+    reward_seconds = 0.0
+    tries = 0
+    while tries < (algo.max_sampling_tries if algo.dynamic_sampling else 1):
+        tries += 1
+        samples = [train_samples[i] for i in stream.take(P)]
+        rollouts = engine.generate([task.prompt(s, policy.family) for s in samples], G, sampling)
+        expanded = [s for s in samples for _ in range(G)]
+        t0 = time.perf_counter()
+        scored = reward(rollouts.texts, expanded, context=f"at step {step}")
+        if algo.overlong_buffer:
+            lengths = torch.tensor([len(c) for c in rollouts.completion_ids])
+            penalty = overlong_penalty(
+                lengths, cfg.rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty
+            )
+            scored.scores["overlong"] = [Score(float(p)) for p in penalty]
+            scored.total = [t + float(p) for t, p in zip(scored.total, penalty)]
+        reward_seconds += time.perf_counter() - t0
+        rewards = torch.tensor(scored.total, dtype=torch.float32)
+        generated.extend(rollouts)
+        generated_samples += expanded
+        breakdowns.append(scored)
+        keep = (
+            filter_zero_variance_groups(rewards, G)
+            if algo.dynamic_sampling
+            else torch.ones(P, dtype=torch.bool)
+        )
+        for group in keep.nonzero().flatten().tolist()[: P - len(kept_samples) // G]:
+            indices = list(range(group * G, (group + 1) * G))
+            kept_samples += [expanded[i] for i in indices]
+            kept.extend(rollouts.select(indices))
+            kept_rewards.append(rewards[indices])
+        if len(kept_samples) >= P * G:
+            break
+    if not kept_samples:
+        log.warning(
+            "step %d: every group had equal rewards in %d tries; nothing to train on", step, tries
+        )
+    return StepBatch(
+        samples=kept_samples,
+        rollouts=kept,
+        rewards=torch.cat(kept_rewards) if kept_rewards else torch.zeros(0),
+        generated=generated,
+        generated_samples=generated_samples,
+        scored=RewardBreakdown.concat(breakdowns),
+        counts={
+            "rollout/generated": float(len(generated.texts)),
+            "rollout/kept": float(len(kept_samples)),
+            "rollout/discarded": float(len(generated.texts) - len(kept_samples)),
+            "rollout/tries": float(tries),
+        },
+        reward_seconds=reward_seconds,
+    )
+
+
 def _update(
     policy: Policy,
     reference: Policy | None,
     optimizer: torch.optim.Optimizer,
-    rollouts: Rollouts,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: StepBatch,
     advantages: torch.Tensor,
-    samples: list[Sample],
     cfg: RunConfig,
     step: int,
 ) -> dict[str, float]:
-    """Micro-batched forward/backward of one RL step and the optimizer step."""
+    """μ = ``updates_per_batch`` optimizer updates on one rollout batch.
+
+    Each update runs every micro-batch forward/backward with the denominators of the whole
+    batch, then clips and steps. With μ = 1 the old policy *is* the current one (ratio 1 at the
+    update, detached log-probs); with μ > 1 the old log-probs are computed once before the first
+    update and stored, so later updates see a real ratio and the clip acts. Completions with
+    advantage 0 are skipped when they cannot contribute (β = 0, no entropy bonus): their loss
+    term is exactly zero and they still count in the denominators.
+    """
     algo = cfg.algorithm
+    rollouts = batch.rollouts
     n = len(rollouts.completion_ids)
+    if n == 0:
+        return {"active_frac": 0.0}
     needs_all = algo.beta > 0 or algo.entropy_coef > 0
     active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
+    chunks = list(micro_batches(active, cfg.train.micro_batch_size))
     num_tokens = float(sum(len(c) for c in rollouts.completion_ids))
-    totals: Counter = Counter()
-    weight = 0.0
-    for chunk in micro_batches(active, cfg.train.micro_batch_size):
+
+    def forward(
+        chunk: list[int], with_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         rows = [rollouts.prompt_rows[i] for i in chunk]
         ids = [rollouts.completion_ids[i] for i in chunk]
-        logps, mask, entropy = completion_logps(policy, rows, ids, with_entropy=True)
-        ref_logps = None
+        with torch.set_grad_enabled(with_grad):
+            return completion_logps(policy, rows, ids, with_entropy=with_grad)
+
+    stored_old: list[torch.Tensor | None] = [None] * len(chunks)
+    stored_ref: list[torch.Tensor | None] = [None] * len(chunks)
+    for k, chunk in enumerate(chunks):
+        if algo.updates_per_batch > 1:
+            stored_old[k] = forward(chunk, with_grad=False)[0]
         if reference is not None:
             with torch.no_grad():
-                ref_logps, _, _ = completion_logps(reference, rows, ids)
-        loss, stats = grpo_loss(
-            logps,
-            logps.detach(),  # μ = 1: the sampling policy is the current one
-            advantages[chunk].to(logps.device),
-            mask.float(),
-            ref_logps=ref_logps,
-            beta=algo.beta,
-            kl_estimator=algo.kl_estimator,
-            entropy=entropy if algo.entropy_coef > 0 else entropy.detach(),
-            entropy_coef=algo.entropy_coef,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            ratio_level=algo.ratio_level,
-            dual_clip=None,
-            agg_mode=algo.agg_mode,
-            num_tokens=num_tokens,
-            num_seqs=float(n),
-            max_len=cfg.rollout.max_new_tokens,
-        )
-        if not torch.isfinite(loss):
-            ids_text = ", ".join(sorted({samples[i].id for i in chunk}))
-            raise FloatingPointError(f"non-finite loss at step {step} (samples: {ids_text})")
-        loss.backward()
-        tokens = float(mask.sum().item())
-        weight += tokens
-        totals["loss"] += loss.item()
-        for key, value in stats.items():
-            totals[key] += float(value) * tokens
+                rows = [rollouts.prompt_rows[i] for i in chunk]
+                stored_ref[k] = completion_logps(
+                    reference, rows, [rollouts.completion_ids[i] for i in chunk]
+                )[0]
+
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    totals: Counter = Counter()
+    weight = 0.0
+    grad_norms = []
+    for _ in range(algo.updates_per_batch):
+        for k, chunk in enumerate(chunks):
+            logps, mask, entropy = forward(chunk, with_grad=True)
+            old = stored_old[k] if stored_old[k] is not None else logps.detach()
+            loss, stats = grpo_loss(
+                logps,
+                old,
+                advantages[chunk].to(logps.device),
+                mask.float(),
+                ref_logps=stored_ref[k],
+                beta=algo.beta,
+                kl_estimator=algo.kl_estimator,
+                entropy=entropy if algo.entropy_coef > 0 else entropy.detach(),
+                entropy_coef=algo.entropy_coef,
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                ratio_level=algo.ratio_level,
+                dual_clip=algo.dual_clip,
+                agg_mode=algo.agg_mode,
+                num_tokens=num_tokens,
+                num_seqs=float(n),
+                max_len=cfg.rollout.max_new_tokens,
+            )
+            if not torch.isfinite(loss):
+                ids_text = ", ".join(sorted({batch.samples[i].id for i in chunk}))
+                raise FloatingPointError(f"non-finite loss at step {step} (samples: {ids_text})")
+            loss.backward()
+            tokens = float(mask.sum().item())
+            weight += tokens
+            totals["loss"] += loss.item() / algo.updates_per_batch
+            for key, value in stats.items():
+                totals[key] += float(value) * tokens
+        if cfg.optim.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
+        else:
+            grad_norm = torch.sqrt(
+                sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
+            )
+        if not torch.isfinite(grad_norm):
+            ids_text = ", ".join(sorted({s.id for s in batch.samples}))
+            raise FloatingPointError(
+                f"non-finite gradient norm at step {step} (samples: {ids_text})"
+            )
+        grad_norms.append(float(grad_norm))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
     out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
     out["loss"] = totals["loss"]
-    params = [p for p in policy.model.parameters() if p.requires_grad]
-    if cfg.optim.max_grad_norm > 0:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
-    else:
-        grad_norm = torch.sqrt(
-            sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
-        )
-    if not torch.isfinite(grad_norm):
-        raise FloatingPointError(f"non-finite gradient norm at step {step}")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    out["grad_norm"] = float(grad_norm)
-    out["active_frac"] = len(active) / max(n, 1)
+    out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+    out["active_frac"] = len(active) / n
     return out
+
+
+class GracefulStop:
+    """Turn the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
+    so the checkpoint then written is exact; a second signal interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested: str | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = signal.Signals(signum).name
+        log.warning(
+            "%s received: stopping after this step (send again to abort now)", self.requested
+        )
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _write_failure(run_dir: Path, step: int, reason: str, samples: list[Sample]) -> None:
+    """``failure.json``: what stopped the run, at which step, on which samples."""
+    record = {"step": step, "reason": reason, "samples": sorted({s.id for s in samples})}
+    (run_dir / "failure.json").write_text(json.dumps(record, indent=2) + "\n")
+    log.error("run stopped at step %d: %s", step, reason)
 
 
 def _run_eval(

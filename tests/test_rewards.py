@@ -58,3 +58,27 @@ def test_bad_reward_specs():
         build_reward([{"name": "test_const", "weight": "heavy"}])
     with pytest.raises(ConfigError, match="at least one"):
         build_reward([])
+
+
+@verifier("test_sleepy")
+def sleepy(completions, samples, *, seconds: float = 0.0):
+    import time
+
+    if completions:
+        time.sleep(seconds)
+    return [1.0 for _ in completions]
+
+
+def test_verifier_over_budget_scores_zero_with_reason_or_stops(caplog):
+    from mmrft.rewards import VerifierTimeoutError
+
+    specs = [{"name": "test_sleepy", "params": {"seconds": 2.0}}, {"name": "test_const"}]
+    reward = build_reward(specs, timeout_s=0.2)
+    out = reward(["x", "y"], samples(2), context="step 7")
+    assert out.scores["test_sleepy"][0].reason == "timeout"
+    assert out.total == [1.0, 1.0]  # the other verifier still counts
+    assert "verifier 'test_sleepy' exceeded its 0.2s budget step 7" in caplog.text
+    assert "s0, s1" in caplog.text
+    stopping = build_reward(specs, timeout_s=0.2, on_timeout="stop")
+    with pytest.raises(VerifierTimeoutError, match=r"test_sleepy.*step 3.*s0"):
+        stopping(["x"], samples(1), context="step 3")

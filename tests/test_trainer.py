@@ -182,3 +182,117 @@ def _lora_overrides() -> list[str]:
         "algorithm.beta=0.04",
         "eval.after=false",
     ]
+
+
+def _metric_lines(run: Path) -> list[dict]:
+    return [
+        json.loads(x)
+        for x in (run / "metrics.jsonl").read_text().splitlines()
+        if "train/reward" in x
+    ]
+
+
+def test_dynamic_sampling_counts_what_it_generates_keeps_and_discards(tmp_path):
+    summary = train(
+        tiny_config(
+            tmp_path,
+            "name=dyn",
+            "train.steps=2",
+            "algorithm.dynamic_sampling=true",
+            "algorithm.max_sampling_tries=3",
+            # format + accuracy only: a random model scores 0 everywhere, so every group is
+            # discarded and each step tries 3 times
+            "reward.verifiers=[{name: format}, {name: accuracy}]",
+            "eval.after=false",
+        )
+    )
+    lines = _metric_lines(Path(summary["run_dir"]))
+    for m in lines:
+        assert m["rollout/tries"] == 3
+        assert m["rollout/generated"] == 3 * 2 * 4
+        assert m["rollout/kept"] == 0 and m["rollout/discarded"] == 24
+
+
+def test_several_updates_per_batch_clip_and_overlong_shaping(tmp_path):
+    summary = train(
+        tiny_config(
+            tmp_path,
+            "name=mu",
+            "train.steps=2",
+            "optim.lr=5e-2",
+            "algorithm.updates_per_batch=3",
+            "algorithm.clip_low=0.01",
+            "algorithm.clip_high=0.01",
+            "algorithm.overlong_buffer=3",
+            "eval.after=false",
+        )
+    )
+    lines = _metric_lines(Path(summary["run_dir"]))
+    assert any(m["train/clip_frac/total"] > 0 for m in lines), (
+        "with μ > 1 the stored old policy makes the clip act"
+    )
+    assert all(m["train/reward/overlong"] <= 0 for m in lines)
+    assert any(m["train/reward/overlong"] < 0 for m in lines)
+
+
+SIGINT_PLUGIN = """
+import os, signal
+from mmrft import verifier
+
+CALLS = {"n": 0}
+
+@verifier("test_sigint_at_two")
+def sigint_at_two(completions, samples):
+    if completions:
+        CALLS["n"] += 1
+        if CALLS["n"] == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+    return [min(len(c), 20) / 20 for c in completions]
+"""
+
+
+def test_ctrl_c_checkpoints_the_finished_step_then_resumes(tmp_path):
+    plugin = tmp_path / "sigint_plugin.py"
+    plugin.write_text(SIGINT_PLUGIN)
+    overrides = [
+        "name=ctrlc",
+        "train.steps=4",
+        "checkpoint.every=0",
+        "eval.after=false",
+        "reward.verifiers=[{name: test_sigint_at_two}]",
+    ]
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_config(tmp_path, *overrides, f"plugins=[{plugin}]"))
+    run = tmp_path / "ctrlc"
+    assert (run / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
+    assert [m["step"] for m in _metric_lines(run)] == [1, 2]
+    train(tiny_config(tmp_path, *overrides, f"plugins=[{plugin}]"))  # the 2nd call has passed
+    assert [m["step"] for m in _metric_lines(run)] == [1, 2, 3, 4]
+
+
+def test_non_finite_loss_writes_failure_and_keeps_checkpoints(tmp_path, monkeypatch):
+    import mmrft.trainer as trainer_module
+
+    real = trainer_module.grpo_loss
+    calls = {"n": 0}
+
+    def nan_on_third_update(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] >= 3 else loss), stats
+
+    monkeypatch.setattr(trainer_module, "grpo_loss", nan_on_third_update)
+    with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
+        train(
+            tiny_config(
+                tmp_path,
+                "name=nanloss",
+                "train.steps=4",
+                "checkpoint.every=1",
+                "train.micro_batch_size=64",
+            )
+        )
+    run = tmp_path / "nanloss"
+    failure = json.loads((run / "failure.json").read_text())
+    assert failure["step"] == 3 and failure["samples"]
+    assert (run / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
