@@ -182,15 +182,10 @@ def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.report import write_report
+    from mmrft.report import report_runs
 
-    for run in args.runs:
-        run_dir = Path(run)
-        metrics = run_dir / "metrics.jsonl"
-        if not metrics.is_file():
-            raise DataError(f"{run_dir}: no metrics.jsonl (is it a run directory?)")
-        history = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-        console.print(f"wrote {write_report(run_dir, history)}")
+    for path in report_runs([Path(r) for r in args.runs], Path(args.out) if args.out else None):
+        console.print(f"wrote {path}")
     return 0
 
 
@@ -238,8 +233,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=str(REPO_ROOT / "assets"), help="assets directory")
     p.set_defaults(fn=cmd_make_tiny)
 
-    p = sub.add_parser("report", help="write report.png for run directories")
+    p = sub.add_parser(
+        "report", help="plots and a markdown summary of runs; several runs are also overlaid"
+    )
     p.add_argument("runs", nargs="+", help="run directories")
+    p.add_argument(
+        "--out", help="where comparison.png / comparison.md go (default: current directory)"
+    )
     p.set_defaults(fn=cmd_report)
     return parser
 

@@ -63,7 +63,7 @@ from mmrft.data import DataError, Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.plugins import load_plugins
 from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
-from mmrft.report import write_report
+from mmrft.report import report_runs
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
 from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
 from mmrft.task import Task, build_task
@@ -474,7 +474,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         "total_seconds": round(time.perf_counter() - t_start, 1),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    write_report(run_dir, runlog.history)
+    report_runs([run_dir])
     console.print(f"summary: {json.dumps(summary)}")
     return summary
 

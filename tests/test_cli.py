@@ -128,3 +128,42 @@ def test_missing_image_is_named_or_skipped(tmp_path, capsys):
     assert "missing.png" in capsys.readouterr().err
     assert main([*base, "data.on_error=skip"]) == 0
     assert len((tmp_path / "o" / "predictions.jsonl").read_text().splitlines()) == 2
+
+
+def test_report_one_run_and_a_comparison(tmp_path, capsys):
+    for name, offset in (("a", 0.0), ("b", 0.5)):
+        run = tmp_path / name
+        run.mkdir()
+        lines = [
+            {
+                "step": s,
+                "train/reward": offset + s / 10,
+                "train/reward/format": 1.0,
+                "train/kl": 0.01 * s,
+                "train/entropy": 1.0,
+                "rollout/len_mean": 6.0,
+                "time/rollout_s": 0.2,
+                "time/update_s": 0.1,
+            }
+            for s in range(1, 6)
+        ] + [{"step": 5, "eval/classification/accuracy": 0.5 + offset}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (run / "summary.json").write_text(
+            json.dumps(
+                {"metric": "eval/classification/accuracy", "before": 0.25, "after": 0.5 + offset}
+            )
+        )
+    assert (
+        main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")])
+        == 0
+    )
+    for path in (
+        tmp_path / "a" / "report.png",
+        tmp_path / "a" / "report.md",
+        tmp_path / "cmp" / "comparison.png",
+    ):
+        assert path.is_file() and path.stat().st_size > 0
+    table = (tmp_path / "cmp" / "comparison.md").read_text()
+    assert "| after | 0.5 | 1 |" in table
+    assert "last eval/classification/accuracy" in table
+    assert main(["report", str(tmp_path / "missing")]) == 2
