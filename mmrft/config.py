@@ -221,6 +221,13 @@ class TrainConfig:
     log_every: int = _f(1, "Write metrics every N steps.")
     completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
     threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+    trackers: list[Literal["tensorboard", "wandb"]] = _f(
+        [], "Experiment trackers beside metrics.jsonl (pip install mmrft[track])."
+    )
+    wandb_project: str = _f("mmrft", "W&B project name.")
+    wandb_mode: Literal["offline", "online", "disabled"] = _f(
+        "offline", "W&B mode; offline needs no account (wandb sync uploads later)."
+    )
 
 
 @dataclass

@@ -67,6 +67,7 @@ from mmrft.report import report_runs
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
 from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
 from mmrft.task import Task, build_task
+from mmrft.tracking import build_trackers
 
 log = logging.getLogger("mmrft")
 
@@ -152,6 +153,7 @@ class RunLog:
 
     run_dir: Path
     history: list[dict[str, Any]] = field(default_factory=list)
+    trackers: list[Any] = field(default_factory=list)
 
     def truncate_after(self, step: int) -> None:
         """On resume: forget lines of steps after the checkpoint (they will be redone)."""
@@ -174,11 +176,19 @@ class RunLog:
         self.history.append(record)
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
+        for tracker in self.trackers:
+            tracker.log(step, values)
 
     def completions(self, step: int, rows: list[dict[str, Any]]) -> None:
         with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
+        for tracker in self.trackers:
+            tracker.log_completions(step, rows)
+
+    def close(self) -> None:
+        for tracker in self.trackers:
+            tracker.close()
 
 
 def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
@@ -300,183 +310,197 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     stream = DataStream(len(train_samples) or 1, cfg.train.seed)
-    runlog = RunLog(run_dir)
-    evals: dict[str, dict[str, float]] = {}
-    start_step = 0
-
-    # Resume or warm start ---------------------------------------------------------------------
-    checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
-    if checkpoint is not None:
-        state = load_trainer_state(checkpoint)
-        _load_weights(policy, checkpoint)
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
-        stream.position = state["data_position"]
-        evals = state.get("evals", {})
-        start_step = state["step"]
-        runlog.truncate_after(start_step)
-        console.print(
-            f"resumed from {checkpoint} at step {start_step} (data position {stream.position})"
-        )
-    else:
-        runlog.truncate_after(-1)
-        if cfg.warm_start.steps and train_samples:
-            warm_start(policy, task, train_samples, cfg, console)
-        if cfg.eval.before and test_samples:
-            evals["before"] = _run_eval(
-                policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
-            )
-
-    def trainer_state(step: int) -> dict[str, Any]:
-        return {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "rng": rng_state(),
-            "data_position": stream.position,
-            "evals": evals,
-            "config": to_dict(cfg),
-        }
-
-    def checkpoint_now(step: int) -> None:
-        path = save_checkpoint(
-            run_dir / "checkpoints",
-            step,
-            lambda d: save_pretrained(policy, d),
-            trainer_state(step),
-            cfg.checkpoint.keep_last,
-        )
-        log.info("checkpoint %s", path)
-
-    # The loop ---------------------------------------------------------------------------------
-    t_train = time.perf_counter()
-    progress = Progress(
-        TextColumn("[bold]step {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        TextColumn("left"),
-        TimeRemainingColumn(),
-        console=console,
-        transient=False,
+    runlog = RunLog(
+        run_dir,
+        trackers=build_trackers(
+            cfg.train.trackers,
+            run_dir,
+            run_name(cfg),
+            to_dict(cfg),
+            cfg.train.wandb_project,
+            cfg.train.wandb_mode,
+        ),
     )
-    stop = GracefulStop()
-    with progress, stop:
-        bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
-        for step in range(start_step + 1, cfg.train.steps + 1):
-            t0 = time.perf_counter()
-            # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
-            batch = _collect(
-                task, policy, engine, sampling, reward, train_samples, stream, cfg, step
-            )
-            advantages = (
-                group_advantages(
-                    batch.rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
-                )
-                if len(batch.rewards)
-                else batch.rewards
-            )
-            # 5-6. μ optimizer updates on this batch
-            t2 = time.perf_counter()
-            try:
-                stats = _update(
-                    policy, reference, optimizer, scheduler, batch, advantages, cfg, step
-                )
-            except FloatingPointError as exc:
-                _write_failure(run_dir, step, str(exc), batch.samples)
-                raise
-            t3 = time.perf_counter()
-            rollouts, scored = batch.generated, batch.scored
+    try:
+        evals: dict[str, dict[str, float]] = {}
+        start_step = 0
 
-            # 7. logs
-            metrics = {
-                **scored.metrics("train/reward"),
-                **{f"train/{k}": v for k, v in stats.items()},
-                **{
-                    f"rollout/{k}": v for k, v in group_stats(torch.tensor(scored.total), G).items()
-                },
-                **batch.counts,
-                "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
-                "rollout/truncated": float(np.mean(rollouts.truncated)),
-                "train/lr": scheduler.get_last_lr()[0],
-                "train/epoch": stream.position / max(len(train_samples), 1),
-                "time/rollout_s": rollouts.seconds,
-                "time/reward_s": batch.reward_seconds,
-                "time/update_s": t3 - t2,
-                "time/step_s": t3 - t0,
+        # Resume or warm start ---------------------------------------------------------------------
+        checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
+        if checkpoint is not None:
+            state = load_trainer_state(checkpoint)
+            _load_weights(policy, checkpoint)
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            set_rng_state(state["rng"])
+            stream.position = state["data_position"]
+            evals = state.get("evals", {})
+            start_step = state["step"]
+            runlog.truncate_after(start_step)
+            console.print(
+                f"resumed from {checkpoint} at step {start_step} (data position {stream.position})"
+            )
+        else:
+            runlog.truncate_after(-1)
+            if cfg.warm_start.steps and train_samples:
+                warm_start(policy, task, train_samples, cfg, console)
+            if cfg.eval.before and test_samples:
+                evals["before"] = _run_eval(
+                    policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
+                )
+
+        def trainer_state(step: int) -> dict[str, Any]:
+            return {
+                "step": step,
+                "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "rng": rng_state(),
+                "data_position": stream.position,
+                "evals": evals,
+                "config": to_dict(cfg),
             }
-            metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
-            if step % cfg.train.log_every == 0:
-                runlog.metrics(step, metrics)
-            if cfg.train.completions_every and step % cfg.train.completions_every == 0:
-                runlog.completions(
-                    step, _completion_rows(rollouts, batch.generated_samples, scored, G)
-                )
-            progress.update(bar, completed=step, info=f"reward {metrics['train/reward']:.3f}")
-            log.info("step %d done: reward %.4f, %.1fs", step, metrics["train/reward"], t3 - t0)
 
-            if (
-                cfg.eval.every
-                and step % cfg.eval.every == 0
-                and step != cfg.train.steps
-                and test_samples
-            ):
-                _run_eval(
-                    policy,
-                    task,
-                    test_samples,
-                    cfg,
-                    run_dir / "eval" / f"step-{step:06d}",
-                    runlog,
-                    step,
-                    console,
-                )
-            if (
-                cfg.checkpoint.every
-                and step % cfg.checkpoint.every == 0
-                and step != cfg.train.steps
-            ):
-                checkpoint_now(step)
-            if stop.requested:
-                checkpoint_now(step)
-                console.print(
-                    f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
-                )
-                raise KeyboardInterrupt(stop.requested)
-    train_seconds = time.perf_counter() - t_train
+        def checkpoint_now(step: int) -> None:
+            path = save_checkpoint(
+                run_dir / "checkpoints",
+                step,
+                lambda d: save_pretrained(policy, d),
+                trainer_state(step),
+                cfg.checkpoint.keep_last,
+            )
+            log.info("checkpoint %s", path)
 
-    # After RL -----------------------------------------------------------------------------------
-    if cfg.eval.after and test_samples:
-        evals["after"] = _run_eval(
-            policy,
-            task,
-            test_samples,
-            cfg,
-            run_dir / "eval" / "after",
-            runlog,
-            cfg.train.steps,
-            console,
+        # The loop ---------------------------------------------------------------------------------
+        t_train = time.perf_counter()
+        progress = Progress(
+            TextColumn("[bold]step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
         )
-    if cfg.train.steps > start_step or checkpoint is None:
-        checkpoint_now(cfg.train.steps)
-    if evals:
-        print_table(f"{task.name} on {cfg.data.test}", evals, console)
-    summary = {
-        "run_dir": str(run_dir),
-        "task": task.name,
-        "metric": f"eval/{task.name}/{task.primary_metric}",
-        "chance": task.chance(test_samples) if test_samples else None,
-        "before": evals.get("before", {}).get("primary"),
-        "after": evals.get("after", {}).get("primary"),
-        "steps": cfg.train.steps,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - t_start, 1),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    report_runs([run_dir])
-    console.print(f"summary: {json.dumps(summary)}")
-    return summary
+        stop = GracefulStop()
+        with progress, stop:
+            bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
+            for step in range(start_step + 1, cfg.train.steps + 1):
+                t0 = time.perf_counter()
+                # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
+                batch = _collect(
+                    task, policy, engine, sampling, reward, train_samples, stream, cfg, step
+                )
+                advantages = (
+                    group_advantages(
+                        batch.rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
+                    )
+                    if len(batch.rewards)
+                    else batch.rewards
+                )
+                # 5-6. μ optimizer updates on this batch
+                t2 = time.perf_counter()
+                try:
+                    stats = _update(
+                        policy, reference, optimizer, scheduler, batch, advantages, cfg, step
+                    )
+                except FloatingPointError as exc:
+                    _write_failure(run_dir, step, str(exc), batch.samples)
+                    raise
+                t3 = time.perf_counter()
+                rollouts, scored = batch.generated, batch.scored
+
+                # 7. logs
+                metrics = {
+                    **scored.metrics("train/reward"),
+                    **{f"train/{k}": v for k, v in stats.items()},
+                    **{
+                        f"rollout/{k}": v
+                        for k, v in group_stats(torch.tensor(scored.total), G).items()
+                    },
+                    **batch.counts,
+                    "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
+                    "rollout/truncated": float(np.mean(rollouts.truncated)),
+                    "train/lr": scheduler.get_last_lr()[0],
+                    "train/epoch": stream.position / max(len(train_samples), 1),
+                    "time/rollout_s": rollouts.seconds,
+                    "time/reward_s": batch.reward_seconds,
+                    "time/update_s": t3 - t2,
+                    "time/step_s": t3 - t0,
+                }
+                metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
+                if step % cfg.train.log_every == 0:
+                    runlog.metrics(step, metrics)
+                if cfg.train.completions_every and step % cfg.train.completions_every == 0:
+                    runlog.completions(
+                        step, _completion_rows(rollouts, batch.generated_samples, scored, G)
+                    )
+                progress.update(bar, completed=step, info=f"reward {metrics['train/reward']:.3f}")
+                log.info("step %d done: reward %.4f, %.1fs", step, metrics["train/reward"], t3 - t0)
+
+                if (
+                    cfg.eval.every
+                    and step % cfg.eval.every == 0
+                    and step != cfg.train.steps
+                    and test_samples
+                ):
+                    _run_eval(
+                        policy,
+                        task,
+                        test_samples,
+                        cfg,
+                        run_dir / "eval" / f"step-{step:06d}",
+                        runlog,
+                        step,
+                        console,
+                    )
+                if (
+                    cfg.checkpoint.every
+                    and step % cfg.checkpoint.every == 0
+                    and step != cfg.train.steps
+                ):
+                    checkpoint_now(step)
+                if stop.requested:
+                    checkpoint_now(step)
+                    console.print(
+                        f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
+                    )
+                    raise KeyboardInterrupt(stop.requested)
+        train_seconds = time.perf_counter() - t_train
+
+        # After RL -----------------------------------------------------------------------------------
+        if cfg.eval.after and test_samples:
+            evals["after"] = _run_eval(
+                policy,
+                task,
+                test_samples,
+                cfg,
+                run_dir / "eval" / "after",
+                runlog,
+                cfg.train.steps,
+                console,
+            )
+        if cfg.train.steps > start_step or checkpoint is None:
+            checkpoint_now(cfg.train.steps)
+        if evals:
+            print_table(f"{task.name} on {cfg.data.test}", evals, console)
+        summary = {
+            "run_dir": str(run_dir),
+            "task": task.name,
+            "metric": f"eval/{task.name}/{task.primary_metric}",
+            "chance": task.chance(test_samples) if test_samples else None,
+            "before": evals.get("before", {}).get("primary"),
+            "after": evals.get("after", {}).get("primary"),
+            "steps": cfg.train.steps,
+            "train_seconds": round(train_seconds, 1),
+            "total_seconds": round(time.perf_counter() - t_start, 1),
+        }
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        report_runs([run_dir])
+        console.print(f"summary: {json.dumps(summary)}")
+        return summary
+    finally:
+        runlog.close()
 
 
 @dataclass

@@ -296,3 +296,16 @@ def test_non_finite_loss_writes_failure_and_keeps_checkpoints(tmp_path, monkeypa
     failure = json.loads((run / "failure.json").read_text())
     assert failure["step"] == 3 and failure["samples"]
     assert (run / "checkpoints" / "step-000002" / "trainer_state.pt").is_file()
+
+
+def test_tensorboard_and_wandb_offline_trackers(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    summary = train(
+        tiny_config(tmp_path, "name=tracked", "train.steps=2", "train.trackers=[tensorboard, wandb]", "eval.after=false")
+    )
+    run = Path(summary["run_dir"])
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    offline = list((run / "wandb").glob("offline-run-*"))
+    assert offline and list(offline[0].glob("*.wandb"))
