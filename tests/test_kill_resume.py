@@ -35,7 +35,16 @@ OVERRIDES = [
 def run(tmp_path: Path, name: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "mmrft.cli", "train", "demo", f"output_dir={tmp_path}", f"name={name}", *OVERRIDES],
+        [
+            sys.executable,
+            "-m",
+            "mmrft.cli",
+            "train",
+            "demo",
+            f"output_dir={tmp_path}",
+            f"name={name}",
+            *OVERRIDES,
+        ],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -1,15 +1,28 @@
-"""Deterministic tiny Qwen2-VL / Qwen2.5-VL checkpoints for tests and the CPU demo.
+"""Deterministic tiny Qwen-VL / Qwen-Audio / Qwen-Omni checkpoints for tests and the CPU demo.
 
 ``mmrft make-tiny`` calls :func:`build_all`, which writes
 
 * ``assets/models/tiny-qwen2_5_vl`` (``model_type`` ``qwen2_5_vl``, boxes in input pixels),
-* ``assets/models/tiny-qwen2_vl`` (``model_type`` ``qwen2_vl``, boxes 0–1000 normalised).
+* ``assets/models/tiny-qwen2_vl`` (``model_type`` ``qwen2_vl``, boxes 0–1000 normalised),
+* ``assets/models/tiny-qwen2_audio`` (``model_type`` ``qwen2_audio``: Whisper-style audio
+  encoder + Qwen2 decoder, ``Qwen2AudioProcessor``),
+* ``assets/models/tiny-qwen2_5_omni`` (``model_type`` ``qwen2_5_omni_thinker``: the Qwen2.5-Omni
+  *thinker* only, i.e. audio encoder + Qwen2.5-VL vision encoder + decoder with TMRoPE, saved as
+  ``Qwen2_5OmniThinkerForConditionalGeneration``; ``Qwen2_5OmniProcessor``). The real
+  Qwen2.5-Omni checkpoints are ``qwen2_5_omni`` (thinker + talker + token2wav); the thinker class
+  loads those as well, and the family adapter accepts both model types.
 
-Each is a real Hugging Face checkpoint: the real config, model, processor, image-processor and
-video-processor classes, a few layers with random weights, and a byte-level BPE tokenizer
-*trained here* with the ``tokenizers`` library on a small built-in corpus (prompt words,
-colours, shapes, digits, JSON punctuation, think/answer tags), carrying the family's real
-special tokens and chat template. Nothing is downloaded.
+Each is a real Hugging Face checkpoint: the real config, model, processor, image-processor,
+video-processor and feature-extractor (``WhisperFeatureExtractor``) classes, a few layers with
+random weights, and a byte-level BPE tokenizer *trained here* with the ``tokenizers`` library on
+a small built-in corpus (prompt words, colours, shapes, digits, JSON punctuation, think/answer
+tags; for the audio families also sound words and the audio-QA prompt phrases), carrying the
+family's real special tokens and chat template. Nothing is downloaded.
+
+The audio families share one tiny audio front end: 16 kHz, 16 mel bins (the real models use
+128), 10 ms hop, 10 s windows (``chunk_length``; the real ones are 30 s, so the encoders' position
+tables are 500 instead of 1500 frames). One second of audio becomes 25 ``<|AUDIO|>`` tokens, as in
+the real models.
 
 Determinism: fixed seeds, a corpus generated in a fixed order, no timestamps; building twice
 gives byte-identical files with the same library versions (:func:`tree_digest` checks it).
@@ -37,7 +50,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
+AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
+FAMILIES = VL_FAMILIES + AUDIO_FAMILIES
 
 # The Qwen2-VL / Qwen2.5-VL Instruct chat template (chat_template.json of both releases): a
 # default system prompt only when the first message is not a system message; one
@@ -89,6 +104,113 @@ QWEN2_5_VL_EXTRA = (
     "<|file_sep|>",
 )
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+# Special tokens of the real Qwen2-Audio-7B(-Instruct) tokenizer, in id order after the BPE
+# vocabulary (151643 … 151648 in the real one; config.audio_token_index = 151646).
+QWEN2_AUDIO_SPECIAL = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+)
+# Special tokens of the real Qwen2.5-Omni tokenizer (151643 … 151656): Qwen2.5-VL's layout with
+# <|object_ref_start|>, <|object_ref_end|>, <|box_start|> renamed to the audio tokens and the
+# vision tokens renamed (<|vision_bos|>, <|IMAGE|>, <|VIDEO|>, ...). The Qwen2.5 extras
+# (QWEN2_5_VL_EXTRA) follow as non-special added tokens.
+QWEN2_5_OMNI_SPECIAL = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_bos|>",
+    "<|vision_eos|>",
+    "<|vision_pad|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+)
+# Named multimodal tokens of the Qwen2.5-Omni tokenizer_config (Qwen2_5OmniProcessor reads
+# tokenizer.image_token, tokenizer.audio_bos_token, ...).
+QWEN2_5_OMNI_NAMED = {
+    "image_token": "<|IMAGE|>",
+    "audio_token": "<|AUDIO|>",
+    "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>",
+    "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>",
+    "audio_eos_token": "<|audio_eos|>",
+}
+SPECIAL_TOKENS = {
+    "qwen2_5_vl": QWEN2_VL_SPECIAL,
+    "qwen2_vl": QWEN2_VL_SPECIAL,
+    "qwen2_audio": QWEN2_AUDIO_SPECIAL,
+    "qwen2_5_omni": QWEN2_5_OMNI_SPECIAL,
+}
+
+# The Qwen2-Audio-7B-Instruct chat template (its tokenizer's chat_template): "Audio k: " and the
+# audio placeholder, then a newline, per audio part.
+QWEN2_AUDIO_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
+    "assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}{% if 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}Audio {{ audio_count.value }}: "
+    "<|audio_bos|><|AUDIO|><|audio_eos|>\n{% elif 'text' in content %}{{ content['text'] }}"
+    "{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# The Qwen2.5-Omni-7B chat template (chat_template.json): images, audio and videos in part order,
+# no separators; default system prompt "You are a helpful assistant." (the speech-output system
+# prompt of the model card is only needed for the talker, which mmrft does not use).
+QWEN2_5_OMNI_CHAT_TEMPLATE = (
+    "{% set audio_count = namespace(value=0) %}{% set image_count = namespace(value=0) %}"
+    "{% set video_count = namespace(value=0) %}{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful "
+    "assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
+    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture "
+    "{{ image_count.value }}: {% endif %}<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
+    "{% set audio_count.value = audio_count.value + 1 %}{% if add_audio_id %}Audio "
+    "{{ audio_count.value }}: {% endif %}<|audio_bos|><|AUDIO|><|audio_eos|>"
+    "{% elif content['type'] == 'video' or 'video' in content %}"
+    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video "
+    "{{ video_count.value }}: {% endif %}<|vision_bos|><|VIDEO|><|vision_eos|>"
+    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CHAT_TEMPLATES = {
+    "qwen2_5_vl": CHAT_TEMPLATE,
+    "qwen2_vl": CHAT_TEMPLATE,
+    "qwen2_audio": QWEN2_AUDIO_CHAT_TEMPLATE,
+    "qwen2_5_omni": QWEN2_5_OMNI_CHAT_TEMPLATE,
+}
+
+# Tiny audio front end (WhisperFeatureExtractor): rate (Hz), mel bins, hop (samples) and window
+# (seconds). Frames per window = 10 s × 16000 / 160 = 1000; the encoders halve that (conv
+# stride 2) to 500 positions and pool again, so 1 s of audio = 100 frames = 25 LLM tokens.
+TINY_SAMPLING_RATE = 16000
+TINY_MEL_BINS = 16
+TINY_HOP = 160
+TINY_AUDIO_SECONDS = 10
+TINY_AUDIO_POSITIONS = TINY_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2
+AUDIO_ENCODER = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "encoder_ffn_dim": 64,
+    "num_mel_bins": TINY_MEL_BINS,
+    "max_source_positions": TINY_AUDIO_POSITIONS,
+}
 
 BPE_VOCAB_SIZE = 1536  # byte alphabet (256) + merges; added tokens come after
 PRETOKENIZE_REGEX = (
@@ -162,12 +284,62 @@ BOX_INSTRUCTIONS = (  # the families' box_instruction (mmrft.models.qwen_vl)
     "integers from 0 to 1000 relative to the image width and height.",
 )
 
+# Audio-QA vocabulary for the audio families' tokenizers (sound events, speech, music, tones).
+_AUDIO_WORD_TEXT = (
+    "audio sound sounds clip recording hear heard listen hearing speech speaker speaking music "
+    "musical instrument instruments noise silence silent tone tones beep beeps pitch high higher "
+    "highest low lower lowest loud louder loudest quiet quieter long longer short shorter "
+    "duration second seconds frequency Hz first last third same different dog barking cat bird "
+    "car engine rain water piano guitar drum violin man woman child singing laughing crying "
+    "emotion happy sad angry calm source event events choose choices following"
+)
+AUDIO_WORDS = _AUDIO_WORD_TEXT.split()
+AUDIO_QUESTIONS = (
+    "What is the main sound in the audio?",
+    "What sound source can be heard?",
+    "Which instrument is playing?",
+    "What emotion does the speaker convey?",
+    "How many beeps are in the audio?",
+    "How many tones can you hear?",
+    "Is the second tone higher than the first?",
+    "Which tone is louder, the first or the second?",
+    "Is the pitch high or low?",
+)
+# R1-AQA's prompt (Qwen2-Audio GRPO on AVQA): question, options, answer tag.
+AQA_TEMPLATE = (
+    "{question} Please choose the answer from the following options: {options}. "
+    "Output the final answer in <answer> </answer>."
+)
 
-def corpus() -> list[str]:
+
+def audio_corpus() -> list[str]:
+    """Extra tokenizer corpus lines of the audio families, in a fixed order."""
+    lines: list[str] = []
+    words = sorted(set(AUDIO_WORDS))
+    for _ in range(6):
+        lines.append(" ".join(words))
+        lines.append(" ".join(w.capitalize() for w in words))
+        lines.append("\n".join(words))
+    answers = ("dog barking", "piano", "high", "low", "the first", "the second", "happy", "rain")
+    for i, question in enumerate(AUDIO_QUESTIONS):
+        options = [answers[(i + k) % len(answers)] for k in range(4)]
+        for _ in range(4):
+            lines.append(question)
+            lines.append(AQA_TEMPLATE.format(question=question, options=str(options)))
+        lines.append(f"<answer>{options[0]}</answer>")
+        lines.append(f"<think>I hear {options[1]}.</think><answer>{options[1]}</answer>")
+    for n in range(11):
+        lines.append(f"There are {n} beeps in the audio. <answer>{n}</answer>")
+    lines += ["Audio 1: \nAudio 2: \n"] * 10
+    return lines
+
+
+def corpus(family: str = "qwen2_5_vl") -> list[str]:
     """The tokenizer training corpus: prompts, answers and word lists, in a fixed order.
 
     Frequencies are chosen so that the words the CPU demo trains on become single tokens,
-    with and without a leading space.
+    with and without a leading space. The audio families add :func:`audio_corpus` at the end
+    (the Qwen-VL corpus, hence the Qwen-VL tiny models, are unchanged by it).
     """
     lines: list[str] = [DEFAULT_SYSTEM_PROMPT] * 20
     lines += ["system\nuser\nassistant\n"] * 20
@@ -217,6 +389,8 @@ def corpus() -> list[str]:
             lettered = "\n".join(f"{letters[k]}. {o}" for k, o in enumerate(options))
             lines.append(f"Options:\n{lettered}\nAnswer with the option letter only.")
             lines.append(f"<answer>{letters[i % 4]}</answer>")
+    if family in AUDIO_FAMILIES:
+        lines += audio_corpus()
     return lines
 
 
@@ -243,26 +417,27 @@ def train_tokenizer(family: str) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    raw.train_from_iterator(corpus(), trainer=trainer)
-    raw.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t in QWEN2_VL_SPECIAL]
-    )
-    extra = QWEN2_5_VL_EXTRA if family == "qwen2_5_vl" else ()
+    raw.train_from_iterator(corpus(family), trainer=trainer)
+    special = SPECIAL_TOKENS[family]
+    raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    extra = QWEN2_5_VL_EXTRA if family in ("qwen2_5_vl", "qwen2_5_omni") else ()
     if extra:
         raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
+    named = QWEN2_5_OMNI_NAMED if family == "qwen2_5_omni" else {}
     tokenizer = Qwen2TokenizerFast(
         tokenizer_object=raw,
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        extra_special_tokens=list(QWEN2_VL_SPECIAL[1:]),
+        extra_special_tokens=list(special[1:]),
         errors="replace",
-        model_max_length=131072 if family == "qwen2_5_vl" else 32768,
+        model_max_length=32768 if family == "qwen2_vl" else 131072,
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
+        **named,
     )
-    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.chat_template = CHAT_TEMPLATES[family]
     return tokenizer
 
 
