@@ -44,6 +44,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from mmrft import distributed
 from mmrft.algorithms import (
     filter_zero_variance_groups,
     group_advantages,
@@ -68,6 +69,7 @@ from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
 from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
 from mmrft.task import Task, build_task
 from mmrft.tracking import build_trackers
+from mmrft.typecheck import ConfigError
 
 log = logging.getLogger("mmrft")
 
@@ -154,9 +156,12 @@ class RunLog:
     run_dir: Path
     history: list[dict[str, Any]] = field(default_factory=list)
     trackers: list[Any] = field(default_factory=list)
+    enabled: bool = True  # False on ranks > 0: only rank 0 writes
 
     def truncate_after(self, step: int) -> None:
         """On resume: forget lines of steps after the checkpoint (they will be redone)."""
+        if not self.enabled:
+            return
         for name in ("metrics.jsonl", "completions.jsonl"):
             path = self.run_dir / name
             if path.exists():
@@ -174,12 +179,16 @@ class RunLog:
     def metrics(self, step: int, values: dict[str, float]) -> None:
         record = {"step": step, **{k: float(v) for k, v in values.items()}}
         self.history.append(record)
+        if not self.enabled:
+            return
         with (self.run_dir / "metrics.jsonl").open("a") as f:
             f.write(json.dumps(record) + "\n")
         for tracker in self.trackers:
             tracker.log(step, values)
 
     def completions(self, step: int, rows: list[dict[str, Any]]) -> None:
+        if not self.enabled:
+            return
         with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
             for row in rows:
                 f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
@@ -221,11 +230,14 @@ def warm_start(
     end_of_turn = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     references = [task.reference_answer(s) for s in samples]
     losses = []
+    world, rank = distributed.world_size(), distributed.rank()
     for step in range(ws.steps):
-        batch = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+        drawn = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+        labels = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+        share = slice(rank * ws.batch_size // world, (rank + 1) * ws.batch_size // world)
+        batch, labels = drawn[share], labels[share]
         answers = [
-            references[rng.randrange(len(samples))] if ws.labels == "random" else references[i]
-            for i in batch
+            references[j] if ws.labels == "random" else references[i] for i, j in zip(batch, labels)
         ]
         conversations = [task.prompt(samples[i], policy.family) for i in batch]
         prepared = policy.family.prepare(
@@ -238,12 +250,14 @@ def warm_start(
             for a in answers
         ]
         logps, mask, _ = completion_logps(policy, rows, completions)
-        loss = -(logps * mask).sum() / mask.sum()
+        tokens = distributed.sum_scalar(float(mask.sum()))  # mean over every rank's tokens
+        loss = -(logps * mask).sum() / tokens
         loss.backward()
+        distributed.sum_gradients(params)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+        losses.append(distributed.sum_scalar(loss.item()))
         if (step + 1) % 20 == 0 or step + 1 == ws.steps:
             console.print(f"warm start {step + 1}/{ws.steps}: loss {np.mean(losses[-20:]):.3f}")
 
@@ -254,11 +268,16 @@ def warm_start(
 
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary."""
-    console = console or Console()
     t_start = time.perf_counter()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
-    seed_everything(cfg.train.seed)
+    rank, world = distributed.setup()
+    console = (console or Console()) if rank == 0 else Console(quiet=True)
+    if cfg.train.prompts_per_step % world:
+        raise ConfigError(
+            f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts do not split over {world} processes"
+        )
+    seed_everything(cfg.train.seed + rank)  # rank 0 draws exactly as a single process would
     device = pick_device(cfg.device)
     load_plugins(cfg.plugins)
 
@@ -267,9 +286,11 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         if not Path(cfg.output_dir).is_absolute()
         else Path(cfg.output_dir) / run_name(cfg)
     )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
-    _attach_file_log(run_dir / "train.log")
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        _attach_file_log(run_dir / "train.log")
+    distributed.barrier()
     console.rule(f"[bold]mmrft train[/bold] → {run_dir}")
     console.print(to_yaml(cfg), highlight=False)
 
@@ -287,6 +308,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         + f"  ∈ [{low:g}, {high:g}]"
     )
     policy = load_policy(cfg.model, device)
+    distributed.broadcast_parameters(policy.model)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
     train_samples = (
         load_split(task, policy, cfg, cfg.data.train, cfg.data.max_train_samples)
@@ -313,13 +335,14 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     runlog = RunLog(
         run_dir,
         trackers=build_trackers(
-            cfg.train.trackers,
+            cfg.train.trackers if rank == 0 else [],
             run_dir,
             run_name(cfg),
             to_dict(cfg),
             cfg.train.wandb_project,
             cfg.train.wandb_mode,
         ),
+        enabled=rank == 0,
     )
     try:
         evals: dict[str, dict[str, float]] = {}
@@ -332,7 +355,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             _load_weights(policy, checkpoint)
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
-            set_rng_state(state["rng"])
+            _restore_rng(state, cfg, rank, world)
             stream.position = state["data_position"]
             evals = state.get("evals", {})
             start_step = state["step"]
@@ -348,27 +371,34 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                 evals["before"] = _run_eval(
                     policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
                 )
+        _check_replicas(policy, "start")
 
         def trainer_state(step: int) -> dict[str, Any]:
             return {
                 "step": step,
                 "optimizer": optimizer.state_dict(),
                 "scheduler": scheduler.state_dict(),
-                "rng": rng_state(),
+                "rng": rng_state(),  # rank 0's, kept for single-process readers
+                "rng_by_rank": distributed.gather_objects(rng_state()),
+                "world_size": world,
                 "data_position": stream.position,
                 "evals": evals,
                 "config": to_dict(cfg),
             }
 
         def checkpoint_now(step: int) -> None:
-            path = save_checkpoint(
-                run_dir / "checkpoints",
-                step,
-                lambda d: save_pretrained(policy, d),
-                trainer_state(step),
-                cfg.checkpoint.keep_last,
-            )
-            log.info("checkpoint %s", path)
+            _check_replicas(policy, f"step {step}")
+            state = trainer_state(step)  # collective (gathers every rank's RNG state)
+            if rank == 0:
+                path = save_checkpoint(
+                    run_dir / "checkpoints",
+                    step,
+                    lambda d: save_pretrained(policy, d),
+                    state,
+                    cfg.checkpoint.keep_last,
+                )
+                log.info("checkpoint %s", path)
+            distributed.barrier()
 
         # The loop ---------------------------------------------------------------------------------
         t_train = time.perf_counter()
@@ -429,6 +459,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     "time/step_s": t3 - t0,
                 }
                 metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
+                metrics = _merge_rank_metrics(metrics)
                 if step % cfg.train.log_every == 0:
                     runlog.metrics(step, metrics)
                 if cfg.train.completions_every and step % cfg.train.completions_every == 0:
@@ -460,7 +491,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     and step != cfg.train.steps
                 ):
                     checkpoint_now(step)
-                if stop.requested:
+                if distributed.sum_scalar(1.0 if stop.requested else 0.0) > 0:
+                    stop.requested = stop.requested or "a signal on another rank"
                     checkpoint_now(step)
                     console.print(
                         f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
@@ -495,8 +527,9 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             "train_seconds": round(train_seconds, 1),
             "total_seconds": round(time.perf_counter() - t_start, 1),
         }
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        report_runs([run_dir])
+        if rank == 0:
+            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            report_runs([run_dir])
         console.print(f"summary: {json.dumps(summary)}")
         return summary
     finally:
@@ -543,7 +576,9 @@ def _collect(
     advantage and are dropped; more prompts are drawn until ``prompts_per_step`` groups are kept
     or ``max_sampling_tries`` rounds ran (then the step trains on what it kept, possibly less).
     """
-    algo, G, P = cfg.algorithm, cfg.rollout.group_size, cfg.train.prompts_per_step
+    algo, G = cfg.algorithm, cfg.rollout.group_size
+    world, rank = distributed.world_size(), distributed.rank()
+    P = cfg.train.prompts_per_step // world  # this rank's prompts per round, whole groups
     kept_samples: list[Sample] = []
     kept = Rollouts()
     kept_rewards: list[torch.Tensor] = []
@@ -554,7 +589,8 @@ def _collect(
     tries = 0
     while tries < (algo.max_sampling_tries if algo.dynamic_sampling else 1):
         tries += 1
-        samples = [train_samples[i] for i in stream.take(P)]
+        drawn = stream.take(P * world)  # every rank advances the shared order identically
+        samples = [train_samples[i] for i in drawn[rank * P : (rank + 1) * P]]
         rollouts = engine.generate([task.prompt(s, policy.family) for s in samples], G, sampling)
         expanded = [s for s in samples for _ in range(G)]
         t0 = time.perf_counter()
@@ -581,7 +617,8 @@ def _collect(
             kept_samples += [expanded[i] for i in indices]
             kept.extend(rollouts.select(indices))
             kept_rewards.append(rewards[indices])
-        if len(kept_samples) >= P * G:
+        # collective: every rank draws another round while any rank still needs groups
+        if distributed.sum_scalar(float(len(kept_samples) < P * G)) == 0:
             break
     if not kept_samples:
         log.warning(
@@ -626,12 +663,14 @@ def _update(
     algo = cfg.algorithm
     rollouts = batch.rollouts
     n = len(rollouts.completion_ids)
-    if n == 0:
+    # step-wide denominators over every rank, so the summed gradients equal one big batch's
+    num_seqs = distributed.sum_scalar(float(n))
+    num_tokens = distributed.sum_scalar(float(sum(len(c) for c in rollouts.completion_ids)))
+    if num_seqs == 0:
         return {"active_frac": 0.0}
     needs_all = algo.beta > 0 or algo.entropy_coef > 0
     active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
     chunks = list(micro_batches(active, cfg.train.micro_batch_size))
-    num_tokens = float(sum(len(c) for c in rollouts.completion_ids))
 
     def forward(
         chunk: list[int], with_grad: bool
@@ -677,7 +716,7 @@ def _update(
                 dual_clip=algo.dual_clip,
                 agg_mode=algo.agg_mode,
                 num_tokens=num_tokens,
-                num_seqs=float(n),
+                num_seqs=num_seqs,
                 max_len=cfg.rollout.max_new_tokens,
             )
             if not torch.isfinite(loss):
@@ -689,6 +728,7 @@ def _update(
             totals["loss"] += loss.item() / algo.updates_per_batch
             for key, value in stats.items():
                 totals[key] += float(value) * tokens
+        distributed.sum_gradients(params)
         if cfg.optim.max_grad_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
         else:
@@ -707,7 +747,7 @@ def _update(
     out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
     out["loss"] = totals["loss"]
     out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
-    out["active_frac"] = len(active) / n
+    out["active_frac"] = len(active) / max(n, 1)
     return out
 
 
@@ -755,22 +795,70 @@ def _run_eval(
     step: int,
     console: Console,
 ) -> dict[str, float]:
-    result: EvalResult = evaluate(
-        policy,
-        task,
-        samples,
-        cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
+    sampling stream moves); the metrics reach every rank."""
+    metrics = None
+    if distributed.is_main():
+        result: EvalResult = evaluate(
+            policy,
+            task,
+            samples,
+            cfg.eval.batch_size,
+            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        )
+        write_eval(result, directory, {"step": step})
+        runlog.metrics(
+            step, {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"}
+        )
+        console.print(
+            f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
+            f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
+        )
+        metrics = result.metrics
+    return distributed.broadcast_object(metrics)
+
+
+COUNT_METRICS = ("rollout/generated", "rollout/kept", "rollout/discarded", "train/reasons/")
+
+
+def _merge_rank_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """One metrics line for all ranks: counts are summed, everything else averaged (ranks hold
+    equal numbers of prompts, so the mean of means is the global mean)."""
+    gathered = distributed.gather_objects(metrics)
+    if len(gathered) == 1:
+        return metrics
+    keys = sorted({k for m in gathered for k in m})
+    out = {}
+    for key in keys:
+        values = [m[key] for m in gathered if key in m]
+        out[key] = sum(values) if key.startswith(COUNT_METRICS) else sum(values) / len(values)
+    return out
+
+
+def _restore_rng(state: dict[str, Any], cfg: RunConfig, rank: int, world: int) -> None:
+    """Each rank's RNG as saved when the world size is unchanged (exact resume); otherwise a
+    fresh seed from (seed, step, rank), since the old streams cannot be split or merged."""
+    by_rank = state.get("rng_by_rank") or [state["rng"]]
+    if len(by_rank) == world:
+        set_rng_state(by_rank[rank])
+        return
+    log.warning(
+        "checkpoint written by %d process(es), resuming on %d: sampling streams are reseeded",
+        len(by_rank),
+        world,
     )
-    write_eval(result, directory, {"step": step})
-    runlog.metrics(
-        step, {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"}
-    )
-    console.print(
-        f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
-        f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
-    )
-    return result.metrics
+    seed_everything(cfg.train.seed + 1000 * state["step"] + rank)
+
+
+def _check_replicas(policy: Policy, when: str) -> None:
+    """Every rank must hold the same parameters (a cheap checksum, compared across ranks)."""
+    if distributed.world_size() == 1:
+        return
+    with torch.no_grad():
+        checksum = float(sum(p.double().sum().item() for p in policy.model.parameters()))
+    sums = distributed.gather_objects(checksum)
+    if max(sums) - min(sums) > 1e-6 * max(1.0, abs(sums[0])):
+        raise RuntimeError(f"ranks hold different parameters at {when}: checksums {sums}")
 
 
 def _completion_rows(
