@@ -173,6 +173,10 @@ class AlgorithmConfig:
     kl_estimator: Literal["k1", "k2", "k3"] = _f(
         "k3", "KL estimator (Schulman 2020); k3 as in GRPO."
     )
+    kl_mode: Literal["loss", "reward"] = _f(
+        "loss",
+        "'loss': β·KL per token in the loss (GRPO); 'reward': r_i − β·Σ_t KL_t folded into the reward before advantages (PPO-RLHF style).",
+    )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (subtracted from the loss).")
     dual_clip: float | None = _f(
         None,
@@ -219,6 +223,10 @@ class TrainConfig:
     )
     seed: int = _f(42, "Seed of python, numpy and torch RNGs and the data order.")
     log_every: int = _f(1, "Write metrics every N steps.")
+    heartbeat_s: float = _f(
+        600.0,
+        "Log a warning naming the phase (rollout, verifier, update, eval, checkpoint) and step when one lasts longer than this (seconds); 0 = off.",
+    )
     completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
     threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
     trackers: list[Literal["tensorboard", "wandb"]] = _f(

@@ -50,6 +50,7 @@ from mmrft.algorithms import (
     group_advantages,
     group_stats,
     grpo_loss,
+    kl_penalty,
     overlong_penalty,
 )
 from mmrft.checkpoint import (
@@ -413,14 +414,21 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             transient=False,
         )
         stop = GracefulStop()
-        with progress, stop:
+        heartbeat = Heartbeat(cfg.train.heartbeat_s)
+        with progress, stop, heartbeat:
             bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
             for step in range(start_step + 1, cfg.train.steps + 1):
                 t0 = time.perf_counter()
                 # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
+                heartbeat.phase(f"rollout and verifiers, step {step}")
                 batch = _collect(
                     task, policy, engine, sampling, reward, train_samples, stream, cfg, step
                 )
+                if reference is not None and cfg.algorithm.kl_mode == "reward":
+                    heartbeat.phase(f"KL to the reference, step {step}")
+                    kl = _sequence_kl(policy, reference, batch, cfg)
+                    batch.rewards = batch.rewards - cfg.algorithm.beta * kl
+                    batch.counts["train/kl_in_reward"] = float(kl.mean()) if len(kl) else 0.0
                 advantages = (
                     group_advantages(
                         batch.rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
@@ -430,6 +438,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                 )
                 # 5-6. μ optimizer updates on this batch
                 t2 = time.perf_counter()
+                heartbeat.phase(f"update, step {step}")
                 try:
                     stats = _update(
                         policy, reference, optimizer, scheduler, batch, advantages, cfg, step
@@ -475,6 +484,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     and step != cfg.train.steps
                     and test_samples
                 ):
+                    heartbeat.phase(f"evaluation, step {step}")
                     _run_eval(
                         policy,
                         task,
@@ -490,6 +500,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     and step % cfg.checkpoint.every == 0
                     and step != cfg.train.steps
                 ):
+                    heartbeat.phase(f"checkpoint, step {step}")
                     checkpoint_now(step)
                 if distributed.sum_scalar(1.0 if stop.requested else 0.0) > 0:
                     stop.requested = stop.requested or "a signal on another rank"
@@ -668,7 +679,7 @@ def _update(
     num_tokens = distributed.sum_scalar(float(sum(len(c) for c in rollouts.completion_ids)))
     if num_seqs == 0:
         return {"active_frac": 0.0}
-    needs_all = algo.beta > 0 or algo.entropy_coef > 0
+    needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
     active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
     chunks = list(micro_batches(active, cfg.train.micro_batch_size))
 
@@ -685,7 +696,7 @@ def _update(
     for k, chunk in enumerate(chunks):
         if algo.updates_per_batch > 1:
             stored_old[k] = forward(chunk, with_grad=False)[0]
-        if reference is not None:
+        if reference is not None and algo.kl_mode == "loss":
             with torch.no_grad():
                 rows = [rollouts.prompt_rows[i] for i in chunk]
                 stored_ref[k] = completion_logps(
@@ -706,7 +717,7 @@ def _update(
                 advantages[chunk].to(logps.device),
                 mask.float(),
                 ref_logps=stored_ref[k],
-                beta=algo.beta,
+                beta=algo.beta if algo.kl_mode == "loss" else 0.0,
                 kl_estimator=algo.kl_estimator,
                 entropy=entropy if algo.entropy_coef > 0 else entropy.detach(),
                 entropy_coef=algo.entropy_coef,
@@ -749,6 +760,52 @@ def _update(
     out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
     out["active_frac"] = len(active) / max(n, 1)
     return out
+
+
+def _sequence_kl(
+    policy: Policy, reference: Policy, batch: StepBatch, cfg: RunConfig
+) -> torch.Tensor:
+    """Σ_t KL_t(π_θ ‖ π_ref) per completion with ``algorithm.kl_estimator``, no gradient."""
+    rollouts, out = batch.rollouts, []
+    for chunk in micro_batches(
+        list(range(len(rollouts.completion_ids))), cfg.train.micro_batch_size
+    ):
+        rows = [rollouts.prompt_rows[i] for i in chunk]
+        ids = [rollouts.completion_ids[i] for i in chunk]
+        with torch.no_grad():
+            logps, mask, _ = completion_logps(policy, rows, ids)
+            ref_logps, _, _ = completion_logps(reference, rows, ids)
+        per_token = kl_penalty(logps, ref_logps, cfg.algorithm.kl_estimator) * mask
+        out.append(per_token.sum(dim=1).cpu())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+class Heartbeat:
+    """A daemon thread that logs a warning naming the current phase and how long it has run,
+    every ``seconds``, while a phase lasts longer than that: a run that hangs says on what."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.current = "start"
+        self.since = time.monotonic()
+        self._stop = threading.Event()
+
+    def phase(self, name: str) -> None:
+        self.current, self.since = name, time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.seconds):
+            waited = time.monotonic() - self.since
+            if waited >= self.seconds:
+                log.warning("still in %s after %.0f s", self.current, waited)
+
+    def __enter__(self) -> Heartbeat:
+        if self.seconds > 0:
+            threading.Thread(target=self._watch, name="mmrft:heartbeat", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
 
 
 class GracefulStop:

@@ -303,9 +303,48 @@ def test_tensorboard_and_wandb_offline_trackers(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     summary = train(
-        tiny_config(tmp_path, "name=tracked", "train.steps=2", "train.trackers=[tensorboard, wandb]", "eval.after=false")
+        tiny_config(
+            tmp_path,
+            "name=tracked",
+            "train.steps=2",
+            "train.trackers=[tensorboard, wandb]",
+            "eval.after=false",
+        )
     )
     run = Path(summary["run_dir"])
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
     offline = list((run / "wandb").glob("offline-run-*"))
     assert offline and list(offline[0].glob("*.wandb"))
+
+
+def test_kl_folded_into_the_reward(tmp_path):
+    summary = train(
+        tiny_config(
+            tmp_path,
+            "name=klr",
+            "train.steps=2",
+            "optim.lr=5e-2",
+            "algorithm.beta=0.5",
+            "algorithm.kl_mode=reward",
+            "eval.after=false",
+        )
+    )
+    lines = _metric_lines(Path(summary["run_dir"]))
+    assert lines[0]["train/kl_in_reward"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # policy = reference at step 1
+    assert lines[1]["train/kl_in_reward"] > 0  # they differ after one update
+    assert "train/kl" not in lines[1]  # no KL term in the loss
+
+
+def test_heartbeat_names_the_phase_it_waits_on(caplog):
+    import logging
+    import time
+
+    from mmrft.trainer import Heartbeat
+
+    caplog.set_level(logging.WARNING, logger="mmrft")
+    with Heartbeat(0.2) as heartbeat:
+        heartbeat.phase("verifier 'iou', step 7")
+        time.sleep(0.7)
+    assert "still in verifier 'iou', step 7 after" in caplog.text
