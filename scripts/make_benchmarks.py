@@ -4,8 +4,11 @@
     python scripts/make_benchmarks.py --only shapes_colour
     python scripts/make_benchmarks.py --check            # regenerate in a temp dir, compare
 
-Each benchmark is ``<name>/{train,test}.jsonl`` plus ``<name>/images/<split>-NNNN.png`` in the
-project's JSONL format (media paths relative to the JSONL file, ``meta.image_size = [W, H]``):
+Every benchmark is ``<name>/{train,test}.jsonl`` in the project's JSONL format (media paths
+relative to the JSONL file) plus its media, and for some the same split in a peer's format.
+Units: pixels (x right, y down, pixel ``x`` spans ``[x, x + 1)``), seconds, Hz.
+
+Images (``<name>/images/<split>-NNNN.png``, ``meta.image_size = [W, H]``):
 
 * ``shapes_colour`` (task ``classification``, the CPU demo): one big shape (circle, square or
   triangle, side 20–38 px) of one of 4 saturated colours on a white or light-gray speckled
@@ -18,22 +21,90 @@ project's JSONL format (media paths relative to the JSONL file, ``meta.image_siz
   (colour, kind) on 112×112; the question is the expression ("the red circle"); target the
   tight box of that shape, absolute pixels ``[x1, y1, x2, y2]`` of the image, edges inclusive
   of the drawn pixels (pixel ``x`` spans ``[x, x + 1)``).
+* ``shapes_detection`` (``detection``): 0–4 shapes of the asked-for kind among 1–3 shapes of
+  other kinds on 112×112 ("Find every triangle in the image."); target the list of their tight
+  boxes (same frame as grounding) sorted by ``(x1, y1)``, ``[]`` when there is none;
+  ``meta.category``, ``meta.count_range = [0, 4]``; (count, kind) pairs balanced.
+* ``charts`` (``chart_qa`` in ``{train,test}.jsonl``, ``chart_to_code`` in
+  ``code_{train,test}.jsonl``, one image per chart shared by both): a bar or line chart of 3–5
+  categories ``A``… with integer values 5–95 (the largest unique), each value written on the
+  chart, 160×120 px (2.0×1.5 in at 80 dpi; ~128×96 left the digits unreadable). QA: "What is
+  the value of B?" (target int) or "Which category has the largest value?" (target the letter,
+  ``meta.choices`` the categories), ``meta.question_type`` ``value``/``largest``, balanced.
+  Chart-to-code: target the matplotlib script that drew the image, exactly: the generator
+  runs that string and stores what it wrote, so executing the target reproduces the image
+  pixel for pixel (same matplotlib); it writes ``chart.png`` into the working directory
+  (``meta.output_file``). ``meta.kind``, ``categories``, ``values``, ``colour``, ``title``.
+
+Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` shown over
+``[i / fps, (i + 1) / fps)`` s, ``meta.duration`` s, ``meta.fps``, ``meta.frame_size = [W, H]``):
+
+* ``video_temporal`` (``temporal_grounding``, Charades-STA style): 4–8 s at 5 fps; a shape of
+  one (colour, kind) is visible during one interval and absent otherwise; half the clips also
+  show a shape of another colour during another interval. Question "When does the red square
+  appear?"; target ``[start, end]`` s (multiples of 0.2 s: the shape is on frames
+  ``start·fps … end·fps − 1``); target colours balanced. Also ``charades_sta_<split>.txt`` in
+  the Charades-STA annotation format, one ``<video_id> <start> <end>##<sentence>`` line per
+  clip (times with one decimal, sentence "the red square appears."), videos found as
+  ``videos/<video_id>.mp4`` next to it (Charades keeps them in one folder, ``<id>.mp4``).
+* ``video_direction`` (``classification`` over ``meta.choices``): 4 s at 6 fps; a shape moves
+  1 or 2 px per frame left, right, up or down (half the clips add a static shape of another
+  colour). "Which direction does the blue circle move?"; ``meta.choices`` the 4 directions in a
+  per-clip shuffled order, target the direction's text; directions balanced. Also
+  ``video_r1_<split>.json`` in Video-R1's format (a JSON list as in Video-R1-260k.json; the
+  fields its loader and reward read): ``problem_id`` (int), ``problem`` (the question; Video-R1
+  appends the options itself), ``data_type`` ``"video"``, ``problem_type``
+  ``"multiple choice"``, ``options`` (``["A. left", …]``), ``solution``
+  (``"<answer>B</answer>"``), ``path`` (``"./videos/<id>.mp4"``, relative to the JSON file as
+  Video-R1's paths are to its data root), ``data_source``; no ``process`` (the chain of thought
+  only Video-R1-COT-165k, the SFT file, carries).
+
+Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` s,
+``meta.sample_rate`` Hz; faint white noise under the tones):
+
+* ``audio_beeps`` (``counting``): 1.0–1.5 s clips with 1–5 equal beeps (500–1500 Hz, 50–100 ms,
+  ≥ 80 ms apart); "How many beeps are there?"; target the count; counts balanced;
+  ``meta.count_range = [1, 5]``, ``meta.beeps`` the ``[start, end]`` s of each.
+* ``audio_pitch`` (``classification``, R1-AQA style): 1.0–1.2 s exponential sweep between
+  f and 2–3·f (f 250–500 Hz), rising or falling (balanced). "How does the pitch of the tone
+  change?"; ``meta.choices`` 4 option texts in a per-clip shuffled order ("rising",
+  "falling", and the never-correct "steady" and "rising then falling"), target the option
+  text. Also ``r1_aqa_<split>.jsonl`` in R1-AQA's training format (its converted AVQA lines:
+  ``id`` int, ``question_text``, ``multi_choice`` the option texts, ``answer`` the option's
+  index, ``dataset_name`` ``"AVQA"`` so that its loader builds the prompt and the
+  ``<answer>text</answer>`` solution, ``audio_path`` relative to the file; AVQA's
+  ``video_name``/``video_id``/``question_relation``/``question_type`` are left out, the loader
+  never reads them), and ``mmau_test.json`` for the test split in MMAU's benchmark-file format
+  (a JSON list of ``id``, ``audio_id`` ``"./audio/<id>.wav"``, ``question``, ``choices``,
+  ``answer`` the option text, ``dataset``, ``task`` ``"sound"``, ``split`` ``"test-mini"`` (the
+  answered split MMAU's evaluation.py scores), ``category`` ``"Information Extraction"``,
+  ``sub-category`` ``"Pitch Contour"``, ``difficulty`` ``"easy"``).
 
 Shapes are rasterised with numpy (pixel-centre tests), not PIL's drawing, so pixels depend on
-the seeds only. PNGs are lossless palette images written with fixed parameters and no metadata
-chunks, so a rerun gives identical bytes with the same Pillow/zlib; ``--check`` compares JSONL
-bytes and decoded RGB pixels, which stay comparable across zlib builds.
+the seeds only. PNGs are written by Pillow with fixed parameters and no metadata chunks
+(palette PNGs when at most 256 colours are used), so a rerun gives identical bytes with the
+same Pillow/zlib; chart pixels additionally depend on the matplotlib version (fonts: its
+bundled DejaVu Sans). MP4s come from libx264 with fixed settings (CRF 18, preset medium, no
+B-frames, one thread, bitexact muxing): identical bytes with the same FFmpeg/x264 build. WAVs
+are written by the standard library from rounded int16 samples. ``--check`` compares JSONL
+and peer-format files by bytes, PNGs by decoded RGB pixels, MP4s by decoded frames (count,
+size and timestamps equal, mean absolute difference ≤ 1 grey level per frame, so another x264
+build passes) and WAVs by samples (±1 LSB, for libm differences in ``sin``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+import wave
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +121,8 @@ COLOURS: dict[str, tuple[int, int, int]] = {
 }
 KINDS = ("circle", "square", "triangle", "cross")
 SPLITS = {"train": 800, "test": 200}
+SAMPLE_RATE = 16_000  # Hz, every audio benchmark
+VIDEO_SIZE = 64  # px, square frames
 Array = np.ndarray
 
 
@@ -216,60 +289,629 @@ def save_png(pixels: Array, path: Path) -> None:
     image.save(path, format="PNG", optimize=False, compress_level=9)
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    """A bundled benchmark: its seed, the task that reads it, and the function that makes it."""
-
-    seed: int
-    task: str
-    make: Callable[[np.random.Generator, int], list[Item]]
-
-
-BENCHMARKS: dict[str, Benchmark] = {
-    "shapes_colour": Benchmark(101, "classification", make_colour),
-    "shapes_kind": Benchmark(102, "classification", make_kind),
-    "shapes_counting": Benchmark(103, "counting", make_counting),
-    "shapes_grounding": Benchmark(104, "grounding", make_grounding),
-}
+def save_rgb_png(pixels: Array, path: Path) -> None:
+    """Save RGB ``pixels`` as a palette PNG when they use at most 256 colours (see
+    :func:`save_png`), else as an RGB PNG with the same fixed settings and no metadata."""
+    if len(np.unique(pixels.reshape(-1, 3), axis=0)) <= 256:
+        save_png(pixels, path)
+    else:
+        Image.fromarray(pixels, "RGB").save(path, format="PNG", optimize=False, compress_level=9)
 
 
-def generate(name: str, out: Path) -> None:
-    """Write benchmark ``name`` to ``out/<name>/`` (replacing what is there)."""
-    benchmark = BENCHMARKS[name]
-    folder = out / name
-    if folder.exists():
-        shutil.rmtree(folder)
-    (folder / "images").mkdir(parents=True)
-    for split_index, (split, n) in enumerate(SPLITS.items()):
-        rng = np.random.default_rng([benchmark.seed, split_index])
-        lines = []
-        for i, item in enumerate(benchmark.make(rng, n)):
+def save_mp4(frames: Array, fps: int, path: Path) -> None:
+    """Encode ``frames`` (``(T, H, W, 3)`` uint8 RGB, H and W even) as H.264 in MP4.
+
+    Frame ``i`` gets pts ``i`` in a ``1 / fps`` s time base, so it is shown over
+    ``[i / fps, (i + 1) / fps)`` s and the clip lasts ``T / fps`` s. Fixed settings for
+    reproducible bytes: libx264, yuv420p, CRF 18, preset medium, no B-frames (pts = dts, no
+    edit list), one thread; ``fflags=+bitexact`` keeps libavformat's version string out of the
+    container (x264 still names its own version in the stream's SEI).
+    """
+    import av  # the `video` extra; only the video benchmarks need it
+
+    with av.open(str(path), "w", format="mp4", options={"fflags": "+bitexact"}) as container:
+        stream = container.add_stream("libx264", rate=fps)
+        stream.width, stream.height = frames.shape[2], frames.shape[1]
+        stream.pix_fmt = "yuv420p"
+        stream.thread_count = 1
+        stream.options = {"crf": "18", "preset": "medium", "bframes": "0", "threads": "1"}
+        for i, pixels in enumerate(frames):
+            frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(pixels), format="rgb24")
+            frame.pts, frame.time_base = i, Fraction(1, fps)
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())
+
+
+def read_mp4(path: Path) -> tuple[Array, list[float], float]:
+    """Decode a video: ``(frames (T, H, W, 3) uint8 RGB, start time of each frame in s, fps)``."""
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        fps = float(stream.average_rate)
+        frames, times = [], []
+        for frame in container.decode(stream):
+            frames.append(frame.to_ndarray(format="rgb24"))
+            times.append(float(frame.time))
+    return np.stack(frames), times, fps
+
+
+def save_wav(samples: Array, path: Path) -> None:
+    """Write float ``samples`` in ``[-1, 1]`` as a 16 kHz mono 16-bit PCM WAV (standard-library
+    writer: a plain 44-byte RIFF header, so the bytes depend on the samples only)."""
+    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
+    with wave.open(str(path), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(SAMPLE_RATE)
+        f.writeframes(pcm.tobytes())
+
+
+def read_wav(path: Path) -> tuple[Array, int]:
+    """``(int16 samples, sample rate in Hz)`` of a mono 16-bit WAV."""
+    with wave.open(str(path), "rb") as f:
+        if f.getnchannels() != 1 or f.getsampwidth() != 2:
+            raise ValueError(f"{path}: expected mono 16-bit PCM")
+        return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2"), f.getframerate()
+
+
+def user_record(
+    sample_id: str, media: str, path: str, question: str, target: object, meta: dict
+) -> dict:
+    """One line of the project's JSONL format: a user turn with one media part, then the text."""
+    return {
+        "id": sample_id,
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": media, media: path}, {"type": "text", "text": question}],
+            }
+        ],
+        "target": target,
+        "meta": meta,
+    }
+
+
+def write_jsonl(path: Path, records: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def write_json(path: Path, value: object) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+
+
+def write_images(make: Callable[[np.random.Generator, int], list[Item]]) -> Writer:
+    """A writer for the image benchmarks built from :class:`Item` lists (the shapes family)."""
+
+    def write(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+        (folder / "images").mkdir(exist_ok=True)
+        records = []
+        for i, item in enumerate(make(rng, n)):
             relative = f"images/{split}-{i:04d}.png"
             save_png(item.pixels, folder / relative)
             height, width = item.pixels.shape[:2]
-            record = {
-                "id": f"{name}-{split}-{i:04d}",
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [
-                            {"type": "image", "image": relative},
-                            {"type": "text", "text": item.question},
-                        ],
-                    }
-                ],
-                "target": item.target,
-                "meta": {**item.meta, "image_size": [width, height]},
+            meta = {**item.meta, "image_size": [width, height]}
+            records.append(
+                user_record(
+                    f"{folder.name}-{split}-{i:04d}",
+                    "image",
+                    relative,
+                    item.question,
+                    item.target,
+                    meta,
+                )
+            )
+        write_jsonl(folder / f"{split}.jsonl", records)
+
+    return write
+
+
+# -- new image benchmarks --------------------------------------------------------------------
+def write_detection(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``shapes_detection``: 0–4 shapes of the asked kind (side 14–22 px) among 1–3 shapes of
+    other kinds on 112×112 px; target their tight boxes in pixels, sorted by ``(x1, y1)``."""
+    (folder / "images").mkdir(exist_ok=True)
+    size, records = 112, []
+    pairs = [(count, kind) for count in range(5) for kind in KINDS]
+    for i, (count, kind) in enumerate(balanced(rng, pairs, n)):
+        others = [k for k in KINDS if k != kind]
+        kinds = [kind] * count + [others[j] for j in rng.integers(0, 3, size=rng.integers(1, 4))]
+        image = background(rng, size, size)
+        sides = [int(s) for s in rng.integers(14, 23, size=len(kinds))]
+        boxes = []
+        for (x0, y0), side, shape in zip(place(rng, sides, size, size), sides, kinds):
+            mask = shape_mask(shape, x0, y0, side, size, size)
+            paint(image, mask, list(COLOURS)[int(rng.integers(0, len(COLOURS)))], rng)
+            if shape == kind:
+                boxes.append(tight_box(mask))
+        relative = f"images/{split}-{i:04d}.png"
+        save_png(image, folder / relative)
+        meta = {"category": kind, "count_range": [0, 4], "image_size": [size, size]}
+        records.append(
+            user_record(
+                f"{folder.name}-{split}-{i:04d}",
+                "image",
+                relative,
+                f"Find every {kind} in the image.",
+                sorted(boxes),
+                meta,
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
+CHART_DPI = 80
+CHART_SIZE = (160, 120)  # px: figsize 2.0 × 1.5 in at CHART_DPI
+CHART_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd")
+CHART_TITLES = ("Sales", "Visitors", "Rainfall", "Orders", "Scores", "Downloads")
+CHART_OUTPUT = "chart.png"
+
+
+def chart_code(kind: str, categories: list[str], values: list[int], colour: str, title: str) -> str:
+    """The matplotlib script of one chart (the chart-to-code target); it writes
+    ``chart.png`` (160×120 px) into the working directory."""
+    width, height = (side / CHART_DPI for side in CHART_SIZE)
+    lines = [
+        "import matplotlib.pyplot as plt",
+        "",
+        'plt.rcParams.update({"font.family": "DejaVu Sans", "font.size": 7})',
+        f"categories = {json.dumps(categories)}",
+        f"values = {json.dumps(values)}",
+        f"fig, ax = plt.subplots(figsize=({width}, {height}), dpi={CHART_DPI})",
+    ]
+    if kind == "bar":
+        lines += [
+            f'bars = ax.bar(categories, values, color="{colour}")',
+            "ax.bar_label(bars, padding=1)",
+        ]
+    else:
+        lines += [
+            f'ax.plot(categories, values, color="{colour}", marker="o", markersize=3)',
+            "for x, y in zip(categories, values):",
+            '    ax.annotate(str(y), (x, y), textcoords="offset points", xytext=(0, 3), ha="center")',
+            "ax.margins(x=0.15)",
+        ]
+    lines += [
+        "ax.set_ylim(0, 115)",
+        "ax.set_yticks([0, 25, 50, 75, 100])",
+        f'ax.set_title("{title}")',
+        "fig.subplots_adjust(left=0.18, right=0.97, bottom=0.14, top=0.87)",
+        f'fig.savefig("{CHART_OUTPUT}", dpi={CHART_DPI})',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def working_directory(path: Path) -> Iterator[None]:
+    before = Path.cwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def render_chart_code(code: str) -> Array:
+    """Run a chart script (Agg backend, matplotlib settings restored afterwards) in a temp dir and
+    return the RGB pixels of the ``chart.png`` it wrote."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        working_directory(Path(tmp)),
+        matplotlib.rc_context(),
+    ):
+        try:
+            exec(compile(code, "<chart code>", "exec"), {"__name__": "__chart__"})
+        finally:
+            plt.close("all")
+        with Image.open(CHART_OUTPUT) as image:
+            rgba = np.asarray(image.convert("RGBA"))
+    if (rgba[:, :, 3] != 255).any():
+        raise ValueError("chart image is not opaque")
+    return np.ascontiguousarray(rgba[:, :, :3])
+
+
+def write_charts(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``charts``: ``n`` bar/line charts (160×120 px) of 3–5 categories with integer values
+    5–95 (largest unique); one QA record (``{split}.jsonl``) and one chart-to-code record
+    (``code_{split}.jsonl``) per chart."""
+    (folder / "images").mkdir(exist_ok=True)
+    qa, code_records = [], []
+    kinds = balanced(rng, ["bar", "line"], n)
+    questions = balanced(rng, ["value", "largest"], n)
+    for i, (kind, question_type) in enumerate(zip(kinds, questions)):
+        categories = list("ABCDE"[: int(rng.integers(3, 6))])
+        while True:
+            values = [int(v) for v in rng.integers(5, 96, size=len(categories))]
+            if values.count(max(values)) == 1:
+                break
+        colour = CHART_COLOURS[int(rng.integers(0, len(CHART_COLOURS)))]
+        title = CHART_TITLES[int(rng.integers(0, len(CHART_TITLES)))]
+        code = chart_code(kind, categories, values, colour, title)
+        pixels = render_chart_code(code)
+        relative = f"images/{split}-{i:04d}.png"
+        save_rgb_png(pixels, folder / relative)
+        size = [pixels.shape[1], pixels.shape[0]]
+        if question_type == "value":
+            asked = int(rng.integers(0, len(categories)))
+            question = f"What is the value of {categories[asked]}?"
+            target: object = values[asked]
+            meta: dict = {"question_type": "value"}
+        else:
+            question = "Which category has the largest value?"
+            target = categories[values.index(max(values))]
+            meta = {"question_type": "largest", "choices": categories}
+        meta |= {"kind": kind, "image_size": size}
+        sample_id = f"{folder.name}-{split}-{i:04d}"
+        qa.append(user_record(sample_id, "image", relative, question, target, meta))
+        code_meta = {
+            "kind": kind,
+            "image_size": size,
+            "categories": categories,
+            "values": values,
+            "colour": colour,
+            "title": title,
+            "output_file": CHART_OUTPUT,
+        }
+        code_records.append(
+            user_record(
+                f"{folder.name}-code-{split}-{i:04d}",
+                "image",
+                relative,
+                "Write Python matplotlib code that reproduces this chart.",
+                code,
+                code_meta,
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", qa)
+    write_jsonl(folder / f"code_{split}.jsonl", code_records)
+
+
+# -- video -----------------------------------------------------------------------------------
+def colour_value(colour: str, rng: np.random.Generator) -> Array:
+    """``colour``'s RGB jittered by up to ±15 per channel (uint8), as :func:`paint` fills."""
+    jitter = rng.integers(-15, 16, size=3)
+    return np.clip(np.array(COLOURS[colour]) + jitter, 0, 255).astype(np.uint8)
+
+
+def write_video_temporal(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``video_temporal``: 64×64 px clips, 4–8 s at 5 fps; the asked shape (side 16–24 px) is
+    visible during ``[start, end)`` s (≥ 1 s, ≤ 60 % of the clip, multiples of 1 / fps)."""
+    (folder / "videos").mkdir(exist_ok=True)
+    fps, size = 5, VIDEO_SIZE
+    records, charades = [], []
+    for i, colour in enumerate(balanced(rng, list(COLOURS), n)):
+        duration = int(rng.integers(4, 9))  # s
+        n_frames = duration * fps
+        kind = KINDS[int(rng.integers(0, len(KINDS)))]
+        shapes = [(colour, kind)]
+        if rng.random() < 0.5:  # a distractor of another colour, during its own interval
+            others = [c for c in COLOURS if c != colour]
+            shapes.append((others[int(rng.integers(0, 3))], KINDS[int(rng.integers(0, 4))]))
+        sides = [int(s) for s in rng.integers(16, 25, size=len(shapes))]
+        corners = place(rng, sides, size, size)
+        base = background(rng, size, size)
+        frames = np.repeat(base[None], n_frames, axis=0)
+        spans = []
+        for (shape_colour, shape_kind), (x0, y0), side in zip(shapes, corners, sides):
+            length = int(rng.integers(fps, int(0.6 * n_frames) + 1))  # frames
+            first = int(rng.integers(0, n_frames - length + 1))
+            mask = shape_mask(shape_kind, x0, y0, side, size, size)
+            frames[first : first + length, mask] = colour_value(shape_colour, rng)
+            spans.append((first, first + length))
+        video_id = f"{split}-{i:04d}"
+        relative = f"videos/{video_id}.mp4"
+        save_mp4(frames, fps, folder / relative)
+        start, end = round(spans[0][0] / fps, 1), round(spans[0][1] / fps, 1)
+        meta = {"duration": float(duration), "fps": fps, "frame_size": [size, size]}
+        records.append(
+            user_record(
+                f"{folder.name}-{video_id}",
+                "video",
+                relative,
+                f"When does the {colour} {kind} appear?",
+                [start, end],
+                meta,
+            )
+        )
+        charades.append(f"{video_id} {start:.1f} {end:.1f}##the {colour} {kind} appears.\n")
+    write_jsonl(folder / f"{split}.jsonl", records)
+    (folder / f"charades_sta_{split}.txt").write_text("".join(charades), encoding="utf-8")
+
+
+def overlaps(a: tuple[int, int, int, int], b: tuple[int, int, int, int]) -> bool:
+    """Whether boxes ``[x1, y1, x2, y2)`` (pixels) share a pixel."""
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+DIRECTIONS: dict[str, tuple[int, int]] = {
+    "left": (-1, 0),
+    "right": (1, 0),
+    "up": (0, -1),
+    "down": (0, 1),
+}
+
+
+def write_video_direction(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``video_direction``: 64×64 px clips, 4 s at 6 fps; a shape (side 12–16 px) moves 1 or
+    2 px per frame in one direction (23 or 46 px in all); half the clips add a static shape of
+    another colour away from the moving shape's path."""
+    (folder / "videos").mkdir(exist_ok=True)
+    fps, duration, size = 6, 4, VIDEO_SIZE
+    n_frames = fps * duration
+    records, video_r1 = [], []
+    for i, direction in enumerate(balanced(rng, list(DIRECTIONS), n)):
+        colour = list(COLOURS)[int(rng.integers(0, len(COLOURS)))]
+        kind = KINDS[int(rng.integers(0, len(KINDS)))]
+        side = int(rng.integers(12, 17))
+        step = int(rng.integers(1, 3))  # px per frame
+        travel = step * (n_frames - 1)
+        dx, dy = DIRECTIONS[direction]
+        along = int(rng.integers(1, size - side - travel))  # where the path starts on its axis
+        across = int(rng.integers(1, size - side))
+        if dx:
+            x_start = along if dx > 0 else size - side - along
+            path = [(x_start + dx * step * f, across) for f in range(n_frames)]
+        else:
+            y_start = along if dy > 0 else size - side - along
+            path = [(across, y_start + dy * step * f) for f in range(n_frames)]
+        base = background(rng, size, size)
+        if rng.random() < 0.5:  # a static distractor of another colour, 2 px off the path
+            swept = (
+                min(x for x, _ in path) - 2,
+                min(y for _, y in path) - 2,
+                max(x for x, _ in path) + side + 2,
+                max(y for _, y in path) + side + 2,
+            )
+            other_side = int(rng.integers(12, 17))
+            for _ in range(100):
+                ox, oy = (int(v) for v in rng.integers(1, size - other_side, size=2))
+                if not overlaps((ox, oy, ox + other_side, oy + other_side), swept):
+                    other = [c for c in COLOURS if c != colour][int(rng.integers(0, 3))]
+                    mask = shape_mask(
+                        KINDS[int(rng.integers(0, 4))], ox, oy, other_side, size, size
+                    )
+                    base[mask] = colour_value(other, rng)
+                    break
+        fill = colour_value(colour, rng)
+        frames = np.repeat(base[None], n_frames, axis=0)
+        for f, (x0, y0) in enumerate(path):
+            frames[f, shape_mask(kind, x0, y0, side, size, size)] = fill
+        video_id = f"{split}-{i:04d}"
+        relative = f"videos/{video_id}.mp4"
+        save_mp4(frames, fps, folder / relative)
+        choices = [list(DIRECTIONS)[j] for j in rng.permutation(len(DIRECTIONS))]
+        question = f"Which direction does the {colour} {kind} move?"
+        meta = {
+            "choices": choices,
+            "duration": float(duration),
+            "fps": fps,
+            "frame_size": [size, size],
+        }
+        records.append(
+            user_record(f"{folder.name}-{video_id}", "video", relative, question, direction, meta)
+        )
+        letters = "ABCD"
+        video_r1.append(
+            {
+                "problem_id": i,
+                "problem": question,
+                "data_type": "video",
+                "problem_type": "multiple choice",
+                "options": [f"{letters[j]}. {c}" for j, c in enumerate(choices)],
+                "solution": f"<answer>{letters[choices.index(direction)]}</answer>",
+                "path": f"./{relative}",
+                "data_source": f"mmrft/{folder.name}",
             }
-            lines.append(json.dumps(record) + "\n")
-        (folder / f"{split}.jsonl").write_text("".join(lines), encoding="utf-8")
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+    write_json(folder / f"video_r1_{split}.json", video_r1)
+
+
+# -- audio -----------------------------------------------------------------------------------
+def fade(n: int, ramp: int) -> Array:
+    """Envelope of ``n`` samples: raised-cosine ramps of ``ramp`` samples in and out, 1 between."""
+    envelope = np.ones(n)
+    rise = 0.5 - 0.5 * np.cos(np.pi * (np.arange(ramp) + 0.5) / ramp)
+    envelope[:ramp], envelope[n - ramp :] = rise, rise[::-1]
+    return envelope
+
+
+def noise_floor(rng: np.random.Generator, n: int) -> Array:
+    """White Gaussian noise, standard deviation 0.003 of full scale (about −50 dBFS)."""
+    return rng.normal(0.0, 0.003, size=n)
+
+
+def write_audio_beeps(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``audio_beeps``: 1.0–1.5 s at 16 kHz; 1–5 equal sine beeps (500–1500 Hz, 50–100 ms,
+    amplitude 0.3–0.6, 5 ms ramps) at least 80 ms apart and 50 ms from the clip's ends."""
+    (folder / "audio").mkdir(exist_ok=True)
+    records = []
+    for i, count in enumerate(balanced(rng, [1, 2, 3, 4, 5], n)):
+        duration = round(float(rng.uniform(1.0, 1.5)), 1)  # s
+        length = round(float(rng.uniform(0.05, 0.1)), 3)  # s per beep
+        frequency = int(rng.integers(500, 1501))  # Hz
+        amplitude = float(rng.uniform(0.3, 0.6))
+        margin, gap = 0.05, 0.08  # s
+        slack = duration - 2 * margin - count * length - (count - 1) * gap
+        spare = slack * rng.dirichlet(np.ones(count + 1))
+        onsets = [margin + float(spare[: j + 1].sum()) + j * (length + gap) for j in range(count)]
+        samples = noise_floor(rng, round(duration * SAMPLE_RATE))
+        beep_n = round(length * SAMPLE_RATE)
+        t = np.arange(beep_n) / SAMPLE_RATE
+        beep = amplitude * np.sin(2 * np.pi * frequency * t) * fade(beep_n, 80)
+        beeps = []
+        for onset in onsets:
+            first = round(onset * SAMPLE_RATE)
+            samples[first : first + beep_n] += beep
+            beeps.append([round(first / SAMPLE_RATE, 4), round((first + beep_n) / SAMPLE_RATE, 4)])
+        audio_id = f"{split}-{i:04d}"
+        relative = f"audio/{audio_id}.wav"
+        save_wav(samples, folder / relative)
+        meta = {
+            "count_range": [1, 5],
+            "duration": duration,
+            "sample_rate": SAMPLE_RATE,
+            "beeps": beeps,
+        }
+        records.append(
+            user_record(
+                f"{folder.name}-{audio_id}",
+                "audio",
+                relative,
+                "How many beeps are there?",
+                count,
+                meta,
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
+PITCH_OPTIONS = ("rising", "falling", "steady", "rising then falling")
+
+
+def write_audio_pitch(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``audio_pitch``: 1.0–1.2 s at 16 kHz; one exponential sweep between f and r·f
+    (f 250–500 Hz, r 2–3), rising or falling, amplitude 0.3–0.5, 20 ms ramps."""
+    (folder / "audio").mkdir(exist_ok=True)
+    records, r1_aqa, mmau = [], [], []
+    question = "How does the pitch of the tone change?"
+    for i, contour in enumerate(balanced(rng, ["rising", "falling"], n)):
+        duration = round(float(rng.uniform(1.0, 1.2)), 1)  # s
+        low = float(rng.uniform(250.0, 500.0))  # Hz
+        ratio = float(rng.uniform(2.0, 3.0))
+        start, end = (low, low * ratio) if contour == "rising" else (low * ratio, low)
+        amplitude = float(rng.uniform(0.3, 0.5))
+        n_samples = round(duration * SAMPLE_RATE)
+        t = np.arange(n_samples) / SAMPLE_RATE
+        k = end / start  # f(t) = start · k^(t / duration); the phase is its integral
+        phase = 2 * np.pi * start * duration / np.log(k) * (k ** (t / duration) - 1)
+        tone = amplitude * np.sin(phase) * fade(n_samples, 320)
+        samples = tone + noise_floor(rng, n_samples)
+        audio_id = f"{split}-{i:04d}"
+        relative = f"audio/{audio_id}.wav"
+        save_wav(samples, folder / relative)
+        choices = [PITCH_OPTIONS[j] for j in rng.permutation(len(PITCH_OPTIONS))]
+        meta = {
+            "choices": choices,
+            "duration": duration,
+            "sample_rate": SAMPLE_RATE,
+            "start_hz": round(start, 1),
+            "end_hz": round(end, 1),
+        }
+        records.append(
+            user_record(f"{folder.name}-{audio_id}", "audio", relative, question, contour, meta)
+        )
+        r1_aqa.append(
+            {
+                "id": i,
+                "question_text": question,
+                "multi_choice": choices,
+                "answer": choices.index(contour),
+                "dataset_name": "AVQA",
+                "audio_path": relative,
+            }
+        )
+        mmau.append(
+            {
+                "id": f"{folder.name}-{audio_id}",
+                "audio_id": f"./{relative}",
+                "question": question,
+                "choices": choices,
+                "answer": contour,
+                "dataset": f"mmrft/{folder.name}",
+                "task": "sound",
+                "split": "test-mini",
+                "category": "Information Extraction",
+                "sub-category": "Pitch Contour",
+                "difficulty": "easy",
+            }
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+    write_jsonl(folder / f"r1_aqa_{split}.jsonl", r1_aqa)
+    if split == "test":
+        write_json(folder / "mmau_test.json", mmau)
+
+
+# -- registry --------------------------------------------------------------------------------
+Writer = Callable[[Path, str, int, np.random.Generator], None]
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A bundled benchmark: its seed, the task that reads it, the function that writes one split
+    (``write(folder, split, n, rng)``) and the number of samples per split."""
+
+    seed: int
+    task: str
+    write: Writer
+    splits: dict[str, int] = field(default_factory=lambda: dict(SPLITS))
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "shapes_colour": Benchmark(101, "classification", write_images(make_colour)),
+    "shapes_kind": Benchmark(102, "classification", write_images(make_kind)),
+    "shapes_counting": Benchmark(103, "counting", write_images(make_counting)),
+    "shapes_grounding": Benchmark(104, "grounding", write_images(make_grounding)),
+    "shapes_detection": Benchmark(105, "detection", write_detection),
+    "charts": Benchmark(106, "chart_qa", write_charts, {"train": 300, "test": 100}),
+    "video_temporal": Benchmark(
+        107, "temporal_grounding", write_video_temporal, {"train": 400, "test": 100}
+    ),
+    "video_direction": Benchmark(
+        108, "classification", write_video_direction, {"train": 320, "test": 80}
+    ),
+    "audio_beeps": Benchmark(109, "counting", write_audio_beeps, {"train": 80, "test": 40}),
+    "audio_pitch": Benchmark(110, "classification", write_audio_pitch, {"train": 64, "test": 32}),
+}
+
+
+def generate(name: str, out: Path, splits: list[str] | None = None) -> None:
+    """Write benchmark ``name`` to ``out/<name>/``: every split (replacing the folder), or only
+    ``splits`` into the existing folder. Each split draws from its own seed
+    ``[benchmark.seed, split index]``, so one split regenerates alone."""
+    benchmark = BENCHMARKS[name]
+    folder = out / name
+    if splits is None and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split_index, (split, n) in enumerate(benchmark.splits.items()):
+        if splits is None or split in splits:
+            benchmark.write(folder, split, n, np.random.default_rng([benchmark.seed, split_index]))
 
 
 # -- checking --------------------------------------------------------------------------------
-def differences(expected: Path, actual: Path) -> list[str]:
-    """Files that differ between two benchmark folders: JSONL by bytes, PNG by decoded pixels."""
-    names = {p.relative_to(expected) for p in expected.rglob("*") if p.is_file()}
-    names |= {p.relative_to(actual) for p in actual.rglob("*") if p.is_file()}
+def same_video(a: Path, b: Path, tolerance: float = 1.0) -> bool:
+    """Same frame count, size and timestamps, and every frame's mean absolute difference (grey
+    levels, 0–255) at most ``tolerance``: exact with the same x264, close with another."""
+    frames_a, times_a, fps_a = read_mp4(a)
+    frames_b, times_b, fps_b = read_mp4(b)
+    if frames_a.shape != frames_b.shape or times_a != times_b or fps_a != fps_b:
+        return False
+    diff = np.abs(frames_a.astype(np.int16) - frames_b.astype(np.int16))
+    return bool(diff.reshape(len(diff), -1).mean(axis=1).max() <= tolerance)
+
+
+def same_audio(a: Path, b: Path) -> bool:
+    """Same sample rate and length, samples within ±1 LSB."""
+    samples_a, rate_a = read_wav(a)
+    samples_b, rate_b = read_wav(b)
+    if rate_a != rate_b or samples_a.shape != samples_b.shape:
+        return False
+    return bool(np.abs(samples_a.astype(np.int32) - samples_b.astype(np.int32)).max() <= 1)
+
+
+def differences(expected: Path, actual: Path, partial: bool = False) -> list[str]:
+    """Files that differ between two benchmark folders: PNG by decoded pixels, MP4 by decoded
+    frames, WAV by samples (see the module docstring), everything else by bytes. With
+    ``partial``, only the files present in ``actual`` (a regenerated subset) are compared."""
+    names = {p.relative_to(actual) for p in actual.rglob("*") if p.is_file()}
+    if not partial:
+        names |= {p.relative_to(expected) for p in expected.rglob("*") if p.is_file()}
     out = []
     for name in sorted(names):
         a, b = expected / name, actual / name
@@ -281,6 +923,12 @@ def differences(expected: Path, actual: Path) -> list[str]:
             with Image.open(a) as ia, Image.open(b) as ib:
                 if ia.size != ib.size or ia.convert("RGB").tobytes() != ib.convert("RGB").tobytes():
                     out.append(f"{name}: pixels differ")
+        elif name.suffix == ".mp4":
+            if a.read_bytes() != b.read_bytes() and not same_video(a, b):
+                out.append(f"{name}: frames differ")
+        elif name.suffix == ".wav":
+            if a.read_bytes() != b.read_bytes() and not same_audio(a, b):
+                out.append(f"{name}: samples differ")
         elif a.read_bytes() != b.read_bytes():
             out.append(f"{name}: bytes differ")
     return out
