@@ -188,6 +188,13 @@ QWEN2_5_OMNI_CHAT_TEMPLATE = (
     "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
     "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# tokenizer_config model_max_length of the real checkpoints.
+MODEL_MAX_LENGTH = {
+    "qwen2_5_vl": 131072,
+    "qwen2_vl": 32768,
+    "qwen2_audio": 8192,
+    "qwen2_5_omni": 32768,
+}
 CHAT_TEMPLATES = {
     "qwen2_5_vl": CHAT_TEMPLATE,
     "qwen2_vl": CHAT_TEMPLATE,
@@ -291,7 +298,8 @@ _AUDIO_WORD_TEXT = (
     "highest low lower lowest loud louder loudest quiet quieter long longer short shorter "
     "duration second seconds frequency Hz first last third same different dog barking cat bird "
     "car engine rain water piano guitar drum violin man woman child singing laughing crying "
-    "emotion happy sad angry calm source event events choose choices following"
+    "emotion happy sad angry calm source event events choose choices following falling rising "
+    "steady change changes does there then"
 )
 AUDIO_WORDS = _AUDIO_WORD_TEXT.split()
 AUDIO_QUESTIONS = (
@@ -304,7 +312,11 @@ AUDIO_QUESTIONS = (
     "Is the second tone higher than the first?",
     "Which tone is louder, the first or the second?",
     "Is the pitch high or low?",
+    "How many beeps are there?",
+    "How does the pitch of the tone change?",
 )
+# Single-word answers of the audio demo tasks (pitch contour, comparisons).
+AUDIO_ANSWERS = ("falling", "rising", "steady", "high", "low", "louder", "quieter", "yes", "no")
 # R1-AQA's prompt (Qwen2-Audio GRPO on AVQA): question, options, answer tag.
 AQA_TEMPLATE = (
     "{question} Please choose the answer from the following options: {options}. "
@@ -330,6 +342,9 @@ def audio_corpus() -> list[str]:
         lines.append(f"<think>I hear {options[1]}.</think><answer>{options[1]}</answer>")
     for n in range(11):
         lines.append(f"There are {n} beeps in the audio. <answer>{n}</answer>")
+    for answer in AUDIO_ANSWERS:
+        lines += [f"<answer>{answer}</answer>", f"The pitch is {answer}."] * 6
+    lines += ["Options: falling, rising, steady, rising then falling"] * 6
     lines += ["Audio 1: \nAudio 2: \n"] * 10
     return lines
 
@@ -432,7 +447,7 @@ def train_tokenizer(family: str) -> Any:
         unk_token=None,
         extra_special_tokens=list(special[1:]),
         errors="replace",
-        model_max_length=32768 if family == "qwen2_vl" else 131072,
+        model_max_length=MODEL_MAX_LENGTH[family],
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
         **named,
@@ -442,7 +457,7 @@ def train_tokenizer(family: str) -> Any:
 
 
 def build_processor(family: str, tokenizer: Any) -> Any:
-    """The family's real processor around ``tokenizer`` with a small image/video budget."""
+    """The family's real processor around ``tokenizer`` with a small image/video/audio budget."""
     from transformers import (
         Qwen2_5_VLProcessor,
         Qwen2VLImageProcessor,
@@ -450,6 +465,8 @@ def build_processor(family: str, tokenizer: Any) -> Any:
         Qwen2VLVideoProcessor,
     )
 
+    if family in AUDIO_FAMILIES:
+        return build_audio_processor(family, tokenizer)
     image_processor = Qwen2VLImageProcessor(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
     video_processor = Qwen2VLVideoProcessor(min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS)
     cls = Qwen2_5_VLProcessor if family == "qwen2_5_vl" else Qwen2VLProcessor
@@ -461,10 +478,123 @@ def build_processor(family: str, tokenizer: Any) -> Any:
     )
 
 
+def build_feature_extractor() -> Any:
+    """The tiny Whisper log-mel front end shared by the audio families (see the constants)."""
+    from transformers import WhisperFeatureExtractor
+
+    return WhisperFeatureExtractor(
+        feature_size=TINY_MEL_BINS,
+        sampling_rate=TINY_SAMPLING_RATE,
+        hop_length=TINY_HOP,
+        chunk_length=TINY_AUDIO_SECONDS,
+        n_fft=400,
+        padding_value=0.0,
+        return_attention_mask=True,
+    )
+
+
+def build_audio_processor(family: str, tokenizer: Any) -> Any:
+    """``Qwen2AudioProcessor`` or ``Qwen2_5OmniProcessor`` (+ Qwen2-VL image/video processors)."""
+    from transformers import (
+        Qwen2_5OmniProcessor,
+        Qwen2AudioProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    if family == "qwen2_audio":
+        return Qwen2AudioProcessor(
+            feature_extractor=build_feature_extractor(),
+            tokenizer=tokenizer,
+            chat_template=QWEN2_AUDIO_CHAT_TEMPLATE,
+        )
+    return Qwen2_5OmniProcessor(
+        image_processor=Qwen2VLImageProcessor(
+            min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS
+        ),
+        video_processor=Qwen2VLVideoProcessor(
+            min_pixels=TINY_MIN_PIXELS, max_pixels=TINY_MAX_PIXELS
+        ),
+        feature_extractor=build_feature_extractor(),
+        tokenizer=tokenizer,
+        chat_template=QWEN2_5_OMNI_CHAT_TEMPLATE,
+    )
+
+
+def build_audio_config(family: str, tokenizer: Any) -> Any:
+    """``Qwen2AudioConfig`` or ``Qwen2_5OmniThinkerConfig`` with tiny sizes.
+
+    Qwen2-Audio: the real model unties ``lm_head`` and uses 1-D RoPE (θ = 10 000) in a Qwen2
+    decoder. Omni thinker: Qwen2.5-VL's decoder (mRoPE sections 2/3/3 of head_dim/2 = 8, θ = 10⁶,
+    tied embeddings as in the tiny VL models), its vision encoder, and an audio encoder that
+    attends within windows of ``2·n_window`` = 100 mel frames (1 s; the real one: 2 s).
+    """
+    from transformers import Qwen2_5OmniThinkerConfig, Qwen2AudioConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS[family]}
+    token_ids = {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    if family == "qwen2_audio":
+        text = {
+            **{k: v for k, v in TEXT.items() if k != "rope_parameters"},
+            "model_type": "qwen2",
+            "max_position_embeddings": 8192,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "tie_word_embeddings": False,
+            **token_ids,
+        }
+        audio = {**AUDIO_ENCODER, "model_type": "qwen2_audio_encoder"}
+        config = Qwen2AudioConfig(
+            audio_config=audio, text_config=text, audio_token_index=ids["<|AUDIO|>"]
+        )
+        config.architectures = ["Qwen2AudioForConditionalGeneration"]
+        return config
+    text = {**TEXT, "rope_parameters": dict(TEXT["rope_parameters"]), **token_ids}
+    text["tie_word_embeddings"] = True
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "out_hidden_size": TEXT["hidden_size"],
+        "fullatt_block_indexes": [1],
+        "window_size": 112,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    }
+    audio = {**AUDIO_ENCODER, "n_window": 50, "output_dim": TEXT["hidden_size"]}
+    user = tokenizer.encode("user", add_special_tokens=False)
+    config = Qwen2_5OmniThinkerConfig(
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        audio_token_index=ids["<|AUDIO|>"],
+        image_token_index=ids["<|IMAGE|>"],
+        video_token_index=ids["<|VIDEO|>"],
+        audio_start_token_id=ids["<|audio_bos|>"],
+        audio_end_token_id=ids["<|audio_eos|>"],
+        vision_start_token_id=ids["<|vision_bos|>"],
+        vision_end_token_id=ids["<|vision_eos|>"],
+        user_token_id=user[0] if len(user) == 1 else None,
+        position_id_per_seconds=25,
+        seconds_per_chunk=2,
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["Qwen2_5OmniThinkerForConditionalGeneration"]
+    return config
+
+
 def build_config(family: str, tokenizer: Any) -> Any:
     """The real config class with tiny sizes; ``vocab_size`` = ``len(tokenizer)``."""
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
+    if family in AUDIO_FAMILIES:
+        return build_audio_config(family, tokenizer)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
     text = {
         **TEXT,
@@ -544,6 +674,8 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     from transformers import (
         GenerationConfig,
         Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5OmniThinkerForConditionalGeneration,
+        Qwen2AudioForConditionalGeneration,
         Qwen2VLForConditionalGeneration,
     )
 
@@ -553,11 +685,12 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     tokenizer = train_tokenizer(family)
     processor = build_processor(family, tokenizer)
     config = build_config(family, tokenizer)
-    cls = (
-        Qwen2_5_VLForConditionalGeneration
-        if family == "qwen2_5_vl"
-        else Qwen2VLForConditionalGeneration
-    )
+    cls = {
+        "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
+        "qwen2_vl": Qwen2VLForConditionalGeneration,
+        "qwen2_audio": Qwen2AudioForConditionalGeneration,
+        "qwen2_5_omni": Qwen2_5OmniThinkerForConditionalGeneration,
+    }[family]
     torch.manual_seed(seed)
     model = cls(config).to(torch.float32).eval()
     reinit_fan_in(model, seed)

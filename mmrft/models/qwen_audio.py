@@ -1,0 +1,640 @@
+"""Model-family adapters for Qwen2-Audio and the Qwen2.5-Omni thinker.
+
+* ``qwen2_audio``: ``Qwen2AudioForConditionalGeneration`` + ``Qwen2AudioProcessor`` (Whisper
+  log-mel front end, Whisper-style encoder, Qwen2 decoder with 1-D RoPE). Audio and text only;
+  R1-AQA's model.
+* ``qwen2_5_omni``: the Qwen2.5-Omni *thinker* (``Qwen2_5OmniThinkerForConditionalGeneration``
+  + ``Qwen2_5OmniProcessor``): audio encoder, Qwen2.5-VL's vision encoder, and a decoder with
+  TMRoPE (3-D positions computed inside the model from ``input_ids`` and the media grids; no
+  ``mm_token_type_ids``). Images, videos and audio; Omni-R1's model. The talker (speech output)
+  is never loaded. Both ``model_type`` ``qwen2_5_omni`` (the released checkpoints: thinker +
+  talker + token2wav) and ``qwen2_5_omni_thinker`` (what mmrft saves) load. Boxes are in
+  Qwen2.5-VL's frame, ``input_pixels``: absolute pixels of the resized input image
+  (``image_grid_thw × 14``).
+
+Audio parts are ``{"type": "audio", "audio": "/abs/path.wav"}`` (``audio_url`` is accepted as the
+key too; ``file://`` paths work; a numpy array is taken as a mono waveform already at the model's
+rate). Each file is read with :func:`mmrft.audio.load_audio` at the feature extractor's
+``sampling_rate`` (16 000 Hz), mixed to mono, cached, and bounded by the family's
+:class:`AudioBudget` (seconds; "truncate" or "error"). The bound in effect is the smaller of the
+budget and the feature extractor's window (``chunk_length``: 30 s for the released models), since
+the processor pads every clip to that window and would silently cut anything longer. URLs are not
+fetched (mmrft runs offline): download the file first.
+
+Tensors of a prepared batch (:meth:`QwenAudioFamily.prepare`): ``input_ids`` /
+``attention_mask`` ``[B, L]`` left-padded; per audio in prompt order ``input_features``
+``[#audios, mel_bins, window_frames]`` (log-mel, padded to the window) and
+``feature_attention_mask`` ``[#audios, window_frames]`` (1 on real frames, 100 per second); one
+``<|AUDIO|>`` token per 40 ms: ``((frames − 1) // 2 + 1 − 2) // 2 + 1`` tokens per clip.
+Omni adds ``pixel_values`` + ``image_grid_thw`` and ``pixel_values_videos`` + ``video_grid_thw`` +
+``video_second_per_grid`` (seconds per temporal patch, one per video) as Qwen2.5-VL does.
+Videos' own audio tracks are not used (``use_audio_in_video`` stays off: it needs torchcodec's
+audio decoding); give the track as a separate audio part instead.
+
+Trainer parity. ``completion_logps`` (mmrft.policy) calls the model with ``logits_to_keep``,
+which neither model's ``forward`` takes (it would be dropped silently and every position
+projected); :meth:`QwenAudioFamily.load_model` installs hooks that honour it on the vocabulary
+projection. Qwen2-Audio's forward derives no positions from ``attention_mask`` while
+``generate`` does (``cumsum − 1``); the hook derives them the same way when a caller passes none,
+so a left-padded training forward sees the positions the sampler saw. ``input_features`` is
+listed in :attr:`media_keys` (with ``feature_attention_mask`` as its "grid"), so the trainer's
+dtype cast of media values covers it and ``collate_rows`` concatenates audio rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from mmrft.audio import LengthPolicy, decode_audio, file_key, load_audio
+from mmrft.data import DataError, Sample
+from mmrft.family import BoxFrame, MediaBudget, ModelFamily, count_runs, model_family
+from mmrft.models import qwen_vl
+from mmrft.models.qwen_vl import DTYPES, Qwen25VL, QwenVLFamily, set_pixel_budget
+
+log = logging.getLogger(__name__)
+
+AUDIO_TOKEN = "<|AUDIO|>"
+QWEN2_AUDIO_SPECIAL_TOKENS = ("<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>")
+QWEN2_5_OMNI_SPECIAL_TOKENS = (
+    "<|AUDIO|>",
+    "<|audio_bos|>",
+    "<|audio_eos|>",
+    "<|vision_bos|>",
+    "<|vision_eos|>",
+    "<|vision_pad|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+)
+
+
+@dataclass(frozen=True)
+class AudioBudget:
+    """Per-clip audio budget.
+
+    Attributes:
+        max_seconds: the longest clip the model gets, in seconds (``None``: the feature
+            extractor's window, 30 s for the released Qwen2-Audio / Qwen2.5-Omni).
+        policy: a longer clip is ``"truncate"``-d to its first ``max_seconds`` (counted in
+            ``mmrft.audio.AUDIO_STATS["truncated"]``, a warning per file) or is an ``"error"``
+            (DataError naming the file; :meth:`QwenAudioFamily.check_media` then rejects the
+            sample when the dataset is read, under ``data.on_error``).
+    """
+
+    max_seconds: float | None = 30.0
+    policy: LengthPolicy = "truncate"
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("truncate", "error"):
+            raise ValueError(f"audio policy must be 'truncate' or 'error', got {self.policy!r}")
+        if self.max_seconds is not None and not (
+            self.max_seconds > 0 and math.isfinite(self.max_seconds)
+        ):
+            raise ValueError(f"max_seconds must be a positive number, got {self.max_seconds!r}")
+
+
+def is_audio_part(part: dict[str, Any]) -> bool:
+    """Whether a content part is audio (``type`` ``audio`` or an ``audio``/``audio_url`` key)."""
+    return part.get("type") == "audio" or "audio" in part or "audio_url" in part
+
+
+def audio_parts(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The audio parts of a conversation, in order."""
+    return [
+        part
+        for message in conversation
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+        if isinstance(part, dict) and is_audio_part(part)
+    ]
+
+
+def audio_token_count(frames: Any) -> Any:
+    """``<|AUDIO|>`` tokens of a clip of ``frames`` mel frames (10 ms each): two stride-2
+    reductions, ``((frames − 1) // 2 + 1 − 2) // 2 + 1`` (25 tokens per second)."""
+    return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+def run_lengths(ids: Any, token_id: int) -> list[int]:
+    """Lengths of the maximal runs of ``token_id`` in a 1-D id tensor, in order."""
+    hits = (ids == token_id).tolist()
+    lengths: list[int] = []
+    previous = False
+    for hit in hits:
+        if hit and previous:
+            lengths[-1] += 1
+        elif hit:
+            lengths.append(1)
+        previous = hit
+    return lengths
+
+
+# -- check_media ---------------------------------------------------------------------------------
+_durations: dict[tuple[str, int, int], float] = {}
+_durations_lock = threading.Lock()
+
+
+def _local_audio_path(source: Any) -> str | None:
+    if not isinstance(source, str):
+        return None
+    if source.startswith("file://"):
+        return source[len("file://") :]
+    if "://" in source or source.startswith("data:"):
+        return None
+    return source
+
+
+def check_media(sample: Sample, max_seconds: float | None = None) -> None:
+    """Check a sample's media once; raise DataError naming a missing or unreadable file.
+
+    Images and videos as :func:`mmrft.models.qwen_vl.check_media`. Each local audio file is
+    decoded once per process (same path, mtime and size are not decoded again): a missing file,
+    an unknown format, a corrupt or empty file raises. With ``max_seconds`` (seconds), a longer
+    clip raises too (the ``"error"`` budget policy). The duration (seconds) of the first audio is
+    stored as ``sample.meta["audio_duration"]`` when absent. URLs are not fetched.
+    """
+    qwen_vl.check_media(sample)
+    first: float | None = None
+    for part in audio_parts(sample.messages):
+        source = part.get("audio", part.get("audio_url"))
+        path = _local_audio_path(source)
+        if path is None:
+            continue
+        key = file_key(path)
+        with _durations_lock:
+            seconds = _durations.get(key)
+        if seconds is None:
+            waveform, rate = decode_audio(path)
+            seconds = waveform.size / rate
+            with _durations_lock:
+                _durations[key] = seconds
+        if max_seconds is not None and seconds > max_seconds:
+            raise DataError(
+                f"{path}: audio is {seconds:.2f} s, longer than the {max_seconds:g} s limit"
+            )
+        if first is None:
+            first = seconds
+    if first is not None and "audio_duration" not in sample.meta:
+        sample.meta["audio_duration"] = round(first, 6)
+
+
+# -- model hooks ---------------------------------------------------------------------------------
+def install_forward_hooks(model: Any, positions_from_mask: bool) -> None:
+    """Make ``model(..., logits_to_keep=k)`` project only the last ``k`` positions, and (with
+    ``positions_from_mask``) derive 1-D ``position_ids`` from ``attention_mask`` as ``generate``
+    does when a caller passes none and no cache is filled.
+
+    The hooks sit on the inner model (``model.model``, called through ``__call__`` by the outer
+    forward, so they also run under peft, which calls ``forward`` of the outer model directly)
+    and on ``lm_head``.
+    """
+    import torch
+
+    inner = getattr(model, "model", None)
+    head = getattr(model, "lm_head", None)
+    if inner is None or head is None or getattr(inner, "_mmrft_audio_hooks", False):
+        return
+    state: dict[str, Any] = {"keep": None}
+
+    def inner_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        state["keep"] = kwargs.pop("logits_to_keep", None)
+        if not positions_from_mask or kwargs.get("position_ids") is not None:
+            return args, kwargs
+        mask = kwargs.get("attention_mask")
+        cache = kwargs.get("past_key_values")
+        if mask is None or mask.dim() != 2:
+            return args, kwargs
+        if cache is not None and cache.get_seq_length() > 0:
+            return args, kwargs
+        positions = mask.long().cumsum(-1) - 1
+        kwargs["position_ids"] = positions.masked_fill(mask == 0, 0)
+        return args, kwargs
+
+    def head_hook(module: Any, args: tuple) -> tuple | None:
+        keep = state["keep"]
+        if keep is None or (isinstance(keep, int) and keep == 0):
+            return None
+        hidden = args[0]
+        if isinstance(keep, torch.Tensor):
+            return (hidden[:, keep, :], *args[1:])
+        return (hidden[:, -int(keep) :, :], *args[1:])
+
+    inner.register_forward_pre_hook(inner_hook, with_kwargs=True)
+    head.register_forward_pre_hook(head_hook)
+    inner._mmrft_audio_hooks = True
+
+
+def _base(model: Any) -> Any:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+# -- the adapters --------------------------------------------------------------------------------
+class QwenAudioFamily(ModelFamily):
+    """Shared implementation of the audio families (see the module docstring).
+
+    Class attributes:
+        model_class: the transformers class that loads the checkpoint.
+        processor_class: the processor class the checkpoint must carry.
+        special_tokens: placeholder tokens generation must never produce.
+        positions_from_mask: whether the model needs 1-D positions derived from the mask.
+    """
+
+    model_class: ClassVar[str] = ""
+    processor_class: ClassVar[str] = ""
+    special_tokens: ClassVar[tuple[str, ...]] = QWEN2_AUDIO_SPECIAL_TOKENS
+    positions_from_mask: ClassVar[bool] = False
+    audio_token: ClassVar[str] = AUDIO_TOKEN
+    token_keys: ClassVar[tuple[str, ...]] = ()
+    # Audio rows: input_features with feature_attention_mask as its "grid" (one row per clip),
+    # so ModelFamily.collate_rows concatenates them and the trainer casts their dtype.
+    media_keys: ClassVar[dict[str, str]] = {"input_features": "feature_attention_mask"}
+
+    def __init__(self, media: MediaBudget | None = None, audio: AudioBudget | None = None) -> None:
+        super().__init__(media)
+        self.audio = audio or AudioBudget()
+        self.window: float | None = None  # the processor's window (s), once one was loaded
+
+    # -- loading ---------------------------------------------------------------------------------
+    def load_model(
+        self, path: str, dtype: str = "float32", attn_implementation: str | None = None
+    ) -> Any:
+        """Load :attr:`model_class` after checking the ``model_type``; install the
+        ``logits_to_keep`` / positions hooks (see the module docstring)."""
+        import torch
+        import transformers
+        from transformers import AutoConfig
+
+        from mmrft.typecheck import ConfigError
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"model.dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+        model_type = AutoConfig.from_pretrained(path).model_type
+        if model_type not in self.model_types:
+            raise ConfigError(
+                f"model.family: family '{self.name}' loads model_type "
+                f"{', '.join(self.model_types)}, but {path} has model_type '{model_type}'; "
+                "set model.family to match or 'auto'"
+            )
+        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        model = getattr(transformers, self.model_class).from_pretrained(path, **kwargs)
+        install_forward_hooks(model, self.positions_from_mask)
+        return model
+
+    def load_processor(self, path: str) -> Any:
+        """``AutoProcessor``, checked to be :attr:`processor_class`, left padding."""
+        from transformers import AutoProcessor
+
+        from mmrft.typecheck import ConfigError
+
+        processor = AutoProcessor.from_pretrained(path)
+        if type(processor).__name__ != self.processor_class:
+            raise ConfigError(
+                f"model.family: family '{self.name}' needs a {self.processor_class}, but {path} "
+                f"has a {type(processor).__name__}; is model.family right?"
+            )
+        processor.tokenizer.padding_side = "left"
+        self.window = self.window_seconds(processor)
+        return processor
+
+    # -- audio ---------------------------------------------------------------------------------
+    @staticmethod
+    def window_seconds(processor: Any) -> float:
+        """The feature extractor's window in seconds (clips are padded to it; longer are cut)."""
+        extractor = processor.feature_extractor
+        return float(extractor.n_samples) / float(extractor.sampling_rate)
+
+    def max_audio_seconds(self, processor: Any) -> float:
+        """The clip bound in effect (seconds): the budget, capped by the processor's window."""
+        window = self.window_seconds(processor)
+        budget = self.audio.max_seconds
+        return window if budget is None else min(budget, window)
+
+    def load_audio(self, source: Any, processor: Any) -> np.ndarray:
+        """One clip as a mono float32 waveform at the processor's rate, within the budget."""
+        rate = int(processor.feature_extractor.sampling_rate)
+        limit = self.max_audio_seconds(processor)
+        if isinstance(source, np.ndarray):
+            if source.ndim != 1 or source.size == 0:
+                raise DataError(f"an audio array must be 1-D and non-empty, got {source.shape}")
+            waveform = source.astype(np.float32, copy=False)
+            cap = math.floor(limit * rate)
+            if waveform.size > cap:
+                if self.audio.policy == "error":
+                    raise DataError(
+                        f"an audio array of {waveform.size / rate:.2f} s is longer than the "
+                        f"{limit:g} s limit"
+                    )
+                waveform = waveform[:cap]
+            return waveform
+        path = _local_audio_path(source)
+        if path is None:
+            raise DataError(
+                f"{source}: audio URLs are not fetched (mmrft runs offline); download the file "
+                "and give its path"
+            )
+        return load_audio(path, rate, max_seconds=limit, policy=self.audio.policy)
+
+    def _audios(self, conversation: list[dict[str, Any]], processor: Any) -> list[np.ndarray]:
+        out = []
+        for part in audio_parts(conversation):
+            source = part.get("audio", part.get("audio_url"))
+            if source is None:
+                raise DataError(f"an audio part without 'audio' (path): {part}")
+            out.append(self.load_audio(source, processor))
+        return out
+
+    def _texts(
+        self, processor: Any, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool
+    ) -> list[str]:
+        if not conversations:
+            raise ValueError("prepare() needs at least one conversation")
+        return [
+            processor.apply_chat_template(
+                conv, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+            for conv in conversations
+        ]
+
+    def check_media(self, sample: Sample) -> None:
+        """:func:`check_media` with this family's budget: under the ``"error"`` policy a clip
+        longer than the bound in effect (``max_seconds``, capped by the window of the processor
+        loaded last) is rejected when the dataset is read."""
+        limit = None
+        if self.audio.policy == "error":
+            bounds = [b for b in (self.audio.max_seconds, self.window) if b is not None]
+            limit = min(bounds) if bounds else None
+        check_media(sample, max_seconds=limit)
+
+    def suppress_token_ids(self, processor: Any) -> list[int]:
+        """Ids of the media placeholder tokens (:attr:`special_tokens`)."""
+        tokenizer = getattr(processor, "tokenizer", processor)
+        ids = tokenizer.convert_tokens_to_ids(list(self.special_tokens))
+        return [i for i in ids if i is not None and i != tokenizer.unk_token_id]
+
+    # -- re-collation ----------------------------------------------------------------------------
+    def _split_audio(self, batch: Any, rows: list[dict[str, Any]], unpadded: list, processor: Any):
+        features = batch.get("input_features")
+        if features is None:
+            return
+        masks = batch["feature_attention_mask"]
+        tokenizer = getattr(processor, "tokenizer", processor)
+        audio_id = tokenizer.convert_tokens_to_ids(self.audio_token)
+        expected = audio_token_count(masks.long().sum(-1)).tolist()
+        pos = 0
+        for row, ids in zip(rows, unpadded):
+            runs = run_lengths(ids, audio_id)
+            if runs != expected[pos : pos + len(runs)]:
+                raise RuntimeError(
+                    f"audio tokens and audio features do not match: runs of {runs} tokens for "
+                    f"clips of {expected[pos : pos + len(runs)]} tokens"
+                )
+            row["input_features"] = features[pos : pos + len(runs)].clone()
+            row["feature_attention_mask"] = masks[pos : pos + len(runs)].clone()
+            pos += len(runs)
+        if pos != len(features):
+            raise RuntimeError("could not split input_features: audio counts do not add up")
+
+    def split_rows(self, batch: Any, processor: Any) -> list[dict[str, Any]]:
+        """One dict per conversation: ``input_ids`` without padding and that conversation's
+        audio rows (``input_features`` ``[n, mel, frames]``, ``feature_attention_mask``
+        ``[n, frames]``, n ≥ 0). Checks each ``<|AUDIO|>`` run against its clip's length."""
+        unpadded = [
+            ids[mask.bool()] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
+        ]
+        rows: list[dict[str, Any]] = [{"input_ids": ids.clone()} for ids in unpadded]
+        self._split_audio(batch, rows, unpadded, processor)
+        return rows
+
+
+@model_family("qwen2_audio")
+class Qwen2Audio(QwenAudioFamily):
+    """Qwen2-Audio (audio + text). :meth:`vision_tower` is the audio encoder."""
+
+    model_types = ("qwen2_audio",)
+    model_class = "Qwen2AudioForConditionalGeneration"
+    processor_class = "Qwen2AudioProcessor"
+    special_tokens = QWEN2_AUDIO_SPECIAL_TOKENS
+    positions_from_mask = True
+    box_instruction = ""
+
+    def prepare(
+        self,
+        processor: Any,
+        conversations: list[list[dict[str, Any]]],
+        add_generation_prompt: bool = True,
+    ) -> Any:
+        """Tokenise conversations with their audio: ``input_ids``, ``attention_mask``
+        (left-padded) and, when there is audio, ``input_features`` + ``feature_attention_mask``
+        (see the module docstring). Image or video parts raise DataError (Qwen2-Audio's chat
+        template would drop them silently)."""
+        for conv in conversations:
+            for message in conv:
+                content = message.get("content")
+                for part in content if isinstance(content, list) else ():
+                    kind = part.get("type")
+                    if kind in ("image", "video") or "image" in part or "video" in part:
+                        raise DataError(
+                            f"Qwen2-Audio takes audio and text only, got a {kind or 'media'} "
+                            "part; use qwen2_5_omni for images and videos"
+                        )
+        texts = self._texts(processor, conversations, add_generation_prompt)
+        audios = [a for conv in conversations for a in self._audios(conv, processor)]
+        kwargs: dict[str, Any] = {}
+        if audios:
+            kwargs = {"audio": audios, "sampling_rate": processor.feature_extractor.sampling_rate}
+        return processor(
+            text=texts, padding=True, padding_side="left", return_tensors="pt", **kwargs
+        )
+
+    def input_size(self, width: int, height: int) -> tuple[int, int]:
+        raise NotImplementedError("Qwen2-Audio takes no images")
+
+    def vision_tower(self, model: Any) -> Any:
+        """The audio encoder (``model.audio_tower``: convolutions, Whisper blocks, pooling);
+        the audio→text projector stays trainable, as LLaVA-style recipes do."""
+        base = _base(model)
+        for owner in (getattr(base, "model", None), base):
+            tower = getattr(owner, "audio_tower", None)
+            if tower is not None:
+                return tower
+        raise AttributeError(f"{type(base).__name__} has no audio tower")
+
+
+@model_family("qwen2_5_omni")
+class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
+    """Qwen2.5-Omni thinker (images + videos + audio); boxes in ``input_pixels`` like Qwen2.5-VL.
+
+    :meth:`vision_tower` returns both perception encoders (vision and audio), so that
+    ``model.freeze_vision`` freezes — and keeps LoRA out of — every encoder, as it does for the
+    single encoder of the other families.
+    """
+
+    model_types = ("qwen2_5_omni", "qwen2_5_omni_thinker")
+    model_class = "Qwen2_5OmniThinkerForConditionalGeneration"
+    processor_class = "Qwen2_5OmniProcessor"
+    special_tokens = QWEN2_5_OMNI_SPECIAL_TOKENS
+    positions_from_mask = False  # TMRoPE positions come from the model itself
+    box_frame: ClassVar[BoxFrame] = "input_pixels"
+    box_instruction = Qwen25VL.box_instruction
+    media_keys: ClassVar[dict[str, str]] = {
+        "pixel_values": "image_grid_thw",
+        "pixel_values_videos": "video_grid_thw",
+        "input_features": "feature_attention_mask",
+    }
+    media_tokens: ClassVar[dict[str, str]] = {
+        "image_grid_thw": "<|IMAGE|>",
+        "video_grid_thw": "<|VIDEO|>",
+    }
+
+    def load_processor(self, path: str) -> Any:
+        """As :meth:`QwenAudioFamily.load_processor`, plus the pixel budget on the image
+        processor and a check of the patch geometry (14 × merge 2)."""
+        from mmrft.typecheck import ConfigError
+
+        processor = QwenAudioFamily.load_processor(self, path)
+        image_processor = processor.image_processor
+        geometry = (
+            getattr(image_processor, "patch_size", None),
+            getattr(image_processor, "merge_size", None),
+        )
+        if geometry != (self.patch_size, self.merge_size):
+            raise ConfigError(
+                f"model.family: family '{self.name}' expects patch {self.patch_size} × merge "
+                f"{self.merge_size}, but {path} has patch {geometry[0]} × merge {geometry[1]}"
+            )
+        set_pixel_budget(image_processor, self.media.min_pixels, self.media.max_pixels)
+        video_processor = getattr(processor, "video_processor", None)
+        if getattr(video_processor, "cap_pixels_per_frame", False) is None:
+            video_processor.cap_pixels_per_frame = True  # qwen-vl-utils' per-frame cap
+        return processor
+
+    def prepare(
+        self,
+        processor: Any,
+        conversations: list[list[dict[str, Any]]],
+        add_generation_prompt: bool = True,
+    ) -> Any:
+        """Tokenise conversations with images, videos and audio (keys: see the module
+        docstring). Images are resized once by qwen-vl-utils (and cached) as for Qwen2.5-VL;
+        ``video_second_per_grid`` is each video's temporal patch over its sampled fps."""
+        import torch
+        from qwen_vl_utils import process_vision_info
+
+        texts = self._texts(processor, conversations, add_generation_prompt)
+        audios = [a for conv in conversations for a in self._audios(conv, processor)]
+        loaded = [self._with_loaded_media(conv) for conv in conversations]
+        try:
+            images, videos, video_kwargs = process_vision_info(
+                loaded, return_video_kwargs=True, image_patch_size=self.patch_size
+            )
+        except DataError:
+            raise
+        except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
+            names = sorted(
+                {str(p["video"]) for c in loaded for p in qwen_vl._media_parts(c, "video")}
+            )
+            raise DataError(f"{', '.join(names) or 'media'}: cannot load ({exc})") from exc
+        kwargs: dict[str, Any] = {}
+        if audios:
+            kwargs["audio"] = audios
+            kwargs["sampling_rate"] = processor.feature_extractor.sampling_rate
+        fps: list[float] = []
+        if videos is not None:
+            fps = [float(f) for f in video_kwargs.get("fps", [])]
+            kwargs["do_sample_frames"] = False
+        batch = processor(
+            text=texts,
+            images=images,
+            videos=videos,
+            padding=True,
+            padding_side="left",
+            return_tensors="pt",
+            do_resize=False,
+            **kwargs,
+        )
+        if videos is not None:
+            # The processor assumes one fps (2) for every video; use each video's sampled fps.
+            temporal = processor.video_processor.temporal_patch_size
+            if len(fps) != len(batch["video_grid_thw"]):
+                fps = [2.0] * len(batch["video_grid_thw"])
+            batch["video_second_per_grid"] = torch.tensor([temporal / f for f in fps])
+        return batch
+
+    def split_rows(self, batch: Any, processor: Any) -> list[dict[str, Any]]:
+        """Audio rows as :meth:`QwenAudioFamily.split_rows`; image and video patch rows by
+        their grids as Qwen2.5-VL, with ``video_second_per_grid`` per video."""
+        import torch
+
+        unpadded = [
+            ids[mask.bool()] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])
+        ]
+        rows: list[dict[str, Any]] = [{"input_ids": ids.clone()} for ids in unpadded]
+        self._split_audio(batch, rows, unpadded, processor)
+        tokenizer = processor.tokenizer
+        seconds = batch.get("video_second_per_grid")
+        for values_key, grid_key in self.media_keys.items():
+            if grid_key not in self.media_tokens or batch.get(values_key) is None:
+                continue
+            grids, values = batch[grid_key], batch[values_key]
+            token_id = tokenizer.convert_tokens_to_ids(self.media_tokens[grid_key])
+            grid_pos = value_pos = 0
+            for row, ids in zip(rows, unpadded):
+                n = count_runs(ids, token_id)
+                n_patches = int(grids[grid_pos : grid_pos + n].prod(dim=-1).sum())
+                row[grid_key] = grids[grid_pos : grid_pos + n].clone()
+                row[values_key] = values[value_pos : value_pos + n_patches].clone()
+                if grid_key == "video_grid_thw" and seconds is not None:
+                    row["video_second_per_grid"] = torch.as_tensor(seconds)[
+                        grid_pos : grid_pos + n
+                    ].clone()
+                grid_pos += n
+                value_pos += n_patches
+            if grid_pos != len(grids) or value_pos != len(values):
+                raise RuntimeError(f"could not split {values_key}: media counts do not add up")
+        return rows
+
+    def collate_rows(self, rows: list[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+        """As :meth:`ModelFamily.collate_rows`, also concatenating ``video_second_per_grid``."""
+        import torch
+
+        out = ModelFamily.collate_rows(self, rows, pad_token_id)
+        seconds = [
+            r["video_second_per_grid"] for r in rows if len(r.get("video_second_per_grid", ()))
+        ]
+        if seconds:
+            out["video_second_per_grid"] = torch.cat(seconds)
+        return out
+
+    def vision_tower(self, model: Any) -> Any:
+        """Both encoders, ``ModuleList([visual, audio_tower])`` (a view: the model is not
+        changed); see the class docstring."""
+        import torch
+
+        base = _base(model)
+        inner = getattr(base, "model", base)
+        visual = getattr(inner, "visual", None)
+        audio = getattr(inner, "audio_tower", None)
+        if visual is None or audio is None:
+            raise AttributeError(f"{type(base).__name__} has no visual / audio_tower")
+        return torch.nn.ModuleList([visual, audio])
+
+    def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
+        raise NotImplementedError("Qwen2.5-Omni computes its positions from input_ids")
+
+
+__all__ = [
+    "AudioBudget",
+    "Qwen2Audio",
+    "Qwen25Omni",
+    "QwenAudioFamily",
+    "audio_token_count",
+    "check_media",
+    "install_forward_hooks",
+]
