@@ -19,9 +19,13 @@ Media. Image parts are ``{"type": "image", "image": "/abs/path.png"}`` (``file:/
 URLs and PIL images also work). Each image is decoded and resized once and kept in a
 process-wide LRU cache keyed by path, modification time, file size and the pixel budget, so the
 G copies of a prompt in a GRPO group (and later epochs) do not reread the file. A missing or
-corrupt file raises :class:`mmrft.data.DataError` naming it. Videos go through
-``process_vision_info`` as they are (frame sampling per part: ``fps`` / ``nframes`` /
-``min_pixels`` / ``max_pixels`` / ``total_pixels`` keys of the part).
+corrupt file raises :class:`mmrft.data.DataError` naming it. Videos (files or lists of frames) go
+through :mod:`mmrft.video` with the family's :class:`~mmrft.video.VideoBudget` (the part's own
+``fps`` / ``nframes`` / ``min_frames`` / ``max_frames`` / ``min_pixels`` / ``max_pixels`` /
+``total_pixels`` keys win): decoded once per group (decoded-frame cache), sampled and resized by
+qwen-vl-utils' rules, fitted to ``max_prompt_tokens`` by lowering fps then pixels, and handed to
+the processor with metadata that matches the sampled frames (``second_per_grid_ts``, Qwen3-VL
+timestamps).
 
 mRoPE positions. In transformers ≥ 5 these models compute their 3-D (time, height, width)
 rotary positions only when ``mm_token_type_ids`` is passed; without it they silently fall back
@@ -33,7 +37,6 @@ same positions.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -43,7 +46,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample
-from mmrft.family import BoxFrame, ModelFamily, model_family
+from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family
+from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
 
@@ -69,30 +73,12 @@ def _transformers_major() -> int:
 _TRANSFORMERS_5 = _transformers_major() >= 5
 
 
-@functools.cache
-def _video_reader() -> str | None:
-    """The qwen-vl-utils video backend that can run here, or ``None``."""
-    import importlib.util
-
-    forced = os.environ.get("FORCE_QWENVL_VIDEO_READER")
-    if forced:
-        return forced
-    for name in ("torchcodec", "decord"):
-        if importlib.util.find_spec(name) is not None:
-            return name
-    import torchvision.io
-
-    return "torchvision" if hasattr(torchvision.io, "read_video") else None
-
-
 def require_video_reader() -> None:
-    """Raise a clear error when no video decoder is installed (video files need one; a
-    video given as a list of frame images does not)."""
-    if _video_reader() is None:
-        raise RuntimeError(
-            "reading video files needs torchcodec or decord (this torchvision has no "
-            "read_video): pip install 'mmrft[video]', or give the video as a list of frames"
-        )
+    """Raise a clear RuntimeError when no video decoder can run here (video files need one of
+    decord, torchcodec, PyAV; a video given as a list of frame images does not)."""
+    from mmrft.video import require_backend
+
+    require_backend()
 
 
 # -- image loading and cache -------------------------------------------------------------------
@@ -238,7 +224,10 @@ class QwenVLFamily(ModelFamily):
     Class attributes:
         patch_size: vision patch side (pixels); 14 for Qwen2/2.5-VL, 16 for Qwen3-VL.
         merge_size: patches merged per side into one LLM token (2).
-        video_metadata: whether the processor wants qwen-vl-utils' video metadata (Qwen3-VL).
+        video_metadata: whether the processor wants qwen-vl-utils' video metadata (Qwen3-VL; its
+            prompts then carry frame timestamps, which the video token budget counts).
+        video (instance): the :class:`~mmrft.video.VideoBudget` (frames, fps, pixels, prompt
+            tokens) of video parts.
         image_cache: the LRU cache of resized images shared by all instances.
     """
 
@@ -246,6 +235,10 @@ class QwenVLFamily(ModelFamily):
     merge_size: ClassVar[int] = 2
     video_metadata: ClassVar[bool] = False
     image_cache: ClassVar[ImageCache] = IMAGE_CACHE
+
+    def __init__(self, media: MediaBudget | None = None, video: VideoBudget | None = None) -> None:
+        super().__init__(media)
+        self.video = video or VideoBudget()
 
     @property
     def factor(self) -> int:
@@ -412,7 +405,7 @@ class QwenVLFamily(ModelFamily):
         when there are videos ``pixel_values_videos`` + ``video_grid_thw`` (+ Qwen2.5-VL's
         ``second_per_grid_ts``). Images are in prompt order across the batch.
         """
-        from qwen_vl_utils import process_vision_info
+        from mmrft.video import count_text_tokens, process_vision_info, timestamp_step_tokens
 
         if not conversations:
             raise ValueError("prepare() needs at least one conversation")
@@ -424,12 +417,20 @@ class QwenVLFamily(ModelFamily):
         ]
         loaded = [self._with_loaded_media(conv) for conv in conversations]
         with_metadata = self.video_metadata or _TRANSFORMERS_5
+        text_tokens = step_tokens = None
+        if self.video.max_prompt_tokens is not None:  # the budget counts every prompt token
+            text_tokens = count_text_tokens(processor, texts)
+            # Qwen3-VL writes "<t seconds>" and a vision start/end pair per temporal step
+            step_tokens = timestamp_step_tokens(processor) if self.video_metadata else 0
         try:
             images, videos, video_kwargs = process_vision_info(
                 loaded,
-                return_video_kwargs=True,
-                return_video_metadata=with_metadata,
+                budget=self.video,
                 image_patch_size=self.patch_size,
+                merge_size=self.merge_size,
+                return_video_metadata=with_metadata,
+                text_tokens=text_tokens,
+                step_tokens=step_tokens or 0,
             )
         except DataError:
             raise
