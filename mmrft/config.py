@@ -70,6 +70,33 @@ class LoraConfig:
 
 
 @dataclass
+class VideoConfig:
+    fps: float = _f(2.0, "Frames sampled per second of video (Video-R1 / qwen-vl-utils default 2).")
+    min_frames: int = _f(4, "Fewest frames sampled from a video.")
+    max_frames: int = _f(16, "Most frames sampled from a video (Video-R1 trains with 16).")
+    min_pixels: int = _f(3136, "Lower bound on resized frame H·W (pixels).")
+    max_pixels: int = _f(100352, "Upper bound on resized frame H·W (pixels; Video-R1: 128·28·28).")
+    total_pixels: int | None = _f(
+        None, "Bound on the sum of H·W over a video's frames (pixels); None = none."
+    )
+    max_prompt_tokens: int | None = _f(
+        None,
+        "Prompt length limit (tokens); a video that would exceed it gets fewer frames, then fewer pixels, instead of failing.",
+    )
+
+
+@dataclass
+class AudioConfig:
+    max_seconds: float | None = _f(
+        30.0, "Longest audio clip (seconds); the feature extractor's window caps it too."
+    )
+    policy: Literal["truncate", "error"] = _f(
+        "truncate",
+        "A longer clip: keep its start and count it in the log, or stop with an error naming the file.",
+    )
+
+
+@dataclass
 class ModelConfig:
     path: str = _f(
         "assets/models/tiny-qwen2_5_vl", "Checkpoint directory (save_pretrained layout)."
@@ -90,6 +117,12 @@ class ModelConfig:
         False, "Freeze the vision tower (train the language model and merger only)."
     )
     lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "LoRA settings."})
+    video: VideoConfig = field(
+        default_factory=VideoConfig, metadata={"help": "Video sampling and token budget."}
+    )
+    audio: AudioConfig = field(
+        default_factory=AudioConfig, metadata={"help": "Audio length policy."}
+    )
 
 
 @dataclass

@@ -79,6 +79,11 @@ class ModelFamily:
         """(w, h) in pixels of the image as the model sees it after resizing."""
         raise NotImplementedError
 
+    def check_media(self, sample: Sample) -> None:
+        """Load every media file of ``sample`` once; raise ``DataError`` naming a missing or
+        corrupt file (the dataset reader skips and counts it under ``data.on_error=skip``)."""
+        raise NotImplementedError
+
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Token ids generation must never produce (media placeholders); none by default."""
         return []

@@ -8,6 +8,7 @@ completion tokens only (``logits_to_keep`` limits the vocabulary projection to t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import dataclass
@@ -49,12 +50,30 @@ class Policy:
         return next(self.model.parameters()).device
 
 
+def build_family(cls: type[ModelFamily], cfg: ModelConfig) -> ModelFamily:
+    """Instantiate a family with the budgets its constructor takes (media, video, audio)."""
+    import inspect
+
+    from mmrft.video import VideoBudget
+
+    accepted = inspect.signature(cls.__init__).parameters
+    kwargs: dict[str, Any] = {
+        "media": MediaBudget(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+    }
+    if "video" in accepted:
+        kwargs["video"] = VideoBudget(**dataclasses.asdict(cfg.video))
+    if "audio" in accepted:
+        from mmrft.models.qwen_audio import AudioBudget
+
+        kwargs["audio"] = AudioBudget(max_seconds=cfg.audio.max_seconds, policy=cfg.audio.policy)
+    return cls(**kwargs)
+
+
 def resolve_family(cfg: ModelConfig) -> ModelFamily:
     """The family adapter named by ``model.family`` or found from config.json's model_type."""
-    media = MediaBudget(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
     if cfg.family != "auto":
         try:
-            return MODEL_FAMILIES.get(cfg.family)(media)
+            return build_family(MODEL_FAMILIES.get(cfg.family), cfg)
         except KeyError as exc:
             raise ConfigError(f"model.family: {exc}") from None
     config_file = resolve_path(cfg.path) / "config.json"
@@ -70,7 +89,7 @@ def resolve_family(cfg: ModelConfig) -> ModelFamily:
                 f"model.path: '{cfg.path}' is neither a checkpoint directory nor a loadable hub id ({exc})"
             ) from None
     try:
-        return family_for_model_type(model_type)(media)
+        return build_family(family_for_model_type(model_type), cfg)
     except KeyError as exc:
         raise ConfigError(f"model.family: {exc}; set model.family explicitly") from None
 

@@ -102,10 +102,11 @@ def load_split(
     task: Task, policy: Policy, cfg: RunConfig, path: str, limit: int | None
 ) -> list[Sample]:
     """Read a split, check its media, annotate it with the model family's frames."""
-    from mmrft.models.qwen_vl import check_media
-
     samples, stats = task.read(
-        resolve_path(path), fmt=cfg.data.format, on_error=cfg.data.on_error, check=check_media
+        resolve_path(path),
+        fmt=cfg.data.format,
+        on_error=cfg.data.on_error,
+        check=policy.family.check_media,
     )
     log.info(stats.summary())
     if not samples:
@@ -199,6 +200,20 @@ class RunLog:
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.close()
+
+
+def media_counters() -> dict[str, float]:
+    """Running counts of media the budgets changed (clips truncated, videos given fewer frames
+    or pixels), so nothing is shortened silently."""
+    from mmrft.audio import AUDIO_STATS
+    from mmrft.video import video_stats
+
+    video = video_stats()
+    return {
+        "data/audio_truncated": float(AUDIO_STATS.get("truncated", 0)),
+        "data/video_fps_lowered": float(video.get("fps_lowered", 0)),
+        "data/video_pixels_lowered": float(video.get("pixels_lowered", 0)),
+    }
 
 
 def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
@@ -468,6 +483,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     "time/step_s": t3 - t0,
                 }
                 metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
+                metrics.update(media_counters())
                 metrics = _merge_rank_metrics(metrics)
                 if step % cfg.train.log_every == 0:
                     runlog.metrics(step, metrics)

@@ -529,6 +529,9 @@ class QwenVLFamily(ModelFamily):
         """The vision encoder (patch embedding, blocks and the patch merger)."""
         return vision_tower(model)
 
+    def check_media(self, sample: Sample) -> None:
+        check_media(sample)
+
     def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
         """``[B, L]`` modality types of ``input_ids``: 0 text, 1 image token, 2 video token."""
         tokenizer = getattr(processor, "tokenizer", processor)
