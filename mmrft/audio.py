@@ -31,12 +31,11 @@ import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Hashable
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from mmrft.data import DataError
+from mmrft.data import DataError, media_file_key
 
 log = logging.getLogger(__name__)
 
@@ -102,19 +101,6 @@ class AudioCache:
 
 
 AUDIO_CACHE = AudioCache()
-
-
-def file_key(path: str) -> tuple[str, int, int]:
-    """``(path, mtime_ns, size)``; DataError naming the file if it is missing or not a file."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: audio file not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read audio file ({exc.strerror or exc})") from None
-    if not Path(path).is_file():
-        raise DataError(f"{path}: not a file")
-    return (path, stat.st_mtime_ns, stat.st_size)
 
 
 def decode_audio(path: str) -> tuple[np.ndarray, int]:
@@ -185,7 +171,7 @@ def load_audio(
     path = os.fspath(path)
     if path.startswith("file://"):
         path = path[len("file://") :]
-    key = (*file_key(path), sampling_rate)
+    key = (*media_file_key(path, "audio file"), sampling_rate)
     waveform = AUDIO_CACHE.get(key)
     if waveform is None:
         decoded, rate = decode_audio(path)
@@ -224,7 +210,7 @@ def audio_duration(path: str) -> float:
     """Duration of a file in seconds from its header (no decoding); DataError naming the file."""
     import soundfile
 
-    file_key(path)
+    media_file_key(path, "audio file")
     try:
         info = soundfile.info(path)
     except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError, TypeError) as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,6 +105,30 @@ class ReadStats:
         if self.skipped:
             text += " (skipped: " + ", ".join(f"{r} ×{n}" for r, n in self.skipped.items()) + ")"
         return text
+
+
+def local_media_path(source: str) -> str | None:
+    """The filesystem path of a media reference (``file://`` stripped), ``None`` for URLs and
+    data URIs."""
+    if source.startswith("file://"):
+        return source[len("file://") :]
+    if "://" in source or source.startswith("data:"):
+        return None
+    return source
+
+
+def media_file_key(path: str, what: str = "media file") -> tuple[str, int, int]:
+    """``(path, mtime_ns, size)``, the cache key of a media file; DataError naming the file when
+    it is missing, unreadable or not a regular file."""
+    try:
+        stat = os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"{path}: {what} not found") from None
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read {what} ({exc.strerror or exc})") from None
+    if not Path(path).is_file():
+        raise DataError(f"{path}: not a file")
+    return (path, stat.st_mtime_ns, stat.st_size)
 
 
 def _resolve_media(value: str, base: Path) -> str:

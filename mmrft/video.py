@@ -77,7 +77,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from mmrft.data import DataError
+from mmrft.data import DataError, local_media_path, media_file_key
 
 log = logging.getLogger(__name__)
 
@@ -638,22 +638,6 @@ def _decode(info: VideoInfo, indices: Sequence[int], height: int, width: int) ->
 
 
 # -- frame lists -------------------------------------------------------------------------------
-def _local_path(source: str) -> str | None:
-    if source.startswith("file://"):
-        return source[len("file://") :]
-    if "://" in source or source.startswith("data:"):
-        return None
-    return source
-
-
-def _stat_key(path: str, what: str = "video file") -> tuple[str, int, int]:
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: {what} not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read {what} ({exc})") from None
-    return (path, stat.st_mtime_ns, stat.st_size)
 
 
 def _open_frame(source: Any) -> Any:
@@ -663,7 +647,7 @@ def _open_frame(source: Any) -> Any:
 
     if isinstance(source, Image.Image):
         return to_rgb(source)
-    path = _local_path(str(source))
+    path = local_media_path(str(source))
     if path is None:
         raise DataError(f"{source}: video frames must be local image files or PIL images")
     try:
@@ -681,7 +665,7 @@ def _frame_size(source: Any) -> tuple[int, int]:
 
     if isinstance(source, Image.Image):
         return source.size
-    path = _local_path(str(source)) or str(source)
+    path = local_media_path(str(source)) or str(source)
     try:
         with Image.open(path) as image:
             return image.size
@@ -808,10 +792,10 @@ def _probe(key: Hashable, path: str, backend: str) -> VideoInfo:
 def _source_key(source: str) -> tuple[str, tuple[Any, ...]]:
     """``(path, (path, mtime_ns, size))`` of a local video (DataError if missing or empty), or
     ``(url, (url, 0, 0))``."""
-    local = _local_path(source)
+    local = local_media_path(source)
     if local is None:
         return source, (source, 0, 0)
-    key = _stat_key(local)
+    key = media_file_key(local, "video file")
     if key[2] == 0:
         raise DataError(f"{local}: empty video file (0 bytes)")
     return local, key
@@ -1017,7 +1001,9 @@ def _read_frame_list(
 
     if all(isinstance(s, str) for s in sources):
         keys = tuple(
-            _stat_key(_local_path(s) or s, "video frame") if _local_path(s) else (s, 0, 0)
+            media_file_key(local_media_path(s) or s, "video frame")
+            if local_media_path(s)
+            else (s, 0, 0)
             for s in sources
         )
         frames, sample_fps, meta = cache.get_or_load(

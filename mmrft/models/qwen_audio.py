@@ -51,11 +51,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mmrft.audio import LengthPolicy, decode_audio, file_key, load_audio
-from mmrft.data import DataError, Sample
+from mmrft.audio import LengthPolicy, decode_audio, load_audio
+from mmrft.data import DataError, Sample, media_file_key
 from mmrft.family import BoxFrame, MediaBudget, ModelFamily, count_runs, model_family
 from mmrft.models import qwen_vl
-from mmrft.models.qwen_vl import DTYPES, Qwen25VL, QwenVLFamily, set_pixel_budget
+from mmrft.models.qwen_vl import DTYPES, Qwen25VL, QwenVLFamily, configure_vision_processor
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def check_media(sample: Sample, max_seconds: float | None = None) -> None:
         path = _local_audio_path(source)
         if path is None:
             continue
-        key = file_key(path)
+        key = media_file_key(path, "audio file")
         with _durations_lock:
             seconds = _durations.get(key)
         if seconds is None:
@@ -496,23 +496,8 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
     def load_processor(self, path: str) -> Any:
         """As :meth:`QwenAudioFamily.load_processor`, plus the pixel budget on the image
         processor and a check of the patch geometry (14 × merge 2)."""
-        from mmrft.typecheck import ConfigError
-
         processor = QwenAudioFamily.load_processor(self, path)
-        image_processor = processor.image_processor
-        geometry = (
-            getattr(image_processor, "patch_size", None),
-            getattr(image_processor, "merge_size", None),
-        )
-        if geometry != (self.patch_size, self.merge_size):
-            raise ConfigError(
-                f"model.family: family '{self.name}' expects patch {self.patch_size} × merge "
-                f"{self.merge_size}, but {path} has patch {geometry[0]} × merge {geometry[1]}"
-            )
-        set_pixel_budget(image_processor, self.media.min_pixels, self.media.max_pixels)
-        video_processor = getattr(processor, "video_processor", None)
-        if getattr(video_processor, "cap_pixels_per_frame", False) is None:
-            video_processor.cap_pixels_per_frame = True  # qwen-vl-utils' per-frame cap
+        configure_vision_processor(processor, self, path)
         return processor
 
     def prepare(

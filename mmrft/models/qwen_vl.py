@@ -38,14 +38,13 @@ same positions.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.data import DataError, Sample
+from mmrft.data import DataError, Sample, local_media_path, media_file_key
 from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family
 from mmrft.video import VideoBudget
 
@@ -124,28 +123,6 @@ class ImageCache:
 IMAGE_CACHE = ImageCache()
 
 
-def _local_path(source: str) -> str | None:
-    """The filesystem path of a media reference, or ``None`` for URLs / data URIs."""
-    if source.startswith("file://"):
-        return source[len("file://") :]
-    if "://" in source or source.startswith("data:"):
-        return None
-    return source
-
-
-def file_key(path: str) -> tuple[str, int, int]:
-    """``(path, mtime_ns, size)``; raises DataError naming the file if it does not exist."""
-    try:
-        stat = os.stat(path)
-    except FileNotFoundError:
-        raise DataError(f"{path}: image file not found") from None
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read image file ({exc.strerror or exc})") from None
-    if not Path(path).is_file():
-        raise DataError(f"{path}: not a file")
-    return (path, stat.st_mtime_ns, stat.st_size)
-
-
 def decode_image(path: str) -> Any:
     """Open and fully decode an image file (PIL, RGB); DataError naming the file on failure."""
     from PIL import Image, UnidentifiedImageError
@@ -191,20 +168,20 @@ def check_media(sample: Sample) -> None:
             source = part.get(kind)
             if kind == "video" and isinstance(source, list):  # a video given as frame images
                 for frame in source:
-                    frame_path = _local_path(frame) if isinstance(frame, str) else None
+                    frame_path = local_media_path(frame) if isinstance(frame, str) else None
                     if frame_path is not None and not Path(frame_path).is_file():
                         raise DataError(f"{frame_path}: video frame not found")
                 continue
             if not isinstance(source, str):
                 continue
-            path = _local_path(source)
+            path = local_media_path(source)
             if path is None:
                 continue
             if kind != "image":
                 if not Path(path).exists():
                     raise DataError(f"{path}: {kind} file not found")
                 continue
-            key = file_key(path)
+            key = media_file_key(path, "image file")
             with _checked_lock:
                 size = _checked_sizes.get(key)
             if size is None:
@@ -282,26 +259,8 @@ class QwenVLFamily(ModelFamily):
         left padding, and a check that the checkpoint's patch geometry is the family's."""
         from transformers import AutoProcessor
 
-        from mmrft.typecheck import ConfigError
-
         processor = AutoProcessor.from_pretrained(path)
-        image_processor = processor.image_processor
-        geometry = (
-            getattr(image_processor, "patch_size", None),
-            getattr(image_processor, "merge_size", None),
-        )
-        if geometry != (self.patch_size, self.merge_size):
-            raise ConfigError(
-                f"model.family: family '{self.name}' expects patch {self.patch_size} × merge "
-                f"{self.merge_size}, but the processor in {path} has patch {geometry[0]} × merge "
-                f"{geometry[1]}; is model.family right?"
-            )
-        set_pixel_budget(image_processor, self.media.min_pixels, self.media.max_pixels)
-        video_processor = getattr(processor, "video_processor", None)
-        if getattr(video_processor, "cap_pixels_per_frame", False) is None:
-            # qwen-vl-utils' per-frame pixel cap (the reference behaviour; frames arrive
-            # resized anyway, this only settles transformers' deprecation warning)
-            video_processor.cap_pixels_per_frame = True
+        configure_vision_processor(processor, self, path)
         processor.tokenizer.padding_side = "left"
         return processor
 
@@ -342,10 +301,14 @@ class QwenVLFamily(ModelFamily):
         option_key = tuple(sorted(options.items()))
         if not isinstance(source, str):  # a PIL image
             return fetch_image({"image": source, **options}, image_patch_size=self.patch_size)
-        path = _local_path(source)
+        path = local_media_path(source)
         if path is None and source.startswith("data:"):
             return fetch_image({"image": source, **options}, image_patch_size=self.patch_size)
-        key = (file_key(path) if path is not None else source, self.patch_size, option_key)
+        key = (
+            media_file_key(path, "image file") if path is not None else source,
+            self.patch_size,
+            option_key,
+        )
         image = self.image_cache.get(key)
         if image is None:
             decoded = decode_image(path) if path is not None else source
@@ -380,7 +343,7 @@ class QwenVLFamily(ModelFamily):
                 elif part.get("type") == "video" or "video" in part:
                     video = part.get("video")
                     if isinstance(video, str):
-                        path = _local_path(video)
+                        path = local_media_path(video)
                         if path is not None and not Path(path).exists():
                             raise DataError(f"{path}: video file not found")
                         require_video_reader()
@@ -600,6 +563,30 @@ def install_mm_token_type_hook(model: Any) -> None:
 
     inner.register_forward_pre_hook(hook, with_kwargs=True)
     inner._mmrft_token_type_hook = True
+
+
+def configure_vision_processor(processor: Any, family: Any, path: str) -> None:
+    """Check the checkpoint's patch geometry against ``family`` (patch_size × merge_size) and
+    apply its pixel budget to the image processor (and the per-frame cap to the video one)."""
+    from mmrft.typecheck import ConfigError
+
+    image_processor = processor.image_processor
+    geometry = (
+        getattr(image_processor, "patch_size", None),
+        getattr(image_processor, "merge_size", None),
+    )
+    if geometry != (family.patch_size, family.merge_size):
+        raise ConfigError(
+            f"model.family: family '{family.name}' expects patch {family.patch_size} × merge "
+            f"{family.merge_size}, but the processor in {path} has patch {geometry[0]} × merge "
+            f"{geometry[1]}; is model.family right?"
+        )
+    set_pixel_budget(image_processor, family.media.min_pixels, family.media.max_pixels)
+    video_processor = getattr(processor, "video_processor", None)
+    if getattr(video_processor, "cap_pixels_per_frame", False) is None:
+        # qwen-vl-utils' per-frame pixel cap (the reference behaviour; frames arrive resized
+        # anyway, this only settles transformers' deprecation warning)
+        video_processor.cap_pixels_per_frame = True
 
 
 def set_pixel_budget(image_processor: Any, min_pixels: int, max_pixels: int) -> None:
