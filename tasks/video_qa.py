@@ -1,0 +1,426 @@
+"""Video question answering: multiple choice and numeric answers (Video-R1, SEED-Bench-R1).
+
+Each sample has its own problem type (``meta["problem_type"]``), read per sample everywhere:
+in the prompt, the reward (the accuracy verifier's ``auto`` mode) and the evaluation. Video-R1's
+reward reads the type of the *first* sample of a batch for the whole batch (REFERENCE.md
+pitfall 8); here a batch may mix types freely.
+
+* ``"multiple choice"``: ``meta["choices"]`` lists the option texts in the data's order and the
+  target is the correct option's text. The prompt lists the options lettered (``A. left``) and
+  asks for the letter; an answer names one option by its letter or its text
+  (:func:`mmrft.answers.match_choice`; several options, or a first-letter guess such as
+  "A dog", score 0).
+* ``"numerical"``: no choices; the target is a number (or a numeral string). The answer must
+  state exactly one number (:func:`mmrft.answers.parse_number`), equal to the target.
+
+Dataset formats:
+
+* ``mmrft``: the project JSONL with a video (or image) part and the question text::
+
+      {"id": "video_direction-test-0000",
+       "messages": [{"role": "user", "content": [
+           {"type": "video", "video": "videos/test-0000.mp4"},
+           {"type": "text", "text": "Which direction does the green circle move?"}]}],
+       "target": "left",
+       "meta": {"choices": ["right", "up", "left", "down"], "duration": 4.0}}
+
+  The type is ``meta.problem_type`` when given, else ``"multiple choice"`` when there are
+  choices and ``"numerical"`` otherwise.
+* ``video_r1``: Video-R1's JSON list (``Video-R1-260k.json``)::
+
+      [{"problem_id": 0, "problem": "Which direction does the green circle move?",
+        "data_type": "video", "problem_type": "multiple choice",
+        "options": ["A. right", "B. up", "C. left", "D. down"],
+        "solution": "<answer>C</answer>", "path": "./videos/test-0000.mp4",
+        "data_source": "..."}, ...]
+
+  ``path`` is relative to the task parameter ``media_root`` (Video-R1's data root; default: the
+  JSON file's folder); ``data_type`` ``"image"`` items become image samples. ``options`` must be
+  lettered ``A.``, ``B.``, … in order; the letter in ``solution`` picks the target. Types other
+  than ``multiple choice`` and ``numerical`` (Video-R1's ``OCR``, ``free-form``,
+  ``regression``) are refused with a DataError naming the item's line, so
+  ``data.on_error=skip`` drops and counts them. Sample ids are ``<file stem>-<index>`` (the
+  item's 0-based position; ``problem_id`` is not unique across Video-R1's sources, it is kept
+  in ``meta["problem_id"]``).
+
+This module also holds the reader helpers the other media tasks share: :func:`iter_json_list`
+(a JSON list read item by item, each with its line number and position) and :func:`collect_samples` (the
+raise / skip-and-count loop of :func:`mmrft.data.read_records` over any item source).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import string
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from mmrft.answers import (
+    choice_index,
+    extract_answer,
+    is_number_literal,
+    match_choice,
+    parse_number,
+)
+from mmrft.data import (
+    DataError,
+    OnError,
+    ReadStats,
+    Sample,
+    normalise_messages,
+    read_records,
+)
+from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.typecheck import ConfigError
+
+LETTERS = string.ascii_uppercase
+PROBLEM_TYPES = ("multiple choice", "numerical")
+"""The problem types this task scores (Video-R1's names)."""
+
+_OPTION = re.compile(r"\s*([A-Z])\s*[.):]\s*(.*\S)\s*", re.DOTALL)
+
+
+# -- shared readers ----------------------------------------------------------------------------
+def collect_samples(
+    path: str | Path,
+    items: Iterable[tuple[Any, str]],
+    parse: Callable[[Any, str], Sample],
+    on_error: OnError = "raise",
+    check: Callable[[Sample], None] | None = None,
+) -> tuple[list[Sample], ReadStats]:
+    """Samples from ``(record, where)`` items, as :func:`mmrft.data.read_records` does for JSONL.
+
+    ``parse(record, where)`` builds a Sample or raises DataError naming ``where``; a record that
+    is itself a DataError (an unreadable item) is raised as is. Duplicate ids are errors.
+    ``check(sample)`` may raise DataError (missing media). With ``on_error="skip"`` failing
+    items are skipped and counted in the returned :class:`~mmrft.data.ReadStats` (by reason);
+    otherwise the first error propagates.
+    """
+    stats = ReadStats(str(path))
+    samples: list[Sample] = []
+    seen: set[str] = set()
+    for record, where in items:
+        stats.read += 1
+        try:
+            if isinstance(record, DataError):
+                raise record
+            sample = parse(record, where)
+            if sample.id in seen:
+                raise DataError(f"{where}: duplicate id '{sample.id}'")
+            if check is not None:
+                check(sample)
+        except DataError as exc:
+            if on_error != "skip":
+                raise
+            stats.skip(str(exc).split(": ", 1)[-1].split(" (")[0], where)
+            continue
+        seen.add(sample.id)
+        samples.append(sample)
+        stats.kept += 1
+    return samples, stats
+
+
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+class ListItem(NamedTuple):
+    """One item of a JSON list file: its 0-based position and its value."""
+
+    index: int
+    value: Any
+
+
+def iter_json_list(path: str | Path) -> Iterator[tuple[ListItem, str]]:
+    """Yield ``(ListItem(index, value), where)`` for each item of a file holding one JSON list;
+    ``where`` is ``"<path>:<line> (item <index>)"``, the line on which the item starts (several
+    items share a line in a list written without indentation, hence the index).
+
+    An item that is not valid JSON ends the list (JSON has no way to resynchronise inside an
+    array), so it raises DataError naming its line whatever ``on_error`` says; so do a missing
+    file and a file that is not a JSON list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    i = _skip_space(text, 0)
+    if i >= len(text) or text[i] != "[":
+        raise DataError(f"{path}: expected a JSON list of objects (a file starting with '[')")
+    i = _skip_space(text, i + 1)
+    line, counted = 1, 0
+    if i < len(text) and text[i] == "]":
+        return
+    for index in itertools.count():
+        line += text.count("\n", counted, i)
+        counted = i
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        yield ListItem(index, value), f"{path}:{line} (item {index})"
+        i = _skip_space(text, end)
+        if i < len(text) and text[i] == ",":
+            i = _skip_space(text, i + 1)
+            continue
+        if i < len(text) and text[i] == "]":
+            return
+        line += text.count("\n", counted, i)
+        raise DataError(f"{path}:{line}: not valid JSON (expected ',' or ']' after an item)")
+
+
+def item_id(path: str | Path, item: ListItem) -> str:
+    """``<file stem>-<index>``: the id of a JSON-list item that has none of its own."""
+    return f"{Path(path).stem}-{item.index}"
+
+
+def user_turn(kind: str, source: str, text: str, root: Path, where: str) -> list[dict[str, Any]]:
+    """One user turn ``[media, text]`` with the media path resolved against ``root``."""
+    return normalise_messages(
+        [
+            {
+                "role": "user",
+                "content": [{"type": kind, kind: source}, {"type": "text", "text": text}],
+            }
+        ],
+        root,
+        where,
+    )
+
+
+def _string(record: dict[str, Any], key: str, where: str) -> str:
+    value = record.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
+    return value.strip()
+
+
+def _require(record: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object")
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+    return record
+
+
+def _choices_ok(choices: Any) -> bool:
+    return (
+        isinstance(choices, list)
+        and 2 <= len(choices) <= len(LETTERS)
+        and all(isinstance(c, str) and c.strip() for c in choices)
+    )
+
+
+def problem_type(sample: Sample) -> str:
+    """The sample's own type: ``meta["problem_type"]``, else ``"multiple choice"`` when it has
+    ``meta["choices"]`` and ``"numerical"`` otherwise."""
+    kind = sample.meta.get("problem_type")
+    if kind is None:
+        kind = "multiple choice" if sample.meta.get("choices") is not None else "numerical"
+    return kind
+
+
+def _number(value: Any) -> int | float:
+    number = float(value) if not isinstance(value, str) else parse_number(value)[0]
+    assert number is not None
+    return int(number) if number.is_integer() else number
+
+
+# -- the task ----------------------------------------------------------------------------------
+@task("video_qa")
+class VideoQATask(Task):
+    """Multiple-choice or numeric questions about a video (or an image), typed per sample.
+
+    Template fields: ``{question}`` (the question; for multiple choice followed by the lettered
+    options and "Answer with the option's letter from the given choices.", for numerical
+    questions by "Answer with a number (e.g., 42 or 3.14).") and ``{format_instruction}``.
+    Reward: format + accuracy in ``auto`` mode (weights 1, 1): choice matching where the sample
+    has choices, number equality where its target is a number — decided per sample. Metric:
+    ``accuracy`` (0/1 per sample, primary); chance = mean of 1 / #options when every sample is
+    multiple choice, else undefined.
+    """
+
+    template = "{question}\n{format_instruction}"
+    primary_metric = "accuracy"
+    formats = ("mmrft", "video_r1")
+
+    def __init__(
+        self,
+        *,
+        think: ThinkMode = "required",
+        template: str | None = None,
+        media_root: str | None = None,
+    ) -> None:
+        """
+        Args:
+            think: whether the answer format asks for a ``<think>`` block first (Video-R1:
+                required).
+            template: replaces the prompt template (same fields).
+            media_root: folder the ``video_r1`` format's ``path`` values are relative to
+                (Video-R1's data root); default: the JSON file's folder. The ``mmrft`` format
+                always resolves media against its JSONL file.
+        """
+        super().__init__(think=think, template=template)
+        self.media_root = media_root
+
+    # -- data ---------------------------------------------------------------------------------
+    def read(
+        self,
+        path: str | Path,
+        fmt: str = "mmrft",
+        on_error: OnError = "raise",
+        check: Callable[[Sample], None] | None = None,
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read ``path`` in format ``mmrft`` or ``video_r1`` (module docstring)."""
+        path = Path(path)
+        if fmt == "mmrft":
+            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        if fmt == "video_r1":
+            root = Path(self.media_root).expanduser() if self.media_root else path.parent
+
+            def parse(item: ListItem, where: str) -> Sample:
+                return self._parse_video_r1(item.value, root, where, item_id(path, item))
+
+            return collect_samples(path, iter_json_list(path), parse, on_error, check)
+        raise ConfigError(
+            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
+        )
+
+    def parse_record(self, record: Any, base: Path, where: str) -> Sample:
+        sample = super().parse_record(record, base, where)
+        if not (sample.media("video") or sample.media("image")):
+            raise DataError(f"{where}: a video QA sample needs a video (or image) part")
+        choices = sample.meta.get("choices")
+        kind = problem_type(sample)
+        if kind not in PROBLEM_TYPES:
+            raise DataError(
+                f"{where}: meta.problem_type {kind!r} is not one of {', '.join(PROBLEM_TYPES)}"
+            )
+        if kind == "multiple choice":
+            if not _choices_ok(choices):
+                raise DataError(f"{where}: meta.choices must list 2 to 26 option strings")
+            if choice_index(sample.target, choices) is None:
+                raise DataError(f"{where}: target {sample.target!r} is not one of meta.choices")
+        else:
+            if choices is not None:
+                raise DataError(f"{where}: a numerical question has no meta.choices")
+            if not is_number_literal(sample.target):
+                raise DataError(f"{where}: target must be a number, got {sample.target!r}")
+        sample.meta["problem_type"] = kind
+        return sample
+
+    def _parse_video_r1(self, record: Any, root: Path, where: str, sample_id: str) -> Sample:
+        record = _require(record, ("problem", "problem_type", "solution", "path"), where)
+        kind = record["problem_type"]
+        if kind not in PROBLEM_TYPES:
+            raise DataError(
+                f"{where}: problem_type {kind!r} is not supported "
+                f"(video_qa reads {' and '.join(repr(t) for t in PROBLEM_TYPES)})"
+            )
+        problem = _string(record, "problem", where)
+        source = _string(record, "path", where)
+        data_type = record.get("data_type", "video")
+        if data_type not in ("video", "image"):
+            raise DataError(f"{where}: data_type must be 'video' or 'image', got {data_type!r}")
+        solution, reason = extract_answer(str(record["solution"]))
+        if solution is None:
+            raise DataError(f"{where}: 'solution' has no single <answer> block ({reason})")
+        meta: dict[str, Any] = {"problem_type": kind}
+        if kind == "multiple choice":
+            options = record.get("options")
+            if not isinstance(options, list) or not 2 <= len(options) <= len(LETTERS):
+                raise DataError(f"{where}: 'options' must list 2 to 26 lettered options")
+            choices = []
+            for i, option in enumerate(options):
+                m = _OPTION.fullmatch(option) if isinstance(option, str) else None
+                if m is None or m.group(1) != LETTERS[i]:
+                    raise DataError(
+                        f"{where}: options[{i}] must read '{LETTERS[i]}. <text>', got {option!r}"
+                    )
+                choices.append(m.group(2))
+            picked = choice_index(solution, [LETTERS[i] for i in range(len(choices))])
+            if picked is None:
+                raise DataError(f"{where}: solution {solution!r} is not an option letter")
+            meta["choices"] = choices
+            target: Any = choices[picked]
+        else:
+            if not is_number_literal(solution):
+                raise DataError(f"{where}: solution {solution!r} is not a number")
+            target = _number(solution)
+        for key in ("problem_id", "data_source"):
+            if key in record:
+                meta[key] = record[key]
+        messages = user_turn(data_type, source, problem, root, where)
+        return Sample(id=sample_id, messages=messages, target=target, meta=meta)
+
+    # -- prompts ------------------------------------------------------------------------------
+    def question(self, sample: Sample) -> str:
+        """The question, then the lettered options and the letter request (multiple choice) or
+        the number request (numerical), by this sample's own type."""
+        text = sample.text()
+        if problem_type(sample) == "numerical":
+            return f"{text}\nAnswer with a number (e.g., 42 or 3.14)."
+        listed = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(sample.meta["choices"]))
+        return (
+            f"{text}\nOptions:\n{listed}\nAnswer with the option's letter from the given choices."
+        )
+
+    # -- rewards and metrics --------------------------------------------------------------------
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "accuracy", "weight": 1.0, "params": {"mode": "auto"}},
+        ]
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The correct option's letter (multiple choice) or the number (numerical)."""
+        if problem_type(sample) == "numerical":
+            return str(_number(sample.target))
+        index = choice_index(sample.target, sample.meta["choices"])
+        if index is None:
+            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
+        return LETTERS[index]
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strict parse by the sample's type: exactly one answer block naming exactly one option
+        (multiple choice; ``parsed`` the option text) or stating exactly one number (numerical;
+        ``parsed`` the number).
+
+        Value ``accuracy`` = 1 when correct, else 0. Reasons when nothing usable was read: the
+        answer-tag reasons, ``no option matched``, ``several options``, ``no number``,
+        ``several numbers``; a wrong answer has none.
+        """
+        answer, reason = extract_answer(completion)
+        if problem_type(sample) == "numerical":
+            value = None
+            if answer is not None:
+                value, reason = parse_number(answer)
+            if value is None:
+                return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
+            expected = _number(sample.target)
+            correct = float(value == expected)
+            parsed = int(value) if value.is_integer() else value
+            return EvalRecord(sample.id, completion, parsed, correct, None, {"accuracy": correct})
+        choices = sample.meta["choices"]
+        picked = None
+        if answer is not None:
+            picked, reason = match_choice(answer, choices)
+        if picked is None:
+            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
+        correct = float(picked == choice_index(sample.target, choices))
+        return EvalRecord(
+            sample.id, completion, choices[picked], correct, None, {"accuracy": correct}
+        )
+
+    def chance(self, samples: list[Sample]) -> float | None:
+        """Mean of 1 / #options when every sample is multiple choice; ``None`` otherwise."""
+        if not samples or any(problem_type(s) == "numerical" for s in samples):
+            return None
+        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)

@@ -1,0 +1,364 @@
+"""A short training run and an evaluation run per modality on CPU with the tiny models, and
+one training step of every paper recipe with its tiny stand-in.
+
+Each modality run goes through :func:`mmrft.trainer.train` with overrides on
+``configs/demo.yaml`` (as ``tests/test_trainer.py`` does): no warm start, 2 RL steps of 2
+prompts × 4 completions, a few new tokens, an evaluation of 2 test samples after RL, and a
+plugin length reward so that advantages are non-zero for a random model. It checks that the run
+finished, ``metrics.jsonl`` has steps 1 and 2, the evaluation wrote its predictions with the
+task's metrics, and the final checkpoint loads with the family's transformers class.
+
+The recipe runs load each ``configs/recipes/*.yaml`` as written and substitute only what a CPU
+test must: the matching tiny model, ``device=cpu``, ``float32``, the bundled data of the same
+modality (in the recipe's own dataset format where a bundled file has it) and tiny sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from mmrft.config import load_config
+from mmrft.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "assets" / "models"
+BENCH = REPO / "assets" / "benchmarks"
+
+LENGTH_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_length", low=0.0, high=1.0)
+def length(completions, samples):
+    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
+    return [min(len(c), 20) / 20 for c in completions]
+"""
+
+# The transformers class that loads each tiny model's checkpoint.
+LOADERS = {
+    "tiny-qwen2_5_vl": "AutoModelForImageTextToText",
+    "tiny-qwen2_vl": "AutoModelForImageTextToText",
+    "tiny-qwen2_audio": "Qwen2AudioForConditionalGeneration",
+    "tiny-qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+}
+
+# Budgets that keep every prompt small: one 56×56 image, at most 4 frames of 56×56 video.
+SMALL_MEDIA = [
+    "model.min_pixels=3136",
+    "model.max_pixels=3136",
+    "model.video.min_frames=2",
+    "model.video.max_frames=4",
+    "model.video.min_pixels=3136",
+    "model.video.max_pixels=3136",
+]
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("plugins") / "length_plugin.py"
+    path.write_text(LENGTH_PLUGIN)
+    return path
+
+
+def assert_finished(summary: dict, model: str, metric: str) -> Path:
+    """The run finished: 2 logged steps, eval predictions and metrics, a loadable checkpoint."""
+    run = Path(summary["run_dir"])
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "train/reward" in m] == [1, 2]
+    predictions = run / "eval" / "after" / "predictions.jsonl"
+    assert len(predictions.read_text().splitlines()) == 2
+    results = json.loads((run / "eval" / "after" / "results.json").read_text())
+    assert metric in results["metrics"] and "format_fail" in results["metrics"]
+    assert summary["metric"].endswith(f"/{metric}") and summary["steps"] == 2
+    checkpoint = run / "checkpoints" / "step-000002"
+    import transformers
+
+    loaded = getattr(transformers, LOADERS[model]).from_pretrained(checkpoint)
+    assert sum(p.numel() for p in loaded.parameters()) > 0
+    return run
+
+
+# (id, model, task, params, train file, test file, format, reward verifiers, primary metric)
+MODALITIES = [
+    (
+        "video-temporal",
+        "tiny-qwen2_5_vl",
+        "temporal_grounding",
+        "{think: none}",
+        "video_temporal/train.jsonl",
+        "video_temporal/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: temporal_iou}, {name: test_length}]",
+        "R1@0.5",
+    ),
+    (
+        "video-qa",
+        "tiny-qwen2_5_vl",
+        "video_qa",
+        "{think: none}",
+        "video_direction/video_r1_train.json",
+        "video_direction/video_r1_test.json",
+        "video_r1",
+        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
+        "accuracy",
+    ),
+    (
+        "audio-qa-qwen2_audio",
+        "tiny-qwen2_audio",
+        "audio_qa",
+        "{think: none}",
+        "audio_pitch/train.jsonl",
+        "audio_pitch/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
+        "accuracy",
+    ),
+    (
+        "audio-counting-omni",
+        "tiny-qwen2_5_omni",
+        "counting",
+        "{think: none}",
+        "audio_beeps/train.jsonl",
+        "audio_beeps/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
+        "accuracy",
+    ),
+    (
+        "audio-qa-omni",
+        "tiny-qwen2_5_omni",
+        "audio_qa",
+        "{think: optional}",
+        "audio_pitch/r1_aqa_train.jsonl",
+        "audio_pitch/r1_aqa_test.jsonl",
+        "r1_aqa",
+        "[{name: format, params: {think: optional}}, {name: accuracy}, {name: test_length}]",
+        "accuracy",
+    ),
+    (
+        "audio-counting-qwen2_audio",
+        "tiny-qwen2_audio",
+        "counting",
+        "{think: none}",
+        "audio_beeps/train.jsonl",
+        "audio_beeps/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
+        "accuracy",
+    ),
+    (
+        "detection",
+        "tiny-qwen2_5_vl",
+        "detection",
+        "{think: none}",
+        "shapes_detection/train.jsonl",
+        "shapes_detection/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: detection}, {name: test_length}]",
+        "AP50",
+    ),
+    (
+        "chart-qa",
+        "tiny-qwen2_5_vl",
+        "chart_qa",
+        "{think: none}",
+        "charts/train.jsonl",
+        "charts/test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: accuracy, params: {rel_tol: 0.05}},"
+        " {name: test_length}]",
+        "relaxed_accuracy",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("model", "task", "params", "train_file", "test_file", "fmt", "verifiers", "metric"),
+    [m[1:] for m in MODALITIES],
+    ids=[m[0] for m in MODALITIES],
+)
+def test_two_steps_and_eval(
+    tmp_path, plugin, model, task, params, train_file, test_file, fmt, verifiers, metric
+):
+    """Two GRPO steps, then an evaluation of 2 test samples (both splits in ``fmt``)."""
+    cfg = load_config(
+        REPO / "configs/demo.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "name=run",
+            f"model.path={MODELS / model}",
+            *SMALL_MEDIA,
+            f"task.name={task}",
+            f"task.params={params}",
+            f"data.train={BENCH / train_file}",
+            f"data.test={BENCH / test_file}",
+            f"data.format={fmt}",
+            "data.max_test_samples=2",
+            "warm_start.steps=0",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "eval.before=false",
+            "eval.after=true",
+            "eval.every=0",
+            "checkpoint.every=0",
+            "checkpoint.keep_last=1",
+            "train.completions_every=1",
+            "optim.lr=1e-3",
+            f"plugins=[{plugin}]",
+            f"reward.verifiers={verifiers}",
+        ],
+    )
+    summary = train(cfg)
+    assert_finished(summary, model, metric)
+
+
+# -- the paper recipes, one step each with their tiny stand-ins ------------------------------------
+def chartqa_files(tmp_path: Path) -> list[str]:
+    """The bundled charts in ChartQA's own layout: ``<split>.json`` lists of {imgname, query,
+    label} with the images in ``png/`` beside them."""
+    (tmp_path / "png").symlink_to(BENCH / "charts" / "images")
+    out = []
+    for split in ("train", "test"):
+        items = []
+        for line in (BENCH / "charts" / f"{split}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            image, text = record["messages"][0]["content"]
+            label = record["target"]
+            items.append(
+                {"imgname": Path(image["image"]).name, "query": text["text"], "label": str(label)}
+            )
+        (tmp_path / f"{split}.json").write_text(json.dumps(items))
+        out.append(f"data.{split}={tmp_path / f'{split}.json'}")
+    return out
+
+
+def refcoco_files(tmp_path: Path) -> list[str]:
+    """The bundled grounding benchmark as VLM-R1's REC lines (image relative to image_root)."""
+    out = [f"task.params.image_root={BENCH / 'shapes_grounding' / 'images'}"]
+    for split in ("train", "test"):
+        lines = []
+        for line in (BENCH / "shapes_grounding" / f"{split}.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            image, text = record["messages"][0]["content"]
+            lines.append(
+                json.dumps(
+                    {
+                        "image": Path(image["image"]).name,
+                        "problem": text["text"],
+                        "normal_caption": text["text"],
+                        "solution": record["target"],
+                    }
+                )
+            )
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+        out.append(f"data.{split}={tmp_path / f'{split}.jsonl'}")
+    return out
+
+
+def bundled(train: str, test: str, *extra: str) -> Callable[[Path], list[str]]:
+    return lambda tmp_path: [f"data.train={BENCH / train}", f"data.test={BENCH / test}", *extra]
+
+
+# recipe: (tiny model of the same family, data overrides: bundled data of the same modality in the
+# recipe's own dataset format)
+RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
+    "visual_rft_detection": (
+        "tiny-qwen2_vl",
+        bundled("shapes_detection/train.jsonl", "shapes_detection/test.jsonl"),
+    ),
+    "visual_rft_fewshot_cls": (
+        "tiny-qwen2_vl",
+        bundled("shapes_kind/train.jsonl", "shapes_kind/test.jsonl"),
+    ),
+    "r1v_counting": (
+        "tiny-qwen2_vl",
+        bundled("shapes_counting/train.jsonl", "shapes_counting/test.jsonl"),
+    ),
+    "video_r1": (
+        "tiny-qwen2_5_vl",
+        bundled(
+            "video_direction/video_r1_train.json",
+            "video_direction/video_r1_test.json",
+            f"task.params.media_root={BENCH / 'video_direction'}",
+        ),
+    ),
+    "time_r1": (
+        "tiny-qwen2_5_vl",
+        bundled(
+            "video_temporal/charades_sta_train.txt",
+            "video_temporal/charades_sta_test.txt",
+            f"task.params.video_root={BENCH / 'video_temporal' / 'videos'}",
+        ),
+    ),
+    "r1_aqa": (
+        "tiny-qwen2_audio",
+        bundled(
+            "audio_pitch/r1_aqa_train.jsonl",
+            "audio_pitch/r1_aqa_test.jsonl",
+            f"task.params.audio_root={BENCH / 'audio_pitch'}",
+        ),
+    ),
+    "chart_qa": ("tiny-qwen2_5_vl", chartqa_files),
+    "vlm_r1_rec": ("tiny-qwen2_5_vl", refcoco_files),
+}
+
+TINY_SIZES = [
+    "device=cpu",
+    "model.dtype=float32",
+    *SMALL_MEDIA,
+    "model.video.total_pixels=null",
+    "warm_start.steps=0",
+    "train.steps=1",
+    "train.prompts_per_step=2",
+    "train.micro_batch_size=4",
+    "rollout.group_size=2",
+    "rollout.batch_size=8",
+    "rollout.max_new_tokens=4",
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "data.max_test_samples=2",
+    "checkpoint.every=0",
+]
+
+
+def test_every_recipe_has_a_tiny_run():
+    recipes = {p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml")}
+    assert recipes == set(RECIPES), sorted(recipes ^ set(RECIPES))
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
+    """The recipe as written (task and params, verifiers, group-relative settings, β > 0 with its
+    reference model, gradient checkpointing, data format) with only model, device, data and
+    sizes replaced."""
+    model, data = RECIPES[recipe]
+    path = REPO / "configs" / "recipes" / f"{recipe}.yaml"
+    paper = load_config(path)
+    cfg = load_config(
+        path,
+        [
+            f"output_dir={tmp_path / 'runs'}",
+            "name=recipe",
+            f"model.path={MODELS / model}",
+            *TINY_SIZES,
+            *data(tmp_path),
+        ],
+    )
+    # the paper's settings that the tiny run keeps
+    assert cfg.task.name == paper.task.name
+    assert cfg.task.params.get("think") == paper.task.params.get("think")
+    assert set(paper.task.params) <= set(cfg.task.params)
+    assert cfg.reward == paper.reward and cfg.algorithm == paper.algorithm
+    assert cfg.data.format == paper.data.format and cfg.data.on_error == paper.data.on_error
+    assert cfg.model.gradient_checkpointing == paper.model.gradient_checkpointing
+    summary = train(cfg)
+    run = Path(summary["run_dir"])
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "train/reward" in m] == [1]
+    assert (run / "checkpoints" / "step-000001" / "config.json").is_file()
