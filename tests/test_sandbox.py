@@ -116,7 +116,10 @@ def assert_contained(pool: SandboxPool, result) -> None:
             descendants.append(pid)
         stack += children.get(pid, [])
     idle_servers = {p for p in children.get(me, []) if "sandbox.py --serve" in _cmdline(p)}
-    assert set(descendants) <= idle_servers, [_cmdline(p) for p in descendants]
+    # multiprocessing's resource tracker belongs to the test session (other tests spawn
+    # workers), not to any sandbox job
+    session = {p for p in children.get(me, []) if "multiprocessing.resource_tracker" in _cmdline(p)}
+    assert set(descendants) <= idle_servers | session, [_cmdline(p) for p in descendants]
 
 
 # --------------------------------------------------------------------------- well-behaved code
