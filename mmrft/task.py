@@ -114,13 +114,21 @@ class Task:
         on_error: OnError = "raise",
         check: Callable[[Sample], None] | None = None,
     ) -> tuple[list[Sample], ReadStats]:
-        """Read a dataset file in format ``fmt`` (one of :attr:`formats`); the base class reads
-        the project JSONL, each line through :meth:`parse_record`."""
-        if fmt != "mmrft":
+        """Read a dataset file in format ``fmt`` (one of :attr:`formats`): the project JSONL,
+        each line through :meth:`parse_record`, or another format through :meth:`read_format`."""
+        if fmt not in self.formats:
             raise ConfigError(
                 f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
             )
-        return read_records(path, self.parse_record, on_error=on_error, check=check)
+        if fmt == "mmrft":
+            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        return self.read_format(Path(path), fmt, on_error, check)
+
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
+    ) -> tuple[list[Sample], ReadStats]:
+        """Read a format other than ``mmrft`` (tasks that list more :attr:`formats`)."""
+        raise NotImplementedError(f"task '{self.name}' lists format '{fmt}' but cannot read it")
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         """One project-JSONL line → Sample; tasks extend it to validate their targets (raise

@@ -64,7 +64,6 @@ from mmrft.tasks.video_qa import ListItem, collect_samples, iter_json_list, user
 from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import DataError, OnError, ReadStats, Sample, read_records
 from mmrft.task import EvalRecord, Task, ThinkMode, task
-from mmrft.typecheck import ConfigError
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")
 """MMAU fields kept in ``meta`` (for per-category breakdowns)."""
@@ -130,18 +129,11 @@ class AudioQATask(Task):
         self.audio_root = audio_root
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
     ) -> tuple[list[Sample], ReadStats]:
-        """Read ``path`` in format ``mmrft``, ``r1_aqa`` or ``mmau`` (module docstring)."""
-        path = Path(path)
+        """Read ``path`` in this task's other formats (module docstring)."""
         root = Path(self.audio_root).expanduser() if self.audio_root else path.parent
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
         if fmt == "r1_aqa":
 
             def parse_line(record: Any, base: Path, where: str) -> Sample:
@@ -154,9 +146,7 @@ class AudioQATask(Task):
                 return self._parse_mmau(item.value, root, where)
 
             return collect_samples(path, iter_json_list(path), parse_item, on_error, check)
-        raise ConfigError(
-            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
-        )
+        return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)

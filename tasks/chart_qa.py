@@ -47,7 +47,7 @@ from mmrft.answers import (
     normalise_text,
     parse_number,
 )
-from mmrft.data import DataError, OnError, ReadStats, Sample, read_records
+from mmrft.data import DataError, OnError, ReadStats, Sample
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
@@ -115,17 +115,10 @@ class ChartQATask(Task):
         self.rel_tol = rel_tol
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
     ) -> tuple[list[Sample], ReadStats]:
-        """Read ``path`` in format ``mmrft`` or ``chartqa`` (module docstring)."""
-        path = Path(path)
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        """Read ``path`` in this task's other formats (module docstring)."""
         if fmt == "chartqa":
             root = Path(self.image_root).expanduser() if self.image_root else path.parent / "png"
 
@@ -133,9 +126,7 @@ class ChartQATask(Task):
                 return self._parse_chartqa(item.value, root, where, item_id(path, item))
 
             return collect_samples(path, iter_json_list(path), parse, on_error, check)
-        raise ConfigError(
-            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
-        )
+        return super().read_format(path, fmt, on_error, check)
 
     def _check_target(self, sample: Sample, where: str) -> Sample:
         target, choices = sample.target, sample.meta.get("choices")

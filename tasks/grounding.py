@@ -51,7 +51,6 @@ from mmrft.data import (
     read_records,
 )
 from mmrft.task import EvalRecord, Task, ThinkMode, task
-from mmrft.typecheck import ConfigError
 
 ACC_IOU = 0.5
 """IoU at or above which a box counts as correct for ``acc@0.5``."""
@@ -160,17 +159,10 @@ class GroundingTask(Task):
         self.image_root = image_root
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
     ) -> tuple[list[Sample], ReadStats]:
-        """Read ``path`` in format ``mmrft`` or ``refcoco`` (module docstring)."""
-        path = Path(path)
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        """Read ``path`` in this task's other formats (module docstring)."""
         if fmt == "refcoco":
             _refuse_json_array(path)
             root = Path(self.image_root).expanduser() if self.image_root else path.parent
@@ -179,9 +171,7 @@ class GroundingTask(Task):
                 return self._parse_refcoco(record, root, where)
 
             return read_records(path, parse, on_error=on_error, check=check)
-        raise ConfigError(
-            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
-        )
+        return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)

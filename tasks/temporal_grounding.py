@@ -52,7 +52,7 @@ from mmrft.tasks.video_qa import collect_samples, user_turn
 from mmrft.verifiers.temporal import parse_interval, temporal_iou
 
 from mmrft.answers import extract_answer
-from mmrft.data import DataError, OnError, ReadStats, Sample, read_records
+from mmrft.data import DataError, OnError, ReadStats, Sample
 from mmrft.metrics import temporal_recall
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
@@ -152,17 +152,10 @@ class TemporalGroundingTask(Task):
         self.video_ext = video_ext
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
     ) -> tuple[list[Sample], ReadStats]:
-        """Read ``path`` in format ``mmrft`` or ``charades`` (module docstring)."""
-        path = Path(path)
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        """Read ``path`` in this task's other formats (module docstring)."""
         if fmt == "charades":
             root = Path(self.video_root).expanduser() if self.video_root else path.parent / "videos"
 
@@ -170,9 +163,7 @@ class TemporalGroundingTask(Task):
                 return self._parse_charades(line, root, where)
 
             return collect_samples(path, _iter_lines(path), parse, on_error, check)
-        raise ConfigError(
-            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
-        )
+        return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)

@@ -71,10 +71,8 @@ from mmrft.data import (
     ReadStats,
     Sample,
     normalise_messages,
-    read_records,
 )
 from mmrft.task import EvalRecord, Task, ThinkMode, task
-from mmrft.typecheck import ConfigError
 
 LETTERS = string.ascii_uppercase
 PROBLEM_TYPES = ("multiple choice", "numerical")
@@ -271,17 +269,10 @@ class VideoQATask(Task):
         self.media_root = media_root
 
     # -- data ---------------------------------------------------------------------------------
-    def read(
-        self,
-        path: str | Path,
-        fmt: str = "mmrft",
-        on_error: OnError = "raise",
-        check: Callable[[Sample], None] | None = None,
+    def read_format(
+        self, path: Path, fmt: str, on_error: OnError, check: Callable[[Sample], None] | None
     ) -> tuple[list[Sample], ReadStats]:
-        """Read ``path`` in format ``mmrft`` or ``video_r1`` (module docstring)."""
-        path = Path(path)
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
+        """Read ``path`` in this task's other formats (module docstring)."""
         if fmt == "video_r1":
             root = Path(self.media_root).expanduser() if self.media_root else path.parent
 
@@ -289,9 +280,7 @@ class VideoQATask(Task):
                 return self._parse_video_r1(item.value, root, where, item_id(path, item))
 
             return collect_samples(path, iter_json_list(path), parse, on_error, check)
-        raise ConfigError(
-            f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
-        )
+        return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)
