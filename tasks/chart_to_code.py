@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmrft.answers import extract_answer
+from mmrft.verifiers.render import extract_code
+
 from mmrft.data import DataError, Sample
 from mmrft.plugins import VERIFIERS
 from mmrft.task import EvalRecord, Task, ThinkMode, task
@@ -81,8 +82,10 @@ class ChartToCodeTask(Task):
                 "score": float(score.value) if score is not None else 0.0,
                 **{p: executed * float(parts.get(p, 0.0)) for p in LOW_LEVEL_PARTS},
             }
-            reason = score.reason if score is not None and not executed else None
-            code, _ = extract_answer(completion)
+            # a reason whenever the verifier gave one (nothing parsed, the run failed, a blank
+            # render); exec_rate tells runs that drew nothing from runs that failed
+            reason = score.reason if score is not None else "not scored"
+            code, _ = extract_code(completion)
             records.append(
                 EvalRecord(sample.id, completion, code, values["low_level"], reason, values)
             )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from mmrft.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -167,3 +169,85 @@ def test_report_one_run_and_a_comparison(tmp_path, capsys):
     assert "| after | 0.5 | 1 |" in table
     assert "last eval/classification/accuracy" in table
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def verify_lines(tmp_path: Path, capsys, name: str, lines: list[dict], *params: str) -> list:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["verify", name, str(path), *params]) == 0
+    return [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+
+
+def test_verify_detection(tmp_path, capsys):
+    meta = {"image_size": [100, 100], "box_frame": "pixels"}
+    target = [[10, 10, 50, 50], [60, 60, 90, 90]]
+    both = '[{"bbox_2d": [10, 10, 50, 50]}, {"bbox_2d": [60, 60, 90, 90]}]'
+    lines = [
+        {"completion": f"<answer>{both}</answer>", "target": target, "meta": meta},
+        {
+            "completion": '<answer>[{"bbox_2d": [10, 10, 50, 50]}]</answer>',
+            "target": target,
+            "meta": meta,
+        },
+        {"completion": "<answer>[]</answer>", "target": [], "meta": meta},
+        {"completion": "<answer>boxes!</answer>", "target": target, "meta": meta},
+    ]
+    out = verify_lines(tmp_path, capsys, "detection", lines)
+    assert [o["score"] for o in out] == [1.0, 0.5, 1.0, 0.0]
+    assert out[3]["reason"] and out[0]["reason"] is None
+    ap = verify_lines(tmp_path, capsys, "detection", lines[:2], "mode=ap")
+    assert ap[0]["score"] == 1.0 and 0 < ap[1]["score"] < 1
+
+
+def test_verify_temporal_iou(tmp_path, capsys):
+    meta = {"duration": 40.0}
+    lines = [
+        {"completion": "<answer>10.0 to 20.0</answer>", "target": [10, 20], "meta": meta},
+        {"completion": "<answer>00:15 - 00:25</answer>", "target": [10, 20], "meta": meta},
+        {"completion": "<answer>20 to 10</answer>", "target": [10, 20], "meta": meta},
+    ]
+    out = verify_lines(tmp_path, capsys, "temporal_iou", lines)
+    assert [o["score"] for o in out] == [1.0, 1 / 3, 0.0]
+    assert out[2]["reason"] == "reversed interval" and out[1]["parts"]["start_error_s"] == 5.0
+    r1 = verify_lines(tmp_path, capsys, "temporal_iou", lines, "threshold=0.5")
+    assert [o["score"] for o in r1] == [1.0, 0.0, 0.0]
+
+
+def test_verify_chart_code(tmp_path, capsys):
+    pytest.importorskip("skimage")
+    reference = "import matplotlib.pyplot as plt\nplt.bar(['a', 'b'], [1, 3], color='red')\n"
+    meta = {"image_size": [160, 120]}
+    lines = [
+        {
+            "completion": f"<answer>```python\n{reference}```</answer>",
+            "target": reference,
+            "meta": meta,
+        },
+        {
+            "completion": "<answer>import os\nos._exit(3)</answer>",
+            "target": reference,
+            "meta": meta,
+        },
+    ]
+    out = verify_lines(tmp_path, capsys, "chart_code", lines, "timeout_s=5")
+    assert out[0]["score"] == 1.0 and out[0]["parts"]["exec"] == 1.0
+    assert out[1]["score"] == 0.0 and out[1]["reason"] and out[1]["parts"] == {"exec": 0.0}
+
+
+def test_verify_svg(tmp_path, capsys):
+    cairosvg = pytest.importorskip("cairosvg")
+    pytest.importorskip("skimage")
+    drawing = (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="64" height="64">'
+        '<rect width="64" height="64" fill="white"/><circle cx="32" cy="32" r="20" fill="blue"/></svg>'
+    )
+    image = tmp_path / "target.png"
+    cairosvg.svg2png(bytestring=drawing.encode(), write_to=str(image))
+    meta = {"image": str(image)}
+    lines = [
+        {"completion": f"<answer>{drawing}</answer>", "target": drawing, "meta": meta},
+        {"completion": "<answer><svg broken</answer>", "target": drawing, "meta": meta},
+    ]
+    out = verify_lines(tmp_path, capsys, "svg", lines, "length_weight=0.1")
+    assert out[0]["score"] == pytest.approx(1.0, abs=1e-6) and out[0]["parts"]["sim"] > 0.99
+    assert out[1]["score"] == -1.0 and out[1]["reason"]

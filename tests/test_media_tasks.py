@@ -819,3 +819,61 @@ def test_chart_qa_bad_lines(tmp_path, target, meta, message):
         build_task("chart_qa").read(path)
     with pytest.raises(ConfigError, match=r"rel_tol must be in \[0, 1\)"):
         build_task("chart_qa", {"rel_tol": 1.5})
+
+
+# -- chart-to-code ---------------------------------------------------------------------------------
+def chart_code_samples(n: int) -> list[Sample]:
+    pytest.importorskip("skimage")
+    task = build_task("chart_to_code")
+    samples, stats = task.read(BENCH / "charts" / "code_test.jsonl")
+    assert stats.kept == stats.read == 100 and not stats.skipped
+    return samples[:n]
+
+
+def test_chart_to_code_reference_scores_one_and_failures_score_zero():
+    """The reference script scores 1 on every metric; a script that raises, one that draws
+    nothing and an answer without code score 0 with their reasons, exec_rate counting runs."""
+    task = build_task("chart_to_code", {"think": "none"})
+    samples = chart_code_samples(4)
+    reference = [f"<answer>{task.reference_answer(s)}</answer>" for s in samples]
+    records = task.evaluate(reference, samples)
+    for record in records:
+        assert record.reason is None and record.score == pytest.approx(1.0)
+        assert record.values["exec_rate"] == 1.0 and record.values["score"] == pytest.approx(1.0)
+        assert record.values["ssim"] == pytest.approx(1.0)
+        assert "savefig" in record.parsed
+    raises = "<answer>import matplotlib.pyplot as plt\nplt.bar([1], [1])\n1 / 0</answer>"
+    blank = "<answer>import matplotlib.pyplot as plt\nplt.figure()</answer>"
+    no_code = "<answer></answer>"
+    recolour = reference[0].replace(samples[0].meta["colour"], "#000000")
+    bad = task.evaluate([raises, blank, no_code, recolour], [*samples[1:], samples[0]])
+    assert [r.values["exec_rate"] for r in bad] == [0.0, 1.0, 0.0, 1.0]
+    assert bad[0].reason == "exception: ZeroDivisionError" and bad[0].score == 0.0
+    assert bad[1].reason == "blank render" and bad[2].parsed is None and bad[2].reason
+    assert bad[3].reason is None and bad[3].values["colour"] < 1.0
+    assert bad[3].values["text_f1"] == 1.0 and 0.5 < bad[3].score < 1.0
+    metrics = task.aggregate(records + bad)
+    assert metrics["exec_rate"] == pytest.approx(6 / 8)
+    assert metrics["format_fail"] == pytest.approx(3 / 8)
+    assert metrics[task.primary_metric] == pytest.approx((4 + bad[3].score) / 8)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"target": ""}, "the target must be the reference code"),
+        ({"target": 3}, "the target must be the reference code"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "Draw."}]}]},
+            "needs the chart image",
+        ),
+    ],
+)
+def test_chart_to_code_bad_lines(tmp_path, changes, message):
+    line = json.loads((BENCH / "charts" / "code_test.jsonl").read_text().splitlines()[0])
+    line["messages"][0]["content"][0]["image"] = str(BENCH / "charts" / "images" / "test-0000.png")
+    path = write_lines(tmp_path / "c.jsonl", [{**line, **changes}])
+    with pytest.raises(DataError, match=f"c.jsonl:1: .*{message}"):
+        build_task("chart_to_code").read(path)
+    samples, stats = build_task("chart_to_code").read(path, on_error="skip")
+    assert samples == [] and sum(stats.skipped.values()) == 1

@@ -172,6 +172,18 @@ MODALITIES = [
         " {name: test_length}]",
         "relaxed_accuracy",
     ),
+    (
+        "chart-to-code",
+        "tiny-qwen2_5_vl",
+        "chart_to_code",
+        "{think: none, timeout_s: 5.0}",
+        "charts/code_train.jsonl",
+        "charts/code_test.jsonl",
+        "mmrft",
+        "[{name: format, params: {think: none}}, {name: chart_code, params: {timeout_s: 5.0}},"
+        " {name: test_length}]",
+        "low_level",
+    ),
 ]
 
 
@@ -304,6 +316,10 @@ RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
         ),
     ),
     "chart_qa": ("tiny-qwen2_5_vl", chartqa_files),
+    "chart_to_code": (
+        "tiny-qwen2_5_vl",
+        bundled("charts/code_train.jsonl", "charts/code_test.jsonl"),
+    ),
     "vlm_r1_rec": ("tiny-qwen2_5_vl", refcoco_files),
 }
 
