@@ -438,3 +438,40 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     assert tiny.tree_digest(second) == tiny.tree_digest(tmp_path / "a-qwen2_audio")
     other = tiny.build_tiny("qwen2_audio", tmp_path / "c", seed=1)
     assert (other / "model.safetensors").read_bytes() != (second / "model.safetensors").read_bytes()
+
+
+def test_omni_video_follows_the_configured_budget(model_dirs: dict, media: dict) -> None:
+    """``model.video`` reaches the Omni family (build_family), and with ``max_prompt_tokens``
+    the video's fps and pixels are lowered until the whole prompt (text, audio and video
+    tokens) fits, as for Qwen2.5-VL."""
+    from mmrft.config import ModelConfig
+    from mmrft.policy import build_family
+    from mmrft.video import VideoBudget, video_stats
+
+    cfg = ModelConfig(path=str(model_dirs["qwen2_5_omni"]))
+    cfg.video.max_frames = 6
+    family = build_family(Qwen25Omni, cfg)
+    assert family.video.max_frames == 6 and family.audio.max_seconds == cfg.audio.max_seconds
+    processor = family.load_processor(str(model_dirs["qwen2_5_omni"]))
+    clip = ASSETS / "benchmarks" / "video_temporal" / "videos" / "test-0000.mp4"  # 4 s
+    video = {"type": "video", "video": str(clip)}
+    conv = [
+        {
+            "role": "user",
+            "content": [video, *conversation(media["short"])[0]["content"]],
+        }
+    ]
+    video_pad = processor.tokenizer.convert_tokens_to_ids("<|VIDEO|>")
+    free = Qwen25Omni(video=VideoBudget(max_pixels=12544, max_frames=16)).prepare(processor, [conv])
+    full_length = free["input_ids"].shape[1]
+    before = video_stats().get("fps_lowered", 0)
+    limit = full_length - int((free["input_ids"] == video_pad).sum()) // 2
+    fitted = Qwen25Omni(
+        video=VideoBudget(max_pixels=12544, max_frames=16, max_prompt_tokens=limit)
+    ).prepare(processor, [conv])
+    assert fitted["input_ids"].shape[1] <= limit < full_length
+    assert fitted["video_grid_thw"][0, 0] < free["video_grid_thw"][0, 0]  # fewer frames
+    assert int(fitted["feature_attention_mask"].sum()) == int(free["feature_attention_mask"].sum())
+    assert video_stats()["fps_lowered"] > before
+    # seconds per temporal patch follow the lowered fps
+    assert fitted["video_second_per_grid"][0] > free["video_second_per_grid"][0]

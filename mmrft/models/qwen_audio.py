@@ -27,8 +27,9 @@ Tensors of a prepared batch (:meth:`QwenAudioFamily.prepare`): ``input_ids`` /
 ``feature_attention_mask`` ``[#audios, window_frames]`` (1 on real frames, 100 per second); one
 ``<|AUDIO|>`` token per 40 ms: ``((frames − 1) // 2 + 1 − 2) // 2 + 1`` tokens per clip.
 Omni adds ``pixel_values`` + ``image_grid_thw`` and ``pixel_values_videos`` + ``video_grid_thw`` +
-``video_second_per_grid`` (seconds per temporal patch, one per video) as Qwen2.5-VL does.
-Videos' own audio tracks are not used (``use_audio_in_video`` stays off: it needs torchcodec's
+``video_second_per_grid`` (seconds per temporal patch, one per video) as Qwen2.5-VL does; its
+videos follow ``model.video`` (:class:`~mmrft.video.VideoBudget`) like the VL families', with the
+audio tokens counted against ``max_prompt_tokens``. Videos' own audio tracks are not used (``use_audio_in_video`` stays off: it needs torchcodec's
 audio decoding); give the track as a separate audio part instead.
 
 Trainer parity. ``completion_logps`` (mmrft.policy) calls the model with ``logits_to_keep``,
@@ -56,6 +57,7 @@ from mmrft.data import DataError, Sample, media_file_key
 from mmrft.family import BoxFrame, MediaBudget, ModelFamily, count_runs, model_family
 from mmrft.models import qwen_vl
 from mmrft.models.qwen_vl import DTYPES, Qwen25VL, QwenVLFamily, configure_vision_processor
+from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
 
@@ -493,6 +495,15 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         "video_grid_thw": "<|VIDEO|>",
     }
 
+    def __init__(
+        self,
+        media: MediaBudget | None = None,
+        video: VideoBudget | None = None,
+        audio: AudioBudget | None = None,
+    ) -> None:
+        QwenAudioFamily.__init__(self, media, audio)
+        self.video = video or VideoBudget()
+
     def load_processor(self, path: str) -> Any:
         """As :meth:`QwenAudioFamily.load_processor`, plus the pixel budget on the image
         processor and a check of the patch geometry (14 × merge 2)."""
@@ -508,16 +519,33 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
     ) -> Any:
         """Tokenise conversations with images, videos and audio (keys: see the module
         docstring). Images are resized once by qwen-vl-utils (and cached) as for Qwen2.5-VL;
-        ``video_second_per_grid`` is each video's temporal patch over its sampled fps."""
+        videos go through :func:`mmrft.video.process_vision_info` with the family's
+        :class:`~mmrft.video.VideoBudget` (decoder order, frame cache, and with
+        ``max_prompt_tokens`` the fps and pixels lowered until the prompt fits, counting the
+        text, image and audio tokens); ``video_second_per_grid`` is each video's temporal patch
+        over its sampled fps."""
         import torch
-        from qwen_vl_utils import process_vision_info
+
+        from mmrft.video import count_text_tokens, process_vision_info
 
         texts = self._texts(processor, conversations, add_generation_prompt)
-        audios = [a for conv in conversations for a in self._audios(conv, processor)]
+        per_conversation = [self._audios(conv, processor) for conv in conversations]
+        audios = [a for conv_audios in per_conversation for a in conv_audios]
         loaded = [self._with_loaded_media(conv) for conv in conversations]
+        text_tokens = None
+        if self.video.max_prompt_tokens is not None:  # the budget counts every prompt token
+            hop = int(processor.feature_extractor.hop_length)
+            text_tokens = [
+                count + sum(int(audio_token_count(len(a) // hop)) for a in conv_audios)
+                for count, conv_audios in zip(count_text_tokens(processor, texts), per_conversation)
+            ]
         try:
             images, videos, video_kwargs = process_vision_info(
-                loaded, return_video_kwargs=True, image_patch_size=self.patch_size
+                loaded,
+                budget=self.video,
+                image_patch_size=self.patch_size,
+                merge_size=self.merge_size,
+                text_tokens=text_tokens,
             )
         except DataError:
             raise
