@@ -32,12 +32,13 @@ gspo     seq-mean-token-mean      grpo       3e-4 / 4e-4     sequence  2507.1807
 
 References (arXiv ids): PPO 1707.06347; GRPO (DeepSeekMath) 2402.03300; DAPO 2503.14476;
 Dr.GRPO 2503.20783; GSPO 2507.18071; RLOO 2402.14740; REINFORCE++ 2501.03262; dual-clip PPO
-1912.09729; KL estimators: J. Schulman, "Approximating KL Divergence" (2020, blog note), and
-Tang & Munos 2506.09477 on their gradients.
+1912.09729; Video-R1's T-GRPO temporal contrast 2503.21776; KL estimators: J. Schulman,
+"Approximating KL Divergence" (2020, blog note), and Tang & Munos 2506.09477 on their gradients.
 """
 
 from __future__ import annotations
 
+import math
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -336,6 +337,98 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache_len: int, penalty: flo
         frac = ((lengths - (max_len - cache_len)) / cache_len).clamp(0.0, 1.0)
         frac = torch.where(lengths > max_len, torch.ones_like(frac), frac)
     return -penalty * frac
+
+
+def _check_contrast(ratio: float, bonus: float) -> None:
+    if not (math.isfinite(ratio) and ratio >= 0):
+        raise ValueError(f"ratio={ratio} must be a finite number ≥ 0")
+    if not (math.isfinite(bonus) and bonus >= 0):
+        raise ValueError(f"bonus={bonus} must be a finite number ≥ 0")
+
+
+def temporal_contrast_bonus(
+    ordered: Tensor,
+    shuffled: Tensor,
+    *,
+    ratio: float = 0.8,
+    bonus: float = 0.3,
+    correct_above: float = 0.1,
+) -> Tensor:
+    """Video-R1's T-GRPO temporal reward (Feng et al. 2025, arXiv:2503.21776), per prompt.
+
+    Row ``g`` holds the correctness scores ``s_{g,i}`` of the ``G`` completions of prompt ``g``
+    sampled on its video with the frames in temporal order, and ``s̃_{g,j}`` of ``G'``
+    completions of the same prompt sampled with the frames shuffled::
+
+        p_g  = (1/G)  Σ_i s_{g,i}        p̃_g = (1/G') Σ_j s̃_{g,j}
+        r_g  = α   if p_g ≥ μ·p̃_g   else 0
+        bonus_{g,i} = r_g   if s_{g,i} > τ   else 0
+
+    with α = ``bonus`` (paper: 0.3), μ = ``ratio`` (paper: 0.8) and τ = ``correct_above``. With
+    0/1 accuracy scores ``p`` and ``p̃`` are the fractions of correct answers, as the paper writes
+    them; Video-R1's code averages the accuracy reward itself and marks a completion correct
+    when its accuracy exceeds 0.1 (``rewards_per_func[:, 0] > 0.1``), which this follows for
+    graded scores too. A tie ``p = μ·p̃`` grants the bonus (``≥``, compared in float64 with a
+    1e-9 tolerance so that 0.8·0.625 = 0.5 counts as a tie). Video-R1 compares per device batch,
+    which is one prompt in its runs (1 prompt per GPU); here every prompt is its own row.
+
+    Args:
+        ordered: ``[P, G]`` correctness scores of the completions on the ordered frames.
+        shuffled: ``[P, G']`` scores of the completions on the shuffled frames (``G'`` ≥ 1 may
+            differ from ``G``; Video-R1 samples ``G' = G / 2``).
+        ratio: μ ≥ 0.
+        bonus: α ≥ 0.
+        correct_above: τ.
+
+    Returns:
+        ``[P·G]`` bonus per ordered completion, group-contiguous, each 0 or α, in the dtype of
+        ``ordered`` (float32 for integer scores).
+    """
+    _check_contrast(ratio, bonus)
+    if ordered.dim() != 2 or shuffled.dim() != 2 or ordered.shape[0] != shuffled.shape[0]:
+        raise ValueError(
+            f"need ordered [P, G] and shuffled [P, G'] scores, got {tuple(ordered.shape)} and "
+            f"{tuple(shuffled.shape)}"
+        )
+    if ordered.shape[0] and (ordered.shape[1] == 0 or shuffled.shape[1] == 0):
+        raise ValueError("every prompt needs at least one ordered and one shuffled completion")
+    p = ordered.double().mean(dim=1)
+    p_shuffled = shuffled.double().mean(dim=1)
+    holds = p >= ratio * p_shuffled - 1e-9
+    correct = ordered > correct_above
+    dtype = ordered.dtype if ordered.is_floating_point() else torch.float32
+    return ((holds.unsqueeze(1) & correct).to(dtype) * bonus).flatten()
+
+
+def temporal_contrast_decided(
+    ordered: Tensor, *, ratio: float = 0.8, high: float = 1.0, correct_above: float = 0.1
+) -> Tensor:
+    """Which prompts' :func:`temporal_contrast_bonus` the shuffled completions cannot change.
+
+    With scores at most ``high`` (the verifier's maximum, so ``p̃ ≤ high``), prompt ``g`` is
+    decided by its ordered completions alone when
+
+    * none is correct (``max_i s_{g,i} ≤ τ``): no completion can receive the bonus; or
+    * ``p_g ≥ μ·high``: then ``p_g ≥ μ·p̃_g`` for every possible ``p̃_g``, the bonus is granted.
+
+    For these prompts the bonus equals :func:`temporal_contrast_bonus` with *any* shuffled
+    scores in ``[·, high]`` (e.g. zeros), so their shuffled completions need not be sampled.
+
+    Args:
+        ordered: ``[P, G]`` correctness scores on the ordered frames.
+        ratio: μ ≥ 0.
+        high: the largest score the correctness verifier gives.
+        correct_above: τ.
+
+    Returns:
+        ``[P]`` bool, True where the shuffled completions are not needed.
+    """
+    _check_contrast(ratio, 0.0)
+    if ordered.dim() != 2:
+        raise ValueError(f"need ordered [P, G] scores, got {tuple(ordered.shape)}")
+    none_correct = ~(ordered > correct_above).any(dim=1)
+    always = ordered.double().mean(dim=1) >= ratio * high - 1e-9
+    return none_correct | always
 
 
 # --------------------------------------------------------------------------- losses

@@ -182,6 +182,35 @@ class RolloutConfig:
 
 
 @dataclass
+class TemporalContrastConfig:
+    """Video-R1's T-GRPO (Feng et al. 2025, arXiv:2503.21776); formula in
+    :func:`mmrft.algorithms.temporal_contrast_bonus`."""
+
+    enabled: bool = _f(
+        False,
+        "T-GRPO temporal contrast (Video-R1, arXiv:2503.21776): also sample completions of each video prompt with its frames shuffled; when the ordered group's accuracy p ≥ ratio × the shuffled accuracy p̃, its correct completions get +bonus (logged as train/reward/temporal). Prompts without a video get none; shuffled completions are not trained on.",
+    )
+    bonus: float = _f(0.3, "α: reward added to each correct ordered completion (Video-R1: 0.3).")
+    ratio: float = _f(0.8, "μ: the bonus is granted when p ≥ μ·p̃ (Video-R1: 0.8).")
+    shuffled_per_prompt: int | None = _f(
+        None,
+        "Completions sampled per prompt on the shuffled frames; None = rollout.group_size // 2 (Video-R1's code: 4 for G = 8).",
+    )
+    verifier: str = _f(
+        "accuracy",
+        "Reward verifier whose raw score (before its weight) is the correctness signal; it must be one of the run's verifiers.",
+    )
+    correct_above: float = _f(
+        0.1,
+        "A completion is correct when that verifier scores above this (Video-R1's code: accuracy > 0.1).",
+    )
+    skip_decided: bool = _f(
+        True,
+        "Sample shuffled completions only for groups whose bonus depends on them (some correct and p < ratio × the verifier's maximum); the rewards are identical, fewer completions are generated, and train/temporal_shuffled_accuracy covers only the groups sampled.",
+    )
+
+
+@dataclass
 class AlgorithmConfig:
     preset: Literal["grpo", "dr_grpo", "dapo", "bnpo", "gspo"] | None = _f(
         None, "Fill the fields below from a named recipe (see README); explicit keys still win."
@@ -231,6 +260,10 @@ class AlgorithmConfig:
         "DAPO soft overlong punishment: completions longer than max_new_tokens − buffer lose up to overlong_penalty linearly; 0 = off.",
     )
     overlong_penalty: float = _f(1.0, "Largest overlong punishment (reward units).")
+    temporal_contrast: TemporalContrastConfig = field(
+        default_factory=TemporalContrastConfig,
+        metadata={"help": "Video-R1's T-GRPO ordered-vs-shuffled frames bonus."},
+    )
 
 
 @dataclass
@@ -262,6 +295,10 @@ class TrainConfig:
     )
     completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
     threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
+    sharding: Literal["none", "fsdp_full", "fsdp_grad_op"] = _f(
+        "none",
+        "How several processes hold the model: 'none' replicates parameters and optimizer states on every process; 'fsdp_full' shards parameters, gradients and optimizer states with FSDP2 and frees gathered parameters after each layer's forward (ZeRO-3); 'fsdp_grad_op' shards the same but keeps a layer's gathered parameters from forward to backward (ZeRO-2's traffic, more memory). One process: ignored. See mmrft/distributed.py.",
+    )
     trackers: list[Literal["tensorboard", "wandb"]] = _f(
         [], "Experiment trackers beside metrics.jsonl (pip install mmrft[track])."
     )
@@ -395,8 +432,21 @@ def _check(cfg: RunConfig) -> None:
         "algorithm.overlong_buffer",
         "must be in [0, rollout.max_new_tokens)",
     )
+    tc = cfg.algorithm.temporal_contrast
+    need(tc.bonus >= 0, "algorithm.temporal_contrast.bonus", "must be ≥ 0")
+    need(tc.ratio >= 0, "algorithm.temporal_contrast.ratio", "must be ≥ 0")
+    need(
+        tc.shuffled_per_prompt is None or tc.shuffled_per_prompt >= 1,
+        "algorithm.temporal_contrast.shuffled_per_prompt",
+        "must be ≥ 1 (or null for rollout.group_size // 2)",
+    )
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
+    need(
+        cfg.train.sharding == "none" or not cfg.model.lora.enabled,
+        "train.sharding",
+        f"'{cfg.train.sharding}' is not supported with model.lora.enabled (LoRA's trainable state is already small); use 'none'",
+    )
     need(
         cfg.model.min_pixels <= cfg.model.max_pixels,
         "model.min_pixels",

@@ -4,28 +4,101 @@ accelerate's ``PartialState`` reads the launcher's environment and creates the p
 (NCCL on GPUs, gloo on CPU). mmrft then splits each step's prompts across ranks, whole groups
 per rank, so every group's advantages are computed over the whole group on one rank; the
 step-wide token and sequence counts are summed over ranks, so each rank's loss carries the
-global denominators; and after the micro-batches of an update the gradients are summed with
-one all-reduce. The update therefore equals one process on the same global batch.
+global denominators; and the gradients are *summed* over ranks. The update therefore equals one
+process on the same global batch. ``train.sharding`` chooses how parameters are held:
 
-Why not ``DistributedDataParallel``: its hooks all-reduce on every backward and need the same
-number of backward calls on every rank, but ranks skip different numbers of zero-advantage
-completions; one all-reduce of the accumulated gradient per update is also less traffic.
-Parameters and optimizer states stay replicated, so rank 0's checkpoint is complete and loads
-on any number of processes. Sharded training (FSDP / ZeRO) is not implemented yet.
+``none`` (replicated): parameters and optimizer states are replicated; after the micro-batches
+of an update the gradients are summed with one all-reduce (``sum_gradients``). Not
+``DistributedDataParallel``: its hooks all-reduce on every backward and need the same number of
+backward calls on every rank, but ranks skip different numbers of zero-advantage completions;
+one all-reduce of the accumulated gradient per update is also less traffic.
+
+``fsdp_full`` / ``fsdp_grad_op`` (sharded, ``shard_model``): PyTorch FSDP2
+(``torch.distributed.fsdp.fully_shard``, per-parameter DTensor sharding). Every parameter,
+gradient and optimizer state is split over the ranks (ZeRO-3); ``fsdp_full`` frees the gathered
+parameters after each unit's forward and gathers them again for backward, ``fsdp_grad_op`` keeps
+them from forward to backward (ZeRO-2's communication, more memory). The FSDP units are the
+text decoder's layers (modules of the classes in the model's ``_no_split_modules``, the list
+accelerate and transformers auto-wrap by, found under ``model.get_decoder()``), then the root
+model holds the rest: embeddings, LM head, final norm and the vision / audio encoders. The
+encoders are deliberately *not* units of their own: a forward calls them zero, one or two
+times depending on the media of its batch (text-only, images, images and videos), which
+differs between ranks, and an FSDP unit all-gathers on every call, so per-block units would
+hang. Inside the root unit they are gathered once per forward, whatever runs. What FSDP
+demands and how mmrft meets it:
+
+- every rank runs the same sequence of forward/backward passes: ranks agree on the number of
+  micro-batches (the maximum over ranks, ``max_scalar``) and pad with passes whose loss is
+  multiplied by 0 (``padding_loss``), so every unit's all-gather and reduce-scatter has its
+  partner on every rank; gradients of parameters a rank did not use (an encoder on a text-only
+  batch) enter the reduce-scatter as zeros (``set_reduce_scatter_unused_params``).
+- the reduce-scatter is a sum (``set_gradient_divide_factor(1.0)`` with sum-only collectives:
+  gloo has no pre-multiplied sum), as ``sum_gradients`` is. It runs after every backward, and
+  the sharded gradients accumulate across micro-batches; skipping it until the last micro-batch
+  (``set_requires_gradient_sync(False)``) would keep a whole unsharded gradient per rank, which
+  is what sharding exists to avoid.
+- generation runs inside ``gathered``: all parameters are all-gathered once, every rank then
+  generates as many tokens as it needs with no collective (transformers' synced generation is
+  switched off in ``HFEngine``), and the parameters are freed again. A per-layer all-gather
+  per generated token would need equal lengths on every rank; the price is the whole policy's
+  weights on every device while it generates (what DeepSpeed ZeRO-3 generation in TRL does
+  too). Evaluation gathers on every rank and generates on rank 0.
+- ``clip_grad_norm_`` over DTensor gradients returns the global norm as a DTensor;
+  ``full_tensor`` makes it a plain number.
+- checkpoints stay independent of the world size: ``full_model_state`` / ``full_optimizer_state``
+  gather the full state on rank 0 (torch.distributed.checkpoint's state-dict API) in exactly
+  the layout of an unsharded run (``save_pretrained`` safetensors; ``optimizer.state_dict()``
+  keyed by parameter index), and ``load_full_model_state`` / ``load_full_optimizer_state``
+  scatter such a state from rank 0 into the shards.
+- the reference model (β > 0) is sharded the same way and frees its gathered parameters after
+  every forward in both modes (it never runs backward); its log-prob passes are padded too.
+- the replica check (``trainer._check_replicas``) is skipped: there is one sharded copy.
+
+Each rank loads the whole model before sharding it (peak memory at start-up: one full model
+per device). With one process there is nothing to shard and ``train.sharding`` is ignored;
+LoRA with sharding is refused by the config check.
+
+DeepSpeed is not used: FSDP2 covers its ZeRO-2/3 stages, ships with torch, and leaves the
+update loop to mmrft (DeepSpeed's engine wants to own backward and step).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Iterable
+import sys
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger("mmrft")
+
+SHARDING = ("none", "fsdp_full", "fsdp_grad_op")
+
 
 def setup() -> tuple[int, int]:
-    """(rank, world size); initialise the process group when launched with several processes."""
+    """(rank, world size); initialise the process group when launched with several processes.
+
+    An accelerate config with ``distributed_type: FSDP`` or ``DEEPSPEED`` is refused: mmrft
+    does not hand its model to accelerate's ``Accelerator.prepare``, so those settings would be
+    silently ignored (and with FSDP's ``cpu_ram_efficient_loading`` transformers would load the
+    weights of ranks > 0 on the meta device).
+    Sharding is mmrft's own ``train.sharding``, launched with the plain multi-GPU config.
+    """
+    for variable, kind in (
+        ("ACCELERATE_USE_FSDP", "FSDP"),
+        ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"),
+    ):
+        if os.environ.get(variable, "").lower() in ("1", "true"):
+            from mmrft.typecheck import ConfigError
+
+            raise ConfigError(
+                f"accelerate config: distributed_type {kind} is not used by mmrft; launch with "
+                "configs/accelerate/multi_gpu.yaml and set train.sharding=fsdp_full (or fsdp_grad_op)"
+            )
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         from accelerate import PartialState
 
@@ -61,11 +134,26 @@ def sum_scalar(value: float) -> float:
     return float(tensor.item())
 
 
+def max_scalar(value: float) -> float:
+    """max over ranks of a Python number."""
+    if world_size() == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=_device())
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return float(tensor.item())
+
+
 def sum_gradients(params: Iterable[torch.nn.Parameter]) -> None:
-    """Σ over ranks of every gradient (missing gradients count as zeros), in one flat buffer."""
+    """Σ over ranks of every gradient (missing gradients count as zeros), in one flat buffer.
+
+    Sharded parameters (DTensors) are skipped: FSDP's backward already reduce-scattered their
+    gradients as a sum (see ``shard_model``).
+    """
     if world_size() == 1:
         return
-    params = [p for p in params if p.requires_grad]
+    params = [p for p in params if p.requires_grad and not _is_dtensor(p)]
+    if not params:
+        return
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
@@ -102,6 +190,239 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded training (FSDP2)
+
+_MESH: tuple[Any, Any] = (None, None)  # (the process group it was made for, the mesh)
+
+
+def _mesh() -> Any:
+    """One device mesh over all ranks, shared by the policy and the reference model (made again
+    if the process group was)."""
+    global _MESH
+    if _MESH[1] is None or _MESH[0] is not dist.group.WORLD:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        _MESH = (dist.group.WORLD, init_device_mesh(_device().type, (world_size(),)))
+    return _MESH[1]
+
+
+def _is_dtensor(tensor: Any) -> bool:
+    if "torch.distributed.tensor" not in sys.modules:  # never imported: no DTensor exists
+        return False
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:
+        return False
+    return isinstance(tensor, DTensor)
+
+
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's full value (a collective), any other tensor as it is."""
+    return tensor.full_tensor() if _is_dtensor(tensor) else tensor
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules that become FSDP units of their own: the outermost modules of the classes
+    in ``model._no_split_modules`` under ``model.get_decoder()`` (the text decoder's layers).
+    Media encoders stay in the root unit (see the module docstring)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    get_decoder = getattr(model, "get_decoder", None)
+    scope = get_decoder() if callable(get_decoder) else None
+    if scope is None:
+        scope = model
+    units: list[tuple[str, torch.nn.Module]] = []
+    for name, module in scope.named_modules():
+        if type(module).__name__ not in names or module is model:
+            continue
+        if any(name.startswith(outer + ".") for outer, _ in units):
+            continue  # nested inside a unit already chosen
+        units.append((name, module))
+    return [module for _, module in units]
+
+
+_FSDP_API = (
+    "set_gradient_divide_factor",
+    "set_force_sum_reduction_for_comms",
+    "set_reduce_scatter_unused_params",
+)
+
+
+def shard_model(model: torch.nn.Module, mode: str, *, frozen: bool = False) -> bool:
+    """Shard ``model`` in place with FSDP2 (``mode``: one of ``SHARDING``); True if sharded.
+
+    ``frozen`` (a reference model, never backpropagated): parameters are freed after every
+    forward whatever the mode. One process has nothing to shard: the model is left as it is.
+    """
+    if mode not in SHARDING:
+        raise ValueError(f"unknown sharding mode {mode!r}; one of {SHARDING}")
+    if mode == "none":
+        return False
+    if world_size() == 1:
+        log.info("train.sharding=%s with one process: nothing to shard, training unsharded", mode)
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+    except ImportError:  # torch < 2.6
+        FSDPModule = fully_shard = None
+    missing = [name for name in _FSDP_API if not hasattr(FSDPModule, name)]
+    if fully_shard is None or missing:
+        raise RuntimeError(
+            f"train.sharding={mode} needs FSDP2 (torch.distributed.fsdp.fully_shard) with "
+            f"FSDPModule.{', FSDPModule.'.join(missing or _FSDP_API)}, which torch "
+            f"{torch.__version__} lacks; upgrade torch (tested with 2.14) or use train.sharding=none"
+        )
+
+    mesh = _mesh()
+    reshard = frozen or mode == "fsdp_full"
+    units = shard_units(model)
+    kinds = ", ".join(sorted({type(u).__name__ for u in units})) or "none"
+    for unit in units:
+        fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            # Σ over ranks, like sum_gradients: the loss already carries the global
+            # denominators. Sum-only collectives: gloo has no pre-multiplied sum.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    model.set_reduce_scatter_unused_params(True)  # type: ignore[operator]
+    model._mmrft_reshard_after_forward = reshard  # type: ignore[assignment]
+    log.info(
+        "%s %s: %d FSDP units (%s) + the root, over %d ranks",
+        "reference" if frozen else "policy",
+        mode,
+        len(units),
+        kinds,
+        world_size(),
+    )
+    return True
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    if "torch.distributed.fsdp" not in sys.modules:  # never imported (~1 s): nothing sharded
+        return False
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch < 2.6: no FSDP2
+        return False
+    return isinstance(model, FSDPModule)
+
+
+def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module) -> Iterator[None]:
+    """All of a sharded model's parameters gathered for the duration (no-op if unsharded).
+
+    Entered by every rank (the gathering is a collective); inside it forwards run no
+    collective, so ranks may generate different lengths or only one rank may evaluate. Nested
+    use is a no-op.
+    """
+    if not is_sharded(model) or getattr(model, "_mmrft_gathered", False):
+        yield
+        return
+    modules = _fsdp_modules(model)
+    for module in modules:
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    model._mmrft_gathered = True  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        model._mmrft_gathered = False  # type: ignore[assignment]
+        reshard = bool(getattr(model, "_mmrft_reshard_after_forward", True))
+        for module in modules:
+            module.reshard()
+            module.set_reshard_after_forward(reshard, recurse=False)
+
+
+def padding_loss(model: torch.nn.Module, pad_token_id: int) -> torch.Tensor:
+    """0 × the output of a forward on two padding tokens.
+
+    Run by a rank with fewer micro-batches than another, so that every FSDP unit's all-gather
+    (forward) and reduce-scatter (backward) has its partner; its gradient is exactly zero.
+    """
+    device = next(model.parameters()).device
+    ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
+    out = model(
+        input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1, use_cache=False
+    )
+    return out.logits.float().sum() * 0.0
+
+
+def _options(**kwargs: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on CPU on rank 0, ``{}`` on other ranks (a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Scatter rank 0's full state dict into the shards (other ranks may pass ``{}``)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_options(broadcast_from_rank0=True))
+
+
+def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The name of every optimizer parameter, in ``optimizer.state_dict()``'s index order."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """The full optimizer state on rank 0 in ``optimizer.state_dict()``'s layout (states keyed
+    by parameter index, full CPU tensors), as an unsharded run saves it; ``{}`` on other ranks.
+    A collective."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    by_name = get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+    if not by_name:
+        return {}
+    index = {name: i for i, name in enumerate(_parameter_names(model, optimizer))}
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in by_name["param_groups"]]
+    return {"state": {index[n]: v for n, v in by_name["state"].items()}, "param_groups": groups}
+
+
+def load_full_optimizer_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
+    """Load a full ``optimizer.state_dict()``-layout state (any world size wrote it) from rank 0
+    into a sharded optimizer; other ranks may pass ``{}``."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if broadcast_object(is_main() and not state.get("state")):
+        # no step was taken before the save: only the hyperparameters. (set_optimizer_state_dict
+        # would first fill the state with a zero step, which an unsharded load does not do.)
+        groups = broadcast_object(state.get("param_groups") if is_main() else None)
+        for group, saved in zip(optimizer.param_groups, groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        return
+    by_name: dict[str, Any] = {}
+    if is_main():
+        names = _parameter_names(model, optimizer)
+        by_name = {
+            "state": {names[i]: v for i, v in state["state"].items()},
+            "param_groups": [
+                {**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]
+            ],
+        }
+    set_optimizer_state_dict(model, optimizer, by_name, options=_options(broadcast_from_rank0=True))
 
 
 def _device() -> torch.device:

@@ -201,13 +201,19 @@ def completion_logps(
     return logps, completion_mask.to(device), entropy
 
 
-def save_pretrained(policy: Policy, directory: Path) -> None:
-    """Write a checkpoint transformers loads directly (LoRA merged into a copy first)."""
+def save_pretrained(
+    policy: Policy, directory: Path, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Write a checkpoint transformers loads directly (LoRA merged into a copy first).
+
+    ``state_dict``: the full weights to write instead of the model's own (a sharded model's,
+    gathered by ``distributed.full_model_state``).
+    """
     model = policy.model
     if hasattr(model, "merge_and_unload"):  # peft: also keep the adapter for reference
         model.save_pretrained(directory / "adapter")
         import copy
 
         model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(directory, safe_serialization=True)
+    model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     policy.processor.save_pretrained(directory)

@@ -240,6 +240,25 @@ class WeightedReward:
                     reasons[f"{bound.name}/{score.reason}"] += 1
         return RewardBreakdown(total=total, scores=by_name, reasons=reasons)
 
+    def bound(self, name: str) -> BoundVerifier:
+        """The configured verifier ``name``; KeyError naming the configured ones otherwise."""
+        for bound, _ in self.verifiers:
+            if bound.name == name:
+                return bound
+        raise KeyError(f"no verifier '{name}' in this reward ({', '.join(self.names)})")
+
+    @property
+    def names(self) -> list[str]:
+        return [bound.name for bound, _ in self.verifiers]
+
+    def score_one(
+        self, name: str, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+    ) -> list[Score | None]:
+        """The raw scores (no weight) of verifier ``name`` alone, under the same time budget and
+        ``on_timeout`` rule as a full call (e.g. the correctness of T-GRPO's shuffled-frame
+        completions, which are scored but not trained on)."""
+        return self._scores(self.bound(name), completions, samples, context)
+
     def _scores(
         self,
         bound: BoundVerifier,

@@ -113,6 +113,11 @@ class HFEngine:
                     "eos_token_id": self.stop_ids,
                     "pad_token_id": policy.pad_token_id,
                     "use_cache": True,
+                    # transformers turns synced generation on for FSDP models (an all-reduce
+                    # per token so every rank runs as many forwards); a sharded mmrft policy
+                    # generates with its parameters gathered (distributed.gathered) and no
+                    # collective, so ranks generate independently and rank 0 may evaluate alone.
+                    "synced_gpus": False,
                 }
                 if self.suppress_ids:
                     kwargs["suppress_tokens"] = self.suppress_ids

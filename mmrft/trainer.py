@@ -52,6 +52,8 @@ from mmrft.algorithms import (
     grpo_loss,
     kl_penalty,
     overlong_penalty,
+    temporal_contrast_bonus,
+    temporal_contrast_decided,
 )
 from mmrft.checkpoint import (
     find_resume_checkpoint,
@@ -63,7 +65,7 @@ from mmrft.checkpoint import (
 from mmrft.config import RunConfig, resolve_path, to_dict, to_yaml
 from mmrft.data import DataError, Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
-from mmrft.plugins import load_plugins
+from mmrft.plugins import did_you_mean, load_plugins
 from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
 from mmrft.report import report_runs
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
@@ -71,6 +73,7 @@ from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
 from mmrft.task import Task, build_task
 from mmrft.tracking import build_trackers
 from mmrft.typecheck import ConfigError
+from mmrft.video import with_shuffled_frames
 
 log = logging.getLogger("mmrft")
 
@@ -317,6 +320,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         cfg.reward.timeout_s,
         cfg.reward.on_timeout,
     )
+    _check_temporal_contrast(cfg, reward)
     low, high = reward.range
     console.print(
         "reward = "
@@ -325,7 +329,10 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     )
     policy = load_policy(cfg.model, device)
     distributed.broadcast_parameters(policy.model)
+    distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
+    if reference is not None:  # sharded like the policy, freed after every forward
+        distributed.shard_model(reference.model, cfg.train.sharding, frozen=True)
     train_samples = (
         load_split(task, policy, cfg, cfg.data.train, cfg.data.max_train_samples)
         if cfg.data.train
@@ -369,7 +376,10 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         if checkpoint is not None:
             state = load_trainer_state(checkpoint)
             _load_weights(policy, checkpoint)
-            optimizer.load_state_dict(state["optimizer"])
+            if distributed.is_sharded(policy.model):
+                distributed.load_full_optimizer_state(policy.model, optimizer, state["optimizer"])
+            else:
+                optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             _restore_rng(state, cfg, rank, world)
             stream.position = state["data_position"]
@@ -392,7 +402,11 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         def trainer_state(step: int) -> dict[str, Any]:
             return {
                 "step": step,
-                "optimizer": optimizer.state_dict(),
+                "optimizer": (  # full, in the unsharded layout, so any world size resumes
+                    distributed.full_optimizer_state(policy.model, optimizer)
+                    if distributed.is_sharded(policy.model)
+                    else optimizer.state_dict()
+                ),
                 "scheduler": scheduler.state_dict(),
                 "rng": rng_state(),  # rank 0's, kept for single-process readers
                 "rng_by_rank": distributed.gather_objects(rng_state()),
@@ -405,11 +419,16 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         def checkpoint_now(step: int) -> None:
             _check_replicas(policy, f"step {step}")
             state = trainer_state(step)  # collective (gathers every rank's RNG state)
+            weights = (  # collective: rank 0 gets the full weights
+                distributed.full_model_state(policy.model)
+                if distributed.is_sharded(policy.model)
+                else None
+            )
             if rank == 0:
                 path = save_checkpoint(
                     run_dir / "checkpoints",
                     step,
-                    lambda d: save_pretrained(policy, d),
+                    lambda d: save_pretrained(policy, d, state_dict=weights),
                     state,
                     cfg.checkpoint.keep_last,
                 )
@@ -436,9 +455,10 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
                 heartbeat.phase(f"rollout and verifiers, step {step}")
-                batch = _collect(
-                    task, policy, engine, sampling, reward, train_samples, stream, cfg, step
-                )
+                with distributed.gathered(policy.model):  # sharded: generate with no collective
+                    batch = _collect(
+                        task, policy, engine, sampling, reward, train_samples, stream, cfg, step
+                    )
                 if reference is not None and cfg.algorithm.kl_mode == "reward":
                     heartbeat.phase(f"KL to the reference, step {step}")
                     kl = _sequence_kl(policy, reference, batch, cfg)
@@ -573,7 +593,8 @@ class StepBatch:
         generated / generated_samples / scored: every completion sampled this step, kept or
             not, with its sample and reward
             breakdown (the train/reward metrics are over these, so dropping groups hides nothing).
-        counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``, ``rollout/tries``.
+        counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``, ``rollout/tries``
+            (and with the temporal contrast :func:`_temporal_metrics`).
     """
 
     samples: list[Sample]
@@ -602,6 +623,9 @@ def _collect(
     With ``algorithm.dynamic_sampling`` (DAPO), groups whose rewards are all equal carry no
     advantage and are dropped; more prompts are drawn until ``prompts_per_step`` groups are kept
     or ``max_sampling_tries`` rounds ran (then the step trains on what it kept, possibly less).
+    With ``algorithm.temporal_contrast`` (Video-R1's T-GRPO) each round's video prompts also get
+    completions on shuffled frames (:func:`_temporal_contrast`) and the bonus joins the reward
+    before the groups are filtered; each rank contrasts its own groups.
     """
     algo, G = cfg.algorithm, cfg.rollout.group_size
     world, rank = distributed.world_size(), distributed.rank()
@@ -613,9 +637,11 @@ def _collect(
     generated_samples: list[Sample] = []
     breakdowns: list[RewardBreakdown] = []
     reward_seconds = 0.0
+    temporal: Counter = Counter()
     tries = 0
     while tries < (algo.max_sampling_tries if algo.dynamic_sampling else 1):
         tries += 1
+        first = stream.position + rank * P  # data position of this rank's first prompt
         drawn = stream.take(P * world)  # every rank advances the shared order identically
         samples = [train_samples[i] for i in drawn[rank * P : (rank + 1) * P]]
         rollouts = engine.generate([task.prompt(s, policy.family) for s in samples], G, sampling)
@@ -630,6 +656,23 @@ def _collect(
             scored.scores["overlong"] = [Score(float(p)) for p in penalty]
             scored.total = [t + float(p) for t, p in zip(scored.total, penalty)]
         reward_seconds += time.perf_counter() - t0
+        if algo.temporal_contrast.enabled:
+            positions = list(range(first, first + P))
+            contrast = _temporal_contrast(
+                task,
+                policy,
+                engine,
+                sampling,
+                reward,
+                samples,
+                positions,
+                rollouts,
+                scored,
+                cfg,
+                step,
+            )
+            reward_seconds += contrast.pop("seconds", 0.0)
+            temporal.update(contrast)
         rewards = torch.tensor(scored.total, dtype=torch.float32)
         generated.extend(rollouts)
         generated_samples += expanded
@@ -651,6 +694,14 @@ def _collect(
         log.warning(
             "step %d: every group had equal rewards in %d tries; nothing to train on", step, tries
         )
+    counts = {
+        "rollout/generated": float(len(generated.texts)),
+        "rollout/kept": float(len(kept_samples)),
+        "rollout/discarded": float(len(generated.texts) - len(kept_samples)),
+        "rollout/tries": float(tries),
+    }
+    if algo.temporal_contrast.enabled:
+        counts.update(_temporal_metrics(temporal))
     return StepBatch(
         samples=kept_samples,
         rollouts=kept,
@@ -658,14 +709,137 @@ def _collect(
         generated=generated,
         generated_samples=generated_samples,
         scored=RewardBreakdown.concat(breakdowns),
-        counts={
-            "rollout/generated": float(len(generated.texts)),
-            "rollout/kept": float(len(kept_samples)),
-            "rollout/discarded": float(len(generated.texts) - len(kept_samples)),
-            "rollout/tries": float(tries),
-        },
+        counts=counts,
         reward_seconds=reward_seconds,
     )
+
+
+def _check_temporal_contrast(cfg: RunConfig, reward: WeightedReward) -> None:
+    """``algorithm.temporal_contrast.verifier`` must name one of the run's verifiers, and no
+    verifier may be called ``temporal`` (the bonus's own sub-score)."""
+    tc = cfg.algorithm.temporal_contrast
+    if not tc.enabled:
+        return
+    if tc.verifier not in reward.names:
+        raise ConfigError(
+            f"algorithm.temporal_contrast.verifier: '{tc.verifier}' is not one of the run's "
+            f"verifiers; {did_you_mean(tc.verifier, reward.names)}"
+        )
+    if "temporal" in reward.names:
+        raise ConfigError(
+            "reward.verifiers: a verifier named 'temporal' clashes with the temporal contrast "
+            "bonus's sub-score (train/reward/temporal)"
+        )
+
+
+def _shuffle_seed(seed: int, position: int) -> int:
+    """The frame-shuffle seed of the prompt drawn at data ``position``: a pure function of the
+    run seed and the position, so exact resumes and any world size shuffle alike."""
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, position]).generate_state(1)[0])
+
+
+def _temporal_contrast(
+    task: Task,
+    policy: Policy,
+    engine: HFEngine,
+    sampling: Sampling,
+    reward: WeightedReward,
+    samples: list[Sample],
+    positions: list[int],
+    rollouts: Rollouts,
+    scored: RewardBreakdown,
+    cfg: RunConfig,
+    step: int,
+) -> Counter:
+    """T-GRPO (Video-R1, arXiv:2503.21776) on one round of ``len(samples)`` groups.
+
+    For every prompt with a video, ``G'`` (``shuffled_per_prompt``, default ``G // 2`` as
+    Video-R1's code) completions are sampled with the same prompt and the video's frames
+    shuffled (:func:`mmrft.video.with_shuffled_frames`, seeded by the prompt's data position),
+    scored by the correctness verifier alone (a ``None`` score counts as its minimum), and
+    :func:`mmrft.algorithms.temporal_contrast_bonus` is added to ``scored.total`` in place, as the
+    sub-score ``temporal`` (``None`` for prompts without a video). With ``skip_decided`` the groups whose bonus the shuffled completions
+    cannot change (:func:`mmrft.algorithms.temporal_contrast_decided`) are not sampled: same
+    rewards, fewer completions. Shuffled completions are never trained on; their generation time
+    is added to ``rollouts.seconds``.
+
+    Returns counts for :func:`_temporal_metrics` (this rank's) and ``seconds`` spent scoring.
+    """
+    tc, G = cfg.algorithm.temporal_contrast, cfg.rollout.group_size
+    n_shuffled = tc.shuffled_per_prompt or max(1, G // 2)
+    spec = reward.bound(tc.verifier).spec
+
+    def values(scores: list[Score | None]) -> torch.Tensor:
+        rows = [s.value if s is not None else spec.low for s in scores]
+        return torch.tensor(rows, dtype=torch.float64)  # float64: the bonus adds exactly α
+
+    out: Counter = Counter()
+    subscores: list[Score | None] = [None] * len(scored.total)
+    video = [g for g, s in enumerate(samples) if s.media("video")]
+    if video:
+        ordered = values(scored.scores[tc.verifier]).view(len(samples), G)[video]
+        if tc.skip_decided:
+            needed = ~temporal_contrast_decided(
+                ordered, ratio=tc.ratio, high=spec.high, correct_above=tc.correct_above
+            )
+        else:
+            needed = torch.ones(len(video), dtype=torch.bool)
+        sampled = needed.nonzero().flatten().tolist()
+        # rows not sampled are decided: any scores in [low, high] give the same bonus
+        shuffled = torch.full((len(video), n_shuffled), spec.low, dtype=torch.float64)
+        if sampled:
+            conversations = [
+                with_shuffled_frames(
+                    task.prompt(samples[video[i]], policy.family),
+                    _shuffle_seed(cfg.train.seed, positions[video[i]]),
+                )
+                for i in sampled
+            ]
+            generated = engine.generate(conversations, n_shuffled, sampling)
+            rollouts.seconds += generated.seconds
+            t0 = time.perf_counter()
+            expanded = [samples[video[i]] for i in sampled for _ in range(n_shuffled)]
+            scores = reward.score_one(
+                tc.verifier, generated.texts, expanded, context=f"at step {step} (shuffled frames)"
+            )
+            out["seconds"] += time.perf_counter() - t0
+            shuffled[sampled] = values(scores).view(len(sampled), n_shuffled)
+            out["generated"] += len(generated.texts)
+            out["sampled_groups"] += len(sampled)
+            out["ordered_sum"] += float(ordered[sampled].sum())
+            out["ordered_n"] += ordered[sampled].numel()
+            out["shuffled_sum"] += float(shuffled[sampled].sum())
+            out["shuffled_n"] += len(generated.texts)
+        bonus = temporal_contrast_bonus(
+            ordered, shuffled, ratio=tc.ratio, bonus=tc.bonus, correct_above=tc.correct_above
+        ).view(len(video), G)
+        out["groups"] += len(video)
+        out["bonus_groups"] += int((bonus > 0).any(dim=1).sum())
+        for row, g in enumerate(video):
+            for j in range(G):
+                subscores[g * G + j] = Score(float(bonus[row, j]))
+                scored.total[g * G + j] += float(bonus[row, j])
+    scored.scores["temporal"] = subscores
+    return out
+
+
+def _temporal_metrics(temporal: Counter) -> dict[str, float]:
+    """This rank's ``rollout/temporal_generated`` (summed over ranks when merged) and, over
+    every rank's groups (one collective, identical on every rank): ``train/temporal_bonus_rate``
+    (share of video groups whose correct completions got the bonus), and over the groups that
+    got shuffled completions ``train/temporal_ordered_accuracy`` and
+    ``train/temporal_shuffled_accuracy`` (mean correctness score on ordered / shuffled frames:
+    the gap is how much the policy uses the frame order)."""
+    keys = ("groups", "bonus_groups", "ordered_sum", "ordered_n", "shuffled_sum", "shuffled_n")
+    totals = [sum(c) for c in zip(*distributed.gather_objects([temporal[k] for k in keys]))]
+    total = dict(zip(keys, totals))
+    out = {"rollout/temporal_generated": float(temporal["generated"])}
+    if total["groups"]:
+        out["train/temporal_bonus_rate"] = total["bonus_groups"] / total["groups"]
+    if total["shuffled_n"]:
+        out["train/temporal_ordered_accuracy"] = total["ordered_sum"] / total["ordered_n"]
+        out["train/temporal_shuffled_accuracy"] = total["shuffled_sum"] / total["shuffled_n"]
+    return out
 
 
 def _update(
@@ -685,7 +859,8 @@ def _update(
     update, detached log-probs); with μ > 1 the old log-probs are computed once before the first
     update and stored, so later updates see a real ratio and the clip acts. Completions with
     advantage 0 are skipped when they cannot contribute (β = 0, no entropy bonus): their loss
-    term is exactly zero and they still count in the denominators.
+    term is exactly zero and they still count in the denominators. Sharded (``train.sharding``),
+    a rank with fewer micro-batches than another adds passes with loss 0 (``_padding_passes``).
     """
     algo = cfg.algorithm
     rollouts = batch.rollouts
@@ -698,6 +873,7 @@ def _update(
     needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
     active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
     chunks = list(micro_batches(active, cfg.train.micro_batch_size))
+    padding = _padding_passes(policy, len(chunks))
 
     def forward(
         chunk: list[int], with_grad: bool
@@ -718,6 +894,12 @@ def _update(
                 stored_ref[k] = completion_logps(
                     reference, rows, [rollouts.completion_ids[i] for i in chunk]
                 )[0]
+    for _ in range(padding):  # the same no-grad passes, in the same order, as other ranks
+        with torch.no_grad():
+            if algo.updates_per_batch > 1:
+                distributed.padding_loss(policy.model, policy.pad_token_id)
+            if reference is not None and algo.kl_mode == "loss":
+                distributed.padding_loss(reference.model, reference.pad_token_id)
 
     params = [p for p in policy.model.parameters() if p.requires_grad]
     totals: Counter = Counter()
@@ -755,13 +937,16 @@ def _update(
             totals["loss"] += loss.item() / algo.updates_per_batch
             for key, value in stats.items():
                 totals[key] += float(value) * tokens
-        distributed.sum_gradients(params)
+        for _ in range(padding):
+            distributed.padding_loss(policy.model, policy.pad_token_id).backward()
+        distributed.sum_gradients(params)  # unsharded; FSDP's backward already summed
         if cfg.optim.max_grad_norm > 0:
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
         else:
-            grad_norm = torch.sqrt(
-                sum((p.grad.detach() ** 2).sum() for p in params if p.grad is not None)
+            grad_norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in params if p.grad is not None]
             )
+        grad_norm = distributed.full_tensor(grad_norm)  # sharded gradients: the global norm
         if not torch.isfinite(grad_norm):
             ids_text = ", ".join(sorted({s.id for s in batch.samples}))
             raise FloatingPointError(
@@ -783,9 +968,10 @@ def _sequence_kl(
 ) -> torch.Tensor:
     """Σ_t KL_t(π_θ ‖ π_ref) per completion with ``algorithm.kl_estimator``, no gradient."""
     rollouts, out = batch.rollouts, []
-    for chunk in micro_batches(
-        list(range(len(rollouts.completion_ids))), cfg.train.micro_batch_size
-    ):
+    chunks = list(
+        micro_batches(list(range(len(rollouts.completion_ids))), cfg.train.micro_batch_size)
+    )
+    for chunk in chunks:
         rows = [rollouts.prompt_rows[i] for i in chunk]
         ids = [rollouts.completion_ids[i] for i in chunk]
         with torch.no_grad():
@@ -793,7 +979,21 @@ def _sequence_kl(
             ref_logps, _, _ = completion_logps(reference, rows, ids)
         per_token = kl_penalty(logps, ref_logps, cfg.algorithm.kl_estimator) * mask
         out.append(per_token.sum(dim=1).cpu())
+    for _ in range(_padding_passes(policy, len(chunks))):
+        with torch.no_grad():
+            distributed.padding_loss(policy.model, policy.pad_token_id)
+            distributed.padding_loss(reference.model, reference.pad_token_id)
     return torch.cat(out) if out else torch.zeros(0)
+
+
+def _padding_passes(policy: Policy, real: int) -> int:
+    """Sharded: how many passes with loss 0 (``distributed.padding_loss``) this rank adds to its
+    ``real`` micro-batches so that it runs as many forward/backward passes as the rank with the
+    most: FSDP all-gathers in every forward and reduce-scatters in every backward, and each
+    collective needs its partner on every rank. Unsharded: 0 (a collective-free count)."""
+    if not distributed.is_sharded(policy.model):
+        return 0
+    return int(distributed.max_scalar(float(real))) - real
 
 
 class Heartbeat:
@@ -871,27 +1071,36 @@ def _run_eval(
     """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
     sampling stream moves); the metrics reach every rank."""
     metrics = None
-    if distributed.is_main():
-        result: EvalResult = evaluate(
-            policy,
-            task,
-            samples,
-            cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        )
-        write_eval(result, directory, {"step": step})
-        runlog.metrics(
-            step, {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"}
-        )
-        console.print(
-            f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
-            f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
-        )
-        metrics = result.metrics
+    # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
+    with distributed.gathered(policy.model):
+        if distributed.is_main():
+            result: EvalResult = evaluate(
+                policy,
+                task,
+                samples,
+                cfg.eval.batch_size,
+                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            )
+            write_eval(result, directory, {"step": step})
+            runlog.metrics(
+                step,
+                {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"},
+            )
+            console.print(
+                f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
+                f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
+            )
+            metrics = result.metrics
     return distributed.broadcast_object(metrics)
 
 
-COUNT_METRICS = ("rollout/generated", "rollout/kept", "rollout/discarded", "train/reasons/")
+COUNT_METRICS = (
+    "rollout/generated",
+    "rollout/kept",
+    "rollout/discarded",
+    "rollout/temporal_generated",
+    "train/reasons/",
+)
 
 
 def _merge_rank_metrics(metrics: dict[str, float]) -> dict[str, float]:
@@ -924,8 +1133,12 @@ def _restore_rng(state: dict[str, Any], cfg: RunConfig, rank: int, world: int) -
 
 
 def _check_replicas(policy: Policy, when: str) -> None:
-    """Every rank must hold the same parameters (a cheap checksum, compared across ranks)."""
-    if distributed.world_size() == 1:
+    """Every rank must hold the same parameters (a cheap checksum, compared across ranks).
+
+    Sharded parameters are skipped: each rank holds a different part of one copy, so there
+    is no replica to compare.
+    """
+    if distributed.world_size() == 1 or distributed.is_sharded(policy.model):
         return
     with torch.no_grad():
         checksum = float(sum(p.double().sum().item() for p in policy.model.parameters()))
@@ -969,6 +1182,16 @@ def _load_weights(policy: Policy, checkpoint: Path) -> None:
         set_peft_model_state_dict(
             policy.model, load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
         )
+        return
+    if distributed.is_sharded(policy.model):  # rank 0 reads the checkpoint and scatters it
+        full = (
+            policy.family.load_model(
+                str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
+            ).state_dict()
+            if distributed.is_main()
+            else {}
+        )
+        distributed.load_full_model_state(policy.model, full)
         return
     loaded = policy.family.load_model(
         str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")

@@ -59,6 +59,16 @@ the list is a video whose native rate is ``sample_fps`` (qwen-vl-utils' key; def
 frames/s) and goes through the same sampling, budget and resize rules. Frames are resized to the
 size fitted for the first frame.
 
+**Shuffled frames** (Video-R1's T-GRPO temporal contrast, arXiv:2503.21776). A video part
+carrying ``"frame_shuffle_seed": <int>`` (:func:`with_shuffled_frames` adds it) is decoded,
+sampled and resized exactly as without it, then its *whole frames* are permuted by
+:func:`shuffled_order` (a pure function of the seed and the frame count, never the identity),
+before the processor merges frames into temporal patches of 2, as Video-R1 does
+(``video_inputs[0][torch.randperm(T)]``). Frame count, sizes, visual tokens and the metadata
+handed to the processor are unchanged, so the temporal positions (Qwen2.5-VL's mRoPE time
+steps, Qwen3-VL's timestamps) still run in order over frames that no longer do. The cache keeps
+the ordered frames; the permuted copy is not cached.
+
 **Hook for the Qwen-VL families.** :func:`process_vision_info` is a drop-in replacement for
 qwen-vl-utils' function of that name: images go through qwen-vl-utils' ``fetch_image`` as
 before, videos through :func:`read_video` with the family's :class:`VideoBudget`.
@@ -89,6 +99,9 @@ BACKENDS = ("decord", "torchcodec", "pyav")
 
 FRAME_LIST_FPS = 2.0
 """Default native rate (frames/s) of a video given as a list of frames (qwen-vl-utils' default)."""
+
+SHUFFLE_KEY = "frame_shuffle_seed"
+"""Video part key: permute the sampled frames with :func:`shuffled_order` of this seed."""
 
 # Part keys of qwen-vl-utils this module does not implement; refusing them beats ignoring them.
 UNSUPPORTED_PART_KEYS = ("video_start", "video_end", "resized_height", "resized_width")
@@ -1029,6 +1042,57 @@ def processor_metadata(meta: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# -- shuffled frames (T-GRPO) ----------------------------------------------------------------
+def shuffled_order(frames: int, seed: int) -> list[int]:
+    """A permutation of ``range(frames)`` drawn from numpy's PCG64 seeded with ``seed``: the same
+    for the same (frames, seed) on every machine and run, so an exactly resumed run shuffles the
+    same way. Never the identity when ``frames ≥ 2`` (an unshuffled "shuffled" video would make
+    the ordered-vs-shuffled contrast void; with 16 frames a redraw is needed once in 2·10¹³)."""
+    import numpy as np
+
+    if frames < 0:
+        raise ValueError(f"frames must be ≥ 0, got {frames}")
+    rng = np.random.default_rng(seed)
+    identity = list(range(frames))
+    while True:
+        order = [int(i) for i in rng.permutation(frames)]
+        if frames < 2 or order != identity:
+            return order
+
+
+def shuffle_frames(frames: Any, seed: int) -> tuple[Any, list[int]]:
+    """``(frames[order], order)`` with ``order = shuffled_order(len(frames), seed)``: a new
+    ``[T, C, H, W]`` tensor (the input, possibly the cache's, is left untouched)."""
+    import torch
+
+    order = shuffled_order(int(frames.shape[0]), seed)
+    return frames[torch.tensor(order, dtype=torch.long)], order
+
+
+def with_shuffled_frames(conversation: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """A copy of ``conversation`` whose video parts carry :data:`SHUFFLE_KEY` (the k-th video of
+    the conversation gets a seed derived from ``(seed, k)``); the input is not modified. Parts
+    other than videos are shared with the input."""
+    import numpy as np
+
+    out, k = [], 0
+    for message in conversation:
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(message)
+            continue
+        parts = []
+        for part in content:
+            if part.get("type") == "video" or "video" in part:
+                derived = int(np.random.SeedSequence([int(seed), k]).generate_state(1)[0])
+                parts.append({**part, SHUFFLE_KEY: derived})
+                k += 1
+            else:
+                parts.append(part)
+        out.append({**message, "content": parts})
+    return out
+
+
 # -- the hook for the Qwen-VL families -------------------------------------------------------
 def fetch_video(
     part: Mapping[str, Any],
@@ -1041,7 +1105,8 @@ def fetch_video(
     """One ``{"type": "video", "video": ...}`` part as ``(frames, video_metadata,
     sample_fps)``: the part's own qwen-vl-utils keys (``fps``, ``nframes``, ``min_frames``,
     ``max_frames``, ``min_pixels``, ``max_pixels``, ``total_pixels``; ``sample_fps`` = the rate
-    of a frame list) override ``budget``."""
+    of a frame list) override ``budget``; ``frame_shuffle_seed`` (:data:`SHUFFLE_KEY`) permutes
+    the sampled frames (the metadata stays that of the ordered frames)."""
     budget = (budget or VideoBudget()).override(part)
     frames, sample_fps, meta = read_video(
         part["video"],
@@ -1051,6 +1116,8 @@ def fetch_video(
         step_tokens=step_tokens,
         frames_fps=part.get("sample_fps"),
     )
+    if part.get(SHUFFLE_KEY) is not None:
+        frames, _ = shuffle_frames(frames, int(part[SHUFFLE_KEY]))
     return frames, processor_metadata(meta), sample_fps
 
 

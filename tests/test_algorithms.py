@@ -30,6 +30,8 @@ from mmrft.algorithms import (
     overlong_penalty,
     policy_loss,
     selective_log_softmax,
+    temporal_contrast_bonus,
+    temporal_contrast_decided,
 )
 
 # --------------------------------------------------------------------------- log-probs
@@ -149,6 +151,90 @@ def test_overlong_penalty():
     assert_close(overlong_penalty(lengths, 100, 20), torch.tensor([0.0, 0.0, -0.5, -1.0, -1.0]))
     assert_close(overlong_penalty(lengths, 100, 20, 0.5), torch.tensor([0, 0, -0.25, -0.5, -0.5]))
     assert_close(overlong_penalty(lengths, 100, 0), torch.tensor([0.0, 0.0, 0.0, 0.0, -1.0]))
+
+
+def test_temporal_contrast_bonus_hand_computed():
+    """Video-R1's T-GRPO: +α to the correct ordered completions when p ≥ μ·p̃ (α 0.3, μ 0.8)."""
+    ordered = torch.tensor(
+        [
+            [1.0, 0.0, 1.0, 1.0],  # p 0.75 < 0.8·1.0: no bonus
+            [1.0, 0.0, 0.0, 0.0],  # p 0.25 ≥ 0.8·0: bonus to the one correct completion
+            [1.0, 1.0, 0.0, 0.0],  # p 0.5 = 0.8·0.625: a tie grants the bonus
+            [0.0, 0.0, 0.0, 0.0],  # p 0 ≥ 0.8·0 holds, but nothing is correct
+            [0.05, 0.5, 1.0, 0.0],  # graded: p 0.3875 ≥ 0; correct = score > 0.1
+        ]
+    )
+    shuffled = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.25], [0.0, 0.0], [0.0, 0.0]])
+    expected = torch.tensor(
+        [
+            [0.0, 0.0, 0.0, 0.0],
+            [0.3, 0.0, 0.0, 0.0],
+            [0.3, 0.3, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0],
+            [0.0, 0.3, 0.3, 0.0],
+        ]
+    ).flatten()
+    assert_close(temporal_contrast_bonus(ordered, shuffled), expected)
+    # μ = 0.5, α = 1: row 0 now holds (0.75 ≥ 0.5); τ = 0.6 leaves row 4's 0.5 incorrect
+    expected = torch.tensor(
+        [
+            [1.0, 0.0, 1.0, 1.0],
+            [1.0, 0.0, 0.0, 0.0],
+            [1.0, 1.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 1.0, 0.0],
+        ]
+    ).flatten()
+    got = temporal_contrast_bonus(ordered, shuffled, ratio=0.5, bonus=1.0, correct_above=0.6)
+    assert_close(got, expected)
+    # G' ≠ G and no prompts at all
+    assert_close(
+        temporal_contrast_bonus(torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 1.0, 0.0, 0.0]])),
+        torch.tensor([0.3, 0.0]),  # 0.5 ≥ 0.8·0.5
+    )
+    assert temporal_contrast_bonus(torch.zeros(0, 4), torch.zeros(0, 2)).shape == (0,)
+    with pytest.raises(ValueError, match="ordered"):
+        temporal_contrast_bonus(torch.zeros(2, 4), torch.zeros(3, 2))
+    with pytest.raises(ValueError, match="ratio"):
+        temporal_contrast_bonus(torch.zeros(1, 4), torch.zeros(1, 2), ratio=-1.0)
+    with pytest.raises(ValueError, match="bonus"):
+        temporal_contrast_bonus(torch.zeros(1, 4), torch.zeros(1, 2), bonus=float("nan"))
+
+
+def test_temporal_contrast_decided_rows_ignore_the_shuffled_scores():
+    ordered = torch.tensor(
+        [
+            [0.0, 0.0, 0.0, 0.0, 0.0],  # nothing correct: no bonus whatever p̃
+            [1.0, 1.0, 1.0, 1.0, 1.0],  # p 1 ≥ 0.8·1: granted whatever p̃
+            [1.0, 1.0, 1.0, 1.0, 0.0],  # p 0.8 = 0.8·1: still granted (tie)
+            [1.0, 1.0, 1.0, 0.0, 0.0],  # p 0.6: depends on p̃
+            [0.05, 0.0, 0.0, 0.0, 0.0],  # below τ = 0.1: nothing correct
+        ]
+    )
+    assert temporal_contrast_decided(ordered).tolist() == [True, True, True, False, True]
+    assert temporal_contrast_decided(ordered, ratio=0.9).tolist() == [
+        True,
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert temporal_contrast_decided(ordered, high=2.0).tolist() == [
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
+    # on decided rows the bonus is the same for every shuffled outcome in [0, 1]
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        ordered = torch.randint(0, 2, (6, 4), generator=generator).float()
+        shuffled = torch.randint(0, 2, (6, 2), generator=generator).float()
+        decided = temporal_contrast_decided(ordered)
+        bonus = temporal_contrast_bonus(ordered, shuffled).view(6, 4)
+        filled = temporal_contrast_bonus(ordered, torch.zeros(6, 2)).view(6, 4)
+        assert_close(bonus[decided], filled[decided])
 
 
 # --------------------------------------------------------------------------- KL

@@ -80,3 +80,32 @@ def test_every_bundled_config_validates(path):
     if path.parent.name == "accelerate":
         pytest.skip("accelerate launcher config, not a run config")
     load_config(path)
+
+
+def test_temporal_contrast_defaults_checks_and_recipe():
+    tc = load_config(None, ["train.steps=0"]).algorithm.temporal_contrast
+    assert not tc.enabled  # off unless asked for; the paper's values otherwise
+    assert (tc.bonus, tc.ratio, tc.shuffled_per_prompt, tc.verifier) == (0.3, 0.8, None, "accuracy")
+    assert tc.correct_above == 0.1 and tc.skip_decided
+    cfg = load_config(
+        None,
+        [
+            "train.steps=0",
+            "algorithm.temporal_contrast.enabled=true",
+            "algorithm.temporal_contrast.shuffled_per_prompt=8",
+        ],
+    )
+    assert cfg.algorithm.temporal_contrast.enabled
+    assert cfg.algorithm.temporal_contrast.shuffled_per_prompt == 8
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown config key 'algorithm.temporal_contrast.bonsu'.*"
+        r"'algorithm.temporal_contrast.bonus'",
+    ):
+        load_config(None, ["train.steps=0", "algorithm.temporal_contrast.bonsu=0.3"])
+    for key, value in (("ratio", -0.1), ("bonus", -1), ("shuffled_per_prompt", 0)):
+        with pytest.raises(ConfigError, match=rf"algorithm.temporal_contrast.{key}: must be"):
+            load_config(None, ["train.steps=0", f"algorithm.temporal_contrast.{key}={value}"])
+    recipe = load_config(REPO / "configs" / "recipes" / "video_r1.yaml").algorithm
+    assert recipe.temporal_contrast.enabled
+    assert (recipe.temporal_contrast.bonus, recipe.temporal_contrast.ratio) == (0.3, 0.8)

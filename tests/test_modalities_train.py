@@ -378,3 +378,88 @@ def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "train/reward" in m] == [1]
     assert (run / "checkpoints" / "step-000001" / "config.json").is_file()
+
+
+# -- Video-R1's T-GRPO temporal contrast -----------------------------------------------------------
+ALWAYS_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_always", low=0.0, high=1.0)
+def always(completions, samples):
+    \"\"\"1 for every completion: every ordered group beats its shuffled one (p = 1 ≥ 0.8·p̃).\"\"\"
+    return [1.0 for _ in completions]
+"""
+
+
+def test_video_qa_temporal_contrast_two_steps(tmp_path, plugin, monkeypatch):
+    """Two steps with ``algorithm.temporal_contrast`` on three Video-R1 video items and one image
+    item: the video prompts get G/2 completions on shuffled frames each (seeded permutations, not
+    the identity), the bonus reaches the reward as ``train/reward/temporal``, the image prompt
+    gets no contrast, and the temporal metrics are logged."""
+    from mmrft import video as V
+
+    always = tmp_path / "always_plugin.py"
+    always.write_text(ALWAYS_PLUGIN)
+    items = json.loads((BENCH / "video_direction" / "video_r1_train.json").read_text())[:3]
+    image = BENCH / "shapes_colour" / "images" / "test-0000.png"
+    items.append({**items[0], "data_type": "image", "path": str(image), "problem_id": 99})
+    train_file = tmp_path / "mixed.json"
+    train_file.write_text(json.dumps(items))
+    orders: dict[int, list[int]] = {}
+    shuffle = V.shuffle_frames
+
+    def spy(frames, seed):
+        out, order = shuffle(frames, seed)
+        assert orders.setdefault(seed, order) == order
+        return out, order
+
+    monkeypatch.setattr(V, "shuffle_frames", spy)
+    cfg = load_config(
+        REPO / "configs/demo.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "name=run",
+            f"model.path={MODELS / 'tiny-qwen2_5_vl'}",
+            *SMALL_MEDIA,
+            "task.name=video_qa",
+            "task.params={think: none}",
+            f"task.params.media_root={BENCH / 'video_direction'}",
+            f"data.train={train_file}",
+            "data.test=",
+            "data.format=video_r1",
+            "warm_start.steps=0",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=6",
+            "eval.before=false",
+            "eval.after=false",
+            "checkpoint.every=0",
+            "train.completions_every=1",
+            f"plugins=[{plugin}, {always}]",
+            "reward.verifiers=[{name: format, params: {think: none}}, {name: accuracy},"
+            " {name: test_length}, {name: test_always}]",
+            "algorithm.temporal_contrast.enabled=true",
+            "algorithm.temporal_contrast.verifier=test_always",
+            "algorithm.temporal_contrast.skip_decided=false",
+        ],
+    )
+    summary = train(cfg)
+    run = Path(summary["run_dir"])
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2]
+    # 4 prompts over 2 steps, one per item: 3 video prompts × 2 shuffled completions
+    assert sum(m["rollout/temporal_generated"] for m in metrics) == 6
+    assert all(m["rollout/generated"] == 8 for m in metrics)  # shuffled ones are not trained on
+    for m in metrics:
+        assert m["train/reward/temporal"] == pytest.approx(0.3)  # every video group: +α
+        assert m["train/temporal_bonus_rate"] == 1.0
+        assert m["train/temporal_shuffled_accuracy"] == 1.0
+    assert len(orders) == 3 and all(o != sorted(o) for o in orders.values())
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    by_kind = {("image" if r["media"][0].endswith(".png") else "video"): r for r in rows}
+    assert by_kind["image"]["scores"]["temporal"] is None
+    assert by_kind["video"]["scores"]["temporal"] == pytest.approx(0.3)
+    assert by_kind["video"]["reward"] == pytest.approx(
+        sum(v for v in by_kind["video"]["scores"].values())
+    )

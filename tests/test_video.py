@@ -451,3 +451,70 @@ def test_prepare_through_mmrft_video(clips, monkeypatch) -> None:
     bad = [{"role": "user", "content": [{"type": "video", "video": str(clips["corrupt"])}]}]
     with pytest.raises(DataError, match=r"corrupt\.mp4"):
         family.prepare(processor, [bad])
+
+
+# -- shuffled frames (T-GRPO) ------------------------------------------------------------------
+def test_shuffled_order_is_a_seeded_permutation_never_the_identity() -> None:
+    order = V.shuffled_order(16, seed=7)
+    assert order == V.shuffled_order(16, seed=7)  # a pure function of (frames, seed)
+    assert sorted(order) == list(range(16)) and order != list(range(16))
+    assert len({tuple(V.shuffled_order(16, seed)) for seed in range(20)}) == 20
+    assert all(V.shuffled_order(2, seed) == [1, 0] for seed in range(20))  # redrawn if identity
+    assert V.shuffled_order(1, 3) == [0] and V.shuffled_order(0, 3) == []
+
+
+def test_shuffled_video_part_permutes_whole_frames(clips, monkeypatch) -> None:
+    """``frame_shuffle_seed`` permutes the sampled frames and nothing else: same frame count,
+    sizes, metadata and fps; the cached ordered frames stay as they were."""
+    cache = V.VideoCache()
+    monkeypatch.setattr(V, "VIDEO_CACHE", cache)
+    part = {"type": "video", "video": str(clips["square"])}
+    frames, metadata, fps = V.fetch_video(part)
+    kept = frames.clone()
+    conv = [{"role": "user", "content": [part, {"type": "text", "text": "Q"}]}]
+    shuffled_conv = V.with_shuffled_frames(conv, seed=11)
+    assert conv[0]["content"][0] == part and V.SHUFFLE_KEY not in part  # input untouched
+    assert shuffled_conv[0]["content"][1] is conv[0]["content"][1]
+    seed = shuffled_conv[0]["content"][0][V.SHUFFLE_KEY]
+    assert V.with_shuffled_frames(conv, seed=11) == shuffled_conv  # deterministic
+    assert V.with_shuffled_frames(conv, seed=12) != shuffled_conv
+    shuffled, shuffled_metadata, shuffled_fps = V.fetch_video(shuffled_conv[0]["content"][0])
+    order = V.shuffled_order(6, seed)
+    assert shuffled.shape == frames.shape == (6, 3, 56, 56)
+    assert torch.equal(shuffled, frames[order]) and order != list(range(6))
+    assert shuffled_metadata == metadata and shuffled_fps == fps
+    xs = [square_x(f) for f in shuffled]
+    assert not all(b > a for a, b in itertools.pairwise(xs))  # the square no longer moves right
+    assert torch.equal(frames, kept) and cache.misses == 1  # decoded once, cache untouched
+    # two videos in one conversation get different permutations
+    two = V.with_shuffled_frames([{"role": "user", "content": [part, part]}], seed=11)
+    seeds = [p[V.SHUFFLE_KEY] for p in two[0]["content"]]
+    assert seeds[0] == seed and seeds[0] != seeds[1]
+
+
+def test_prepare_shuffled_video_keeps_the_prompt(clips, monkeypatch) -> None:
+    """Through the Qwen2.5-VL family's prepare: the shuffled prompt has the same tokens, grid
+    and time step (mRoPE positions), and other pixels."""
+    from mmrft.models import qwen_vl
+    from mmrft.models.qwen_vl import Qwen25VL
+
+    monkeypatch.setattr(qwen_vl, "require_video_reader", lambda: None)
+    family = Qwen25VL()
+    processor = family.load_processor(str(TINY))
+    conv = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "video", "video": str(clips["square"])},
+                {"type": "text", "text": "Q"},
+            ],
+        }
+    ]
+    ordered = family.prepare(processor, [conv])
+    shuffled = family.prepare(processor, [V.with_shuffled_frames(conv, seed=3)])
+    for key in ("input_ids", "attention_mask", "video_grid_thw", "second_per_grid_ts"):
+        assert torch.equal(ordered[key], shuffled[key]), key
+    values, other = ordered["pixel_values_videos"], shuffled["pixel_values_videos"]
+    assert values.shape == other.shape and not torch.equal(values, other)
+    # the same pixels, in other places: every frame's values appear once in each
+    assert torch.equal(values.flatten().sort().values, other.flatten().sort().values)

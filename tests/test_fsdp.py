@@ -1,0 +1,262 @@
+"""Sharded training (``train.sharding``, FSDP2 over gloo on CPU) trains like one process.
+
+Two processes shard the policy (and the reference model) with FSDP2, train two RL steps on their
+parts of a global batch and must end with the parameters and optimizer state one unsharded
+process reaches on the whole batch. The ranks get unequal work (3 groups against 1, and
+zero-advantage completions skipped), so the padding passes that keep FSDP's collectives paired
+run too. ``fsdp_full`` clips the gradients (the demo's max_grad_norm 1 is far below the
+norm), which checks the clipping of sharded gradients; ``fsdp_grad_op`` does not, so the update
+shows the gradient's scale (a sum over ranks, not a mean); both compare the gradient norms.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = [
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=6",
+    "train.micro_batch_size=3",  # several micro-batches per rank
+    "algorithm.clip_low=0.05",
+    "algorithm.clip_high=0.05",
+    "optim.lr=1e-2",
+]
+CASES = {
+    # ZeRO-3 with a sharded reference model (β > 0: stored reference log-probs, all completions
+    # forwarded) and μ = 2 (stored old log-probs): no-grad passes are padded too
+    "fsdp_full": [
+        *BASE,
+        "train.sharding=fsdp_full",
+        "algorithm.beta=0.04",
+        "algorithm.updates_per_batch=2",
+    ],
+    # ZeRO-2 with zero-advantage completions skipped, gradient checkpointing and no clipping
+    # (so that the scale of the gradient, a sum over ranks, shows in the update)
+    "fsdp_grad_op": [
+        *BASE,
+        "train.sharding=fsdp_grad_op",
+        "model.gradient_checkpointing=true",
+        "optim.max_grad_norm=0",
+        "optim.lr=1e-3",
+    ],
+}
+GROUPS = 4
+SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]:
+    """Two RL steps on a fixed global batch (this rank's groups of it); the full parameters
+    and SGD momentum buffers (rank 0: all; other ranks: empty)."""
+    from mmrft import distributed
+    from mmrft.config import load_config
+    from mmrft.policy import load_policy
+    from mmrft.rollout import HFEngine, Sampling
+    from mmrft.task import build_task
+    from mmrft.trainer import StepBatch, _update, group_advantages, lr_lambda
+
+    torch.set_num_threads(1)
+    overrides = CASES[case] if world > 1 else [*CASES[case], "train.sharding=none"]
+    cfg = load_config(REPO / "configs/demo.yaml", overrides)
+    G = cfg.rollout.group_size
+    task = build_task(cfg.task.name, cfg.task.params)
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    assert distributed.shard_model(policy.model, cfg.train.sharding) == (world > 1)
+    reference = None
+    if cfg.algorithm.beta > 0:
+        reference = load_policy(cfg.model, torch.device("cpu"), trainable=False)
+        distributed.shard_model(reference.model, cfg.train.sharding, frozen=True)
+    samples, _ = task.read(REPO / cfg.data.train)
+    samples = samples[:GROUPS]
+    for s in samples:
+        policy.family.annotate(s)
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    # SGD (with momentum: still linear in the gradient): what is compared is the summed,
+    # clipped gradient. AdamW would turn float-rounding differences of tiny gradients into
+    # update differences of ~1e-4 (it divides them by their own tiny scale).
+    optimizer = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    engine = HFEngine(policy, batch_size=64)
+    expanded = [s for s in samples for _ in range(G)]
+    groups = SHARES[rank] if world > 1 else range(GROUPS)
+    share = [g * G + i for g in groups for i in range(G)]
+    norms = []
+    for step in (1, 2):
+        torch.manual_seed(step)  # every process samples the same global batch
+        with distributed.gathered(policy.model):
+            rollouts = engine.generate(
+                [task.prompt(s, policy.family) for s in samples], G, Sampling(6)
+            )
+        rewards = torch.tensor([min(len(t), 20) / 20 for t in rollouts.texts])
+        rewards[2 * G : 3 * G] = 0.5  # group 2 (rank 0's): zero advantages, skipped if β = 0
+        advantages = group_advantages(rewards, G)
+        batch = StepBatch(
+            samples=[expanded[i] for i in share],
+            rollouts=rollouts.select(share),
+            rewards=rewards[share],
+            generated=rollouts,
+            generated_samples=expanded,
+            scored=None,  # not read by _update
+            counts={},
+            reward_seconds=0.0,
+        )
+        stats = _update(
+            policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
+        )
+        norms.append(stats["grad_norm"])
+    # only rank 0 generates, as evaluation does: no collective may run inside generate
+    with distributed.gathered(policy.model):
+        if distributed.is_main():
+            engine.generate([task.prompt(samples[0], policy.family)], 2, Sampling(6))
+    if world > 1:
+        weights = distributed.full_model_state(policy.model)
+        momentum = distributed.full_optimizer_state(policy.model, optimizer)
+    else:
+        weights = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+        momentum = optimizer.state_dict()
+    if not weights:
+        return {}  # ranks > 0: the full state lives on rank 0 only
+    out = {**weights, "grad_norm": torch.tensor(norms, dtype=torch.float64)}
+    for index, state in momentum.get("state", {}).items():
+        out[f"momentum/{index}"] = state["momentum_buffer"]
+    return out
+
+
+def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # a collective that has no partner (a hang) fails within a minute instead of hanging
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        torch.save(train_two_steps(case, world, rank), Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_sharded_processes_match_one_process(case, tmp_path):
+    from mmrft.config import load_config
+    from mmrft.policy import load_policy
+
+    mp.start_processes(
+        _worker, args=(2, free_port(), case, str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    sharded = torch.load(tmp_path / "rank0.pt")
+    assert torch.load(tmp_path / "rank1.pt") == {}  # the full state lives on rank 0 only
+    single = train_two_steps(case, 1, 0)
+    assert sharded.keys() == single.keys()
+    assert any(k.startswith("momentum/") for k in single)
+    norms = single.pop("grad_norm")
+    torch.testing.assert_close(sharded.pop("grad_norm"), norms, rtol=1e-5, atol=0)
+    max_norm = load_config(REPO / "configs/demo.yaml", CASES[case]).optim.max_grad_norm
+    assert max_norm == 0 or (norms > max_norm).all()  # with clipping, the clip acted
+    worst = 0.0
+    for key, value in single.items():
+        torch.testing.assert_close(
+            sharded[key], value, rtol=0, atol=1e-5, msg=f"2 sharded ranks ≠ 1 process at {key}"
+        )
+        worst = max(worst, float((sharded[key] - value).abs().max()))
+    print(f"{case}: max |2 sharded processes − 1 process| = {worst:.2e}")
+
+    initial = load_policy(
+        load_config(REPO / "configs/demo.yaml", CASES[case]).model, torch.device("cpu")
+    ).model.state_dict()
+    assert any(not torch.equal(initial[k], single[k]) for k in initial), "nothing trained"
+
+
+def test_sharding_mode_is_validated():
+    import typing
+
+    from mmrft.config import TrainConfig, load_config
+    from mmrft.distributed import SHARDING
+    from mmrft.typecheck import ConfigError
+
+    hint = typing.get_type_hints(TrainConfig)["sharding"]
+    assert typing.get_args(hint) == SHARDING
+
+    with pytest.raises(ConfigError, match=r"train\.sharding.*did you mean 'fsdp_full'"):
+        load_config(REPO / "configs/demo.yaml", ["train.sharding=fsdp"])
+    with pytest.raises(ConfigError, match=r"train\.sharding.*model\.lora\.enabled"):
+        load_config(
+            REPO / "configs/demo.yaml", ["train.sharding=fsdp_full", "model.lora.enabled=true"]
+        )
+
+
+def test_shard_units_are_the_text_decoder_layers():
+    """Media encoders run 0, 1 or 2 times per forward depending on the batch, so their blocks
+    must not be units of their own (an all-gather per call would not pair up across ranks)."""
+    from mmrft.config import load_config
+    from mmrft.distributed import shard_units
+    from mmrft.policy import load_policy
+
+    for name in ("tiny-qwen2_5_vl", "tiny-qwen2_audio", "tiny-qwen2_5_omni"):
+        cfg = load_config(REPO / "configs/demo.yaml", [f"model.path=assets/models/{name}"])
+        model = load_policy(cfg.model, torch.device("cpu")).model
+        units = shard_units(model)
+        decoder_layers = list(model.get_decoder().layers)
+        assert units == decoder_layers, name
+
+
+def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
+    """``mmrft train demo`` on ``nproc`` processes (1: plain python, no process group)."""
+    cmd = [sys.executable]
+    if nproc > 1:
+        cmd += [
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={nproc}",
+            f"--master_port={free_port()}",
+        ]
+    cmd += [
+        "-m", "mmrft.cli", "train", "demo", f"output_dir={tmp_path}", "name=ws",
+        "warm_start.steps=2", f"train.steps={steps}", "train.prompts_per_step=2", "rollout.group_size=4",
+        "rollout.max_new_tokens=6", "eval.before=false", "eval.every=3", "eval.batch_size=20",
+        "data.max_test_samples=4", "checkpoint.every=1", "train.threads=1", *extra,
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_sharded_checkpoints_resume_on_any_world_size(tmp_path):
+    """2 sharded processes write step 2; 1 unsharded process resumes it to step 3; 2 sharded
+    processes resume that to step 4. Every checkpoint is a plain save_pretrained directory."""
+    sharded = ["train.sharding=fsdp_full"]
+    torchrun(tmp_path, 2, steps=2, extra=sharded)
+    from transformers import AutoModelForImageTextToText
+
+    step2 = tmp_path / "ws" / "checkpoints" / "step-000002"
+    state = torch.load(step2 / "trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2
+    adam = state["optimizer"]["state"]
+    assert all(isinstance(k, int) for k in adam)  # the unsharded layout, full tensors:
+    model = AutoModelForImageTextToText.from_pretrained(step2)
+    params = list(model.parameters())
+    assert [adam[i]["exp_avg"].shape for i in range(len(params))] == [p.shape for p in params]
+    torchrun(tmp_path, 1, steps=3, extra=[])
+    torchrun(tmp_path, 2, steps=4, extra=sharded)
+    lines = [json.loads(x) for x in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3, 4]
+    log = (tmp_path / "ws" / "train.log").read_text()
+    assert "resuming on 1" in log and "resuming on 2" in log
+    final = tmp_path / "ws" / "checkpoints" / "step-000004"
+    model = AutoModelForImageTextToText.from_pretrained(final)
+    assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
