@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,track,audio,video,render]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,track,audio,video,render,deepspeed]"
 	@touch $(STAMP)
 
 demo: $(STAMP)

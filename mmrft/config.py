@@ -295,9 +295,15 @@ class TrainConfig:
     )
     completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
     threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
-    sharding: Literal["none", "fsdp_full", "fsdp_grad_op"] = _f(
-        "none",
-        "How several processes hold the model: 'none' replicates parameters and optimizer states on every process; 'fsdp_full' shards parameters, gradients and optimizer states with FSDP2 and frees gathered parameters after each layer's forward (ZeRO-3); 'fsdp_grad_op' shards the same but keeps a layer's gathered parameters from forward to backward (ZeRO-2's traffic, more memory). One process: ignored. See mmrft/distributed.py.",
+    sharding: Literal["none", "fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "deepspeed_zero3"] = (
+        _f(
+            "none",
+            "How several processes hold the model: 'none' replicates parameters and optimizer states on every process; 'fsdp_full' shards parameters, gradients and optimizer states with FSDP2 and frees gathered parameters after each layer's forward (ZeRO-3); 'fsdp_grad_op' shards the same but keeps a layer's gathered parameters from forward to backward (ZeRO-2's traffic, more memory); 'deepspeed_zero2' / 'deepspeed_zero3' use DeepSpeed's ZeRO engine (pip install mmrft[deepspeed]; every process must run the same media kinds in each pass). An accelerate config of distributed_type FSDP or DEEPSPEED sets it. One process: ignored. See mmrft/distributed.py and mmrft/zero.py.",
+        )
+    )
+    deepspeed: dict[str, Any] = _f(
+        {},
+        "DeepSpeed zero_optimization settings merged over mmrft's (e.g. offload_optimizer: {device: cpu}, offload_param: {device: cpu}, reduce_bucket_size, stage3_* keys); the stage comes from train.sharding. Filled from an accelerate DeepSpeed config's offload devices and deepspeed_config_file.",
     )
     trackers: list[Literal["tensorboard", "wandb"]] = _f(
         [], "Experiment trackers beside metrics.jsonl (pip install mmrft[track])."
@@ -396,8 +402,9 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _check(cfg: RunConfig) -> None:
-    """Cross-field checks that no single type can express."""
+def check_config(cfg: RunConfig) -> None:
+    """Cross-field checks that no single type can express (run by ``load_config``, and again by
+    the trainer after a launcher's settings were applied)."""
 
     def need(ok: bool, key: str, message: str) -> None:
         if not ok:
@@ -446,6 +453,15 @@ def _check(cfg: RunConfig) -> None:
         cfg.train.sharding == "none" or not cfg.model.lora.enabled,
         "train.sharding",
         f"'{cfg.train.sharding}' is not supported with model.lora.enabled (LoRA's trainable state is already small); use 'none'",
+    )
+    if cfg.train.sharding.startswith("deepspeed"):
+        from mmrft.zero import require_deepspeed
+
+        require_deepspeed(cfg.train.sharding)
+    need(
+        not cfg.train.deepspeed or cfg.train.sharding.startswith("deepspeed"),
+        "train.deepspeed",
+        f"DeepSpeed settings given but train.sharding is '{cfg.train.sharding}'; set deepspeed_zero2 or deepspeed_zero3",
     )
     need(
         cfg.model.min_pixels <= cfg.model.max_pixels,
@@ -523,7 +539,7 @@ def load_config(
             )
         tree["algorithm"] = {**LOSS_PRESETS[preset], **tree["algorithm"]}
     cfg = _from_dict(RunConfig, tree, "")
-    _check(cfg)
+    check_config(cfg)
     return cfg
 
 

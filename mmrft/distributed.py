@@ -58,8 +58,13 @@ Each rank loads the whole model before sharding it (peak memory at start-up: one
 per device). With one process there is nothing to shard and ``train.sharding`` is ignored;
 LoRA with sharding is refused by the config check.
 
-DeepSpeed is not used: FSDP2 covers its ZeRO-2/3 stages, ships with torch, and leaves the
-update loop to mmrft (DeepSpeed's engine wants to own backward and step).
+``deepspeed_zero2`` / ``deepspeed_zero3``: DeepSpeed's ZeRO engine holds the partitions, reduces
+and clips the gradients and steps the optimizer, inside mmrft's loop (``mmrft/zero.py``). It
+needs every rank to run the same modules in each pass (checked), which FSDP2 here does not.
+
+The functions below that take a model dispatch on how it is held (replicated, FSDP2, ZeRO), so
+the trainer reads the same for all of them. ``sharding_from_launcher`` turns an accelerate
+config of ``distributed_type: FSDP`` (FSDP2) or ``DEEPSPEED`` into ``train.sharding``.
 """
 
 from __future__ import annotations
@@ -74,31 +79,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from mmrft import zero
+
 log = logging.getLogger("mmrft")
 
-SHARDING = ("none", "fsdp_full", "fsdp_grad_op")
+SHARDING = ("none", "fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "deepspeed_zero3")
 
 
 def setup() -> tuple[int, int]:
-    """(rank, world size); initialise the process group when launched with several processes.
-
-    An accelerate config with ``distributed_type: FSDP`` or ``DEEPSPEED`` is refused: mmrft
-    does not hand its model to accelerate's ``Accelerator.prepare``, so those settings would be
-    silently ignored (and with FSDP's ``cpu_ram_efficient_loading`` transformers would load the
-    weights of ranks > 0 on the meta device).
-    Sharding is mmrft's own ``train.sharding``, launched with the plain multi-GPU config.
-    """
-    for variable, kind in (
-        ("ACCELERATE_USE_FSDP", "FSDP"),
-        ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"),
-    ):
-        if os.environ.get(variable, "").lower() in ("1", "true"):
-            from mmrft.typecheck import ConfigError
-
-            raise ConfigError(
-                f"accelerate config: distributed_type {kind} is not used by mmrft; launch with "
-                "configs/accelerate/multi_gpu.yaml and set train.sharding=fsdp_full (or fsdp_grad_op)"
-            )
+    """(rank, world size); initialise the process group when launched with several processes."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         from accelerate import PartialState
 
@@ -106,6 +95,81 @@ def setup() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def sharding_from_launcher(sharding: str, deepspeed: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """``(train.sharding, train.deepspeed)`` with what an ``accelerate launch`` config asks for.
+
+    mmrft never calls ``Accelerator.prepare`` (it owns the update loop), so accelerate's FSDP
+    and DeepSpeed settings, which it passes to the processes as environment variables, are
+    translated here instead of being silently ignored:
+
+    - ``distributed_type: FSDP`` with ``fsdp_version: 2``: ``fsdp_reshard_after_forward``
+      true → ``fsdp_full``, false → ``fsdp_grad_op``. FSDP1 is refused (mmrft shards with FSDP2).
+    - ``distributed_type: DEEPSPEED``: ``zero_stage`` 2/3 → ``deepspeed_zero2/3``;
+      ``offload_optimizer_device`` / ``offload_param_device`` → ZeRO offload settings;
+      ``deepspeed_config_file``: its ``zero_optimization`` section (stage included). The
+      file's other sections (batch sizes, optimizer, scheduler, precision, clipping) are
+      mmrft's config's business and are ignored with a warning naming them.
+
+    A config that already sets ``train.sharding`` to something else is an error naming both.
+    """
+    from mmrft.typecheck import ConfigError
+
+    wanted, settings = None, dict(deepspeed)
+    if _env_flag("ACCELERATE_USE_FSDP"):
+        version = os.environ.get("FSDP_VERSION", "1")
+        if version != "2":
+            raise ConfigError(
+                f"accelerate config: fsdp_version {version} — mmrft shards with FSDP2; set "
+                "fsdp_version: 2 (see configs/accelerate/fsdp2.yaml)"
+            )
+        reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
+        wanted = "fsdp_grad_op" if reshard in ("false", "shard_grad_op") else "fsdp_full"
+    elif _env_flag("ACCELERATE_USE_DEEPSPEED"):
+        stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+        path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+        if path and path.lower() != "none":
+            import json
+
+            file_config = json.loads(open(path).read())
+            zero = dict(file_config.get("zero_optimization") or {})
+            stage = str(zero.pop("stage", stage))
+            settings = {**zero, **settings}
+            ignored = sorted(k for k in file_config if k != "zero_optimization")
+            if ignored:
+                log.warning(
+                    "%s: %s ignored (mmrft sets batch sizes, optimizer, scheduler, precision and "
+                    "clipping from its own config)",
+                    path,
+                    ", ".join(ignored),
+                )
+        for variable, key in (
+            ("ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "offload_optimizer"),
+            ("ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE", "offload_param"),
+        ):
+            device = os.environ.get(variable, "none").lower()
+            if device not in ("", "none") and key not in settings:
+                settings[key] = {"device": device}
+        if stage not in ("2", "3"):
+            raise ConfigError(
+                f"accelerate config: zero_stage {stage} — mmrft runs DeepSpeed ZeRO stage 2 or 3 "
+                "(configs/accelerate/deepspeed_zero2.yaml, deepspeed_zero3.yaml)"
+            )
+        wanted = f"deepspeed_zero{stage}"
+    if wanted is None:
+        return sharding, settings
+    if sharding not in ("none", wanted):
+        raise ConfigError(
+            f"train.sharding: '{sharding}' but the accelerate config asks for '{wanted}'; "
+            "set one of them"
+        )
+    log.info("train.sharding=%s from the accelerate config", wanted)
+    return wanted, settings
 
 
 def world_size() -> int:
@@ -250,11 +314,21 @@ _FSDP_API = (
 )
 
 
-def shard_model(model: torch.nn.Module, mode: str, *, frozen: bool = False) -> bool:
-    """Shard ``model`` in place with FSDP2 (``mode``: one of ``SHARDING``); True if sharded.
+def shard_model(
+    model: torch.nn.Module,
+    mode: str,
+    *,
+    frozen: bool = False,
+    deepspeed_config: dict[str, Any] | None = None,
+) -> bool:
+    """Shard ``model`` in place (``mode``: one of ``SHARDING``); True if its parameters are now
+    partitioned.
 
-    ``frozen`` (a reference model, never backpropagated): parameters are freed after every
-    forward whatever the mode. One process has nothing to shard: the model is left as it is.
+    FSDP2 modes shard here. DeepSpeed modes partition only a ``frozen`` model here (the ZeRO-3
+    reference model, with ``deepspeed_config``); a trained model's engine is built together
+    with its optimizer by ``prepare_optimizer``. ``frozen`` (a reference model, never
+    backpropagated): FSDP frees parameters after every forward whatever the mode. One process
+    has nothing to shard: the model is left as it is.
     """
     if mode not in SHARDING:
         raise ValueError(f"unknown sharding mode {mode!r}; one of {SHARDING}")
@@ -262,6 +336,11 @@ def shard_model(model: torch.nn.Module, mode: str, *, frozen: bool = False) -> b
         return False
     if world_size() == 1:
         log.info("train.sharding=%s with one process: nothing to shard, training unsharded", mode)
+        return False
+    if mode in zero.STAGES:  # the policy's engine is built with its optimizer (prepare_optimizer)
+        if frozen and zero.STAGES[mode] == 3:
+            zero.initialize(model, None, deepspeed_config)
+            return True
         return False
     try:
         from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -301,7 +380,20 @@ def shard_model(model: torch.nn.Module, mode: str, *, frozen: bool = False) -> b
     return True
 
 
-def is_sharded(model: torch.nn.Module) -> bool:
+def prepare_optimizer(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mode: str,
+    deepspeed_config: dict[str, Any],
+) -> None:
+    """DeepSpeed modes with several processes: build the ZeRO engine that holds ``model`` and
+    ``optimizer`` from now on (after any weights were loaded, so its fp32 master weights start
+    from them). Anything else: nothing to do."""
+    if mode in zero.STAGES and world_size() > 1:
+        zero.initialize(model, optimizer, deepspeed_config)
+
+
+def _is_fsdp(model: torch.nn.Module) -> bool:
     if "torch.distributed.fsdp" not in sys.modules:  # never imported (~1 s): nothing sharded
         return False
     try:
@@ -309,6 +401,69 @@ def is_sharded(model: torch.nn.Module) -> bool:
     except ImportError:  # torch < 2.6: no FSDP2
         return False
     return isinstance(model, FSDPModule)
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    """The model's parameters are partitioned over the ranks (FSDP2 or ZeRO-3): no rank holds
+    a whole replica."""
+    return _is_fsdp(model) or zero.stage_of(model) == 3
+
+
+def passes_must_match(model: torch.nn.Module) -> bool:
+    """Every rank must run as many forward/backward passes as the others (their collectives
+    pair up): FSDP2 and ZeRO. The trainer pads with zero-loss passes."""
+    return _is_fsdp(model) or zero.engine_of(model) is not None
+
+
+def same_graph_required(model: torch.nn.Module) -> bool:
+    """Every rank's pass must also run the same modules (ZeRO's hooks; see mmrft/zero.py), so a
+    padding pass repeats one of the rank's own inputs rather than a text-only one."""
+    return zero.engine_of(model) is not None
+
+
+def module_to_call(model: torch.nn.Module) -> Any:
+    """What a training forward calls: the DeepSpeed engine, or the model."""
+    return zero.module_to_call(model)
+
+
+def backward(model: torch.nn.Module, loss: torch.Tensor) -> None:
+    """``loss.backward()``, or the DeepSpeed engine's backward (summed over ranks)."""
+    zero.backward(model, loss)
+
+
+def clip_and_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    max_grad_norm: float,
+    check_norm: Any,
+) -> float:
+    """End an update: sum the gradients over ranks, clip their global norm to
+    ``max_grad_norm`` (0: no clipping), ``check_norm(norm)`` (it raises on a non-finite norm),
+    step and zero the gradients. Returns the global norm before clipping.
+
+    DeepSpeed clips and steps in one call, so there ``check_norm`` sees the norm after the
+    step (the run still stops before any checkpoint of it).
+    """
+    if zero.engine_of(model) is not None:
+        norm = zero.step(model)
+        check_norm(norm)
+        return norm
+    params = [p for p in model.parameters() if p.requires_grad]
+    sum_gradients(params)  # unsharded; FSDP's backward already summed
+    if max_grad_norm > 0:
+        norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    norm = float(full_tensor(norm))  # sharded gradients: the global norm
+    check_norm(norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+def check_same_graph(model: torch.nn.Module, inputs: tuple[str, ...]) -> None:
+    """ZeRO: stop with a message when ranks are about to forward different input kinds."""
+    zero.check_same_graph(model, inputs)
 
 
 def _fsdp_modules(model: torch.nn.Module) -> list[Any]:
@@ -325,7 +480,11 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     collective, so ranks may generate different lengths or only one rank may evaluate. Nested
     use is a no-op.
     """
-    if not is_sharded(model) or getattr(model, "_mmrft_gathered", False):
+    if zero.engine_of(model) is not None:
+        with zero.gathered(model):
+            yield
+        return
+    if not _is_fsdp(model) or getattr(model, "_mmrft_gathered", False):
         yield
         return
     modules = _fsdp_modules(model)
@@ -351,7 +510,8 @@ def padding_loss(model: torch.nn.Module, pad_token_id: int) -> torch.Tensor:
     """
     device = next(model.parameters()).device
     ids = torch.full((1, 2), pad_token_id, dtype=torch.long, device=device)
-    out = model(
+    check_same_graph(model, ())  # ZeRO: other ranks must be text-only too
+    out = module_to_call(model)(
         input_ids=ids, attention_mask=torch.ones_like(ids), logits_to_keep=1, use_cache=False
     )
     return out.logits.float().sum() * 0.0
@@ -363,8 +523,13 @@ def _options(**kwargs: Any) -> Any:
     return StateDictOptions(full_state_dict=True, **kwargs)
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict on CPU on rank 0, ``{}`` on other ranks (a collective)."""
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The full (unsharded) state dict on CPU on rank 0, ``{}`` on other ranks (a collective);
+    None when the model's own parameters are whole already (replicated, ZeRO-2)."""
+    if not is_sharded(model):
+        return None
+    if not _is_fsdp(model):
+        return zero.full_model_state(model)
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_options(cpu_offload=True))
@@ -388,7 +553,11 @@ def full_optimizer_state(
 ) -> dict[str, Any]:
     """The full optimizer state on rank 0 in ``optimizer.state_dict()``'s layout (states keyed
     by parameter index, full CPU tensors), as an unsharded run saves it; ``{}`` on other ranks.
-    A collective."""
+    A collective when sharded (FSDP2, ZeRO); unsharded, ``optimizer.state_dict()``."""
+    if zero.engine_of(model) is not None:
+        return zero.full_optimizer_state(model, optimizer)
+    if not _is_fsdp(model):
+        return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     by_name = get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
@@ -402,8 +571,15 @@ def full_optimizer_state(
 def load_full_optimizer_state(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
 ) -> None:
-    """Load a full ``optimizer.state_dict()``-layout state (any world size wrote it) from rank 0
-    into a sharded optimizer; other ranks may pass ``{}``."""
+    """Load a full ``optimizer.state_dict()``-layout state (any world size wrote it) into the
+    optimizer, however it is held. FSDP2: from rank 0 (other ranks may pass ``{}``); ZeRO and
+    unsharded: every rank passes the whole state."""
+    if zero.engine_of(model) is not None:
+        zero.load_full_optimizer_state(model, optimizer, state)
+        return
+    if not _is_fsdp(model):
+        optimizer.load_state_dict(state)
+        return
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     if broadcast_object(is_main() and not state.get("state")):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
 from mmrft.config import ModelConfig, resolve_path
 from mmrft.family import MediaBudget, ModelFamily, family_for_model_type
@@ -188,7 +189,8 @@ def completion_logps(
         if key in media:
             media[key] = media[key].to(policy.model.dtype)
     n = completion_ids.shape[1]
-    out = policy.model(
+    distributed.check_same_graph(policy.model, tuple(sorted(media)))  # DeepSpeed ZeRO only
+    out = distributed.module_to_call(policy.model)(
         input_ids=input_ids,
         attention_mask=attention_mask,
         logits_to_keep=n + 1,

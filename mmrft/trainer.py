@@ -44,7 +44,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from mmrft import distributed
+from mmrft import distributed, zero
 from mmrft.algorithms import (
     filter_zero_variance_groups,
     group_advantages,
@@ -62,7 +62,7 @@ from mmrft.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from mmrft.config import RunConfig, resolve_path, to_dict, to_yaml
+from mmrft.config import RunConfig, check_config, resolve_path, to_dict, to_yaml
 from mmrft.data import DataError, Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.plugins import did_you_mean, load_plugins
@@ -291,6 +291,11 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     rank, world = distributed.setup()
+    # an accelerate config's FSDP / DeepSpeed settings become train.sharding (mmrft owns the loop)
+    cfg.train.sharding, cfg.train.deepspeed = distributed.sharding_from_launcher(
+        cfg.train.sharding, cfg.train.deepspeed
+    )
+    check_config(cfg)
     console = (console or Console()) if rank == 0 else Console(quiet=True)
     if cfg.train.prompts_per_step % world:
         raise ConfigError(
@@ -332,7 +337,12 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
     if reference is not None:  # sharded like the policy, freed after every forward
-        distributed.shard_model(reference.model, cfg.train.sharding, frozen=True)
+        distributed.shard_model(
+            reference.model,
+            cfg.train.sharding,
+            frozen=True,
+            deepspeed_config=deepspeed_config(cfg, world, training=False),
+        )
     train_samples = (
         load_split(task, policy, cfg, cfg.data.train, cfg.data.max_train_samples)
         if cfg.data.train
@@ -376,10 +386,6 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         if checkpoint is not None:
             state = load_trainer_state(checkpoint)
             _load_weights(policy, checkpoint)
-            if distributed.is_sharded(policy.model):
-                distributed.load_full_optimizer_state(policy.model, optimizer, state["optimizer"])
-            else:
-                optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             _restore_rng(state, cfg, rank, world)
             stream.position = state["data_position"]
@@ -397,16 +403,19 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                 evals["before"] = _run_eval(
                     policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
                 )
+        # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
+        distributed.prepare_optimizer(
+            policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+        )
+        if checkpoint is not None:
+            distributed.load_full_optimizer_state(policy.model, optimizer, state["optimizer"])
         _check_replicas(policy, "start")
 
         def trainer_state(step: int) -> dict[str, Any]:
             return {
                 "step": step,
-                "optimizer": (  # full, in the unsharded layout, so any world size resumes
-                    distributed.full_optimizer_state(policy.model, optimizer)
-                    if distributed.is_sharded(policy.model)
-                    else optimizer.state_dict()
-                ),
+                # full, in the unsharded layout, so any world size resumes
+                "optimizer": distributed.full_optimizer_state(policy.model, optimizer),
                 "scheduler": scheduler.state_dict(),
                 "rng": rng_state(),  # rank 0's, kept for single-process readers
                 "rng_by_rank": distributed.gather_objects(rng_state()),
@@ -419,11 +428,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         def checkpoint_now(step: int) -> None:
             _check_replicas(policy, f"step {step}")
             state = trainer_state(step)  # collective (gathers every rank's RNG state)
-            weights = (  # collective: rank 0 gets the full weights
-                distributed.full_model_state(policy.model)
-                if distributed.is_sharded(policy.model)
-                else None
-            )
+            # sharded: a collective, rank 0 gets the full weights (None: the model's own)
+            weights = distributed.full_model_state(policy.model)
             if rank == 0:
                 path = save_checkpoint(
                     run_dir / "checkpoints",
@@ -897,11 +903,10 @@ def _update(
     for _ in range(padding):  # the same no-grad passes, in the same order, as other ranks
         with torch.no_grad():
             if algo.updates_per_batch > 1:
-                distributed.padding_loss(policy.model, policy.pad_token_id)
+                _padding_pass(policy, rollouts)
             if reference is not None and algo.kl_mode == "loss":
-                distributed.padding_loss(reference.model, reference.pad_token_id)
+                _padding_pass(reference, rollouts)
 
-    params = [p for p in policy.model.parameters() if p.requires_grad]
     totals: Counter = Counter()
     weight = 0.0
     grad_norms = []
@@ -931,30 +936,25 @@ def _update(
             if not torch.isfinite(loss):
                 ids_text = ", ".join(sorted({batch.samples[i].id for i in chunk}))
                 raise FloatingPointError(f"non-finite loss at step {step} (samples: {ids_text})")
-            loss.backward()
+            distributed.backward(policy.model, loss)
             tokens = float(mask.sum().item())
             weight += tokens
             totals["loss"] += loss.item() / algo.updates_per_batch
             for key, value in stats.items():
                 totals[key] += float(value) * tokens
         for _ in range(padding):
-            distributed.padding_loss(policy.model, policy.pad_token_id).backward()
-        distributed.sum_gradients(params)  # unsharded; FSDP's backward already summed
-        if cfg.optim.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.optim.max_grad_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in params if p.grad is not None]
-            )
-        grad_norm = distributed.full_tensor(grad_norm)  # sharded gradients: the global norm
-        if not torch.isfinite(grad_norm):
-            ids_text = ", ".join(sorted({s.id for s in batch.samples}))
-            raise FloatingPointError(
-                f"non-finite gradient norm at step {step} (samples: {ids_text})"
-            )
-        grad_norms.append(float(grad_norm))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+            distributed.backward(policy.model, _padding_pass(policy, rollouts))
+
+        def check_norm(norm: float) -> None:
+            if not math.isfinite(norm):
+                ids_text = ", ".join(sorted({s.id for s in batch.samples}))
+                raise FloatingPointError(
+                    f"non-finite gradient norm at step {step} (samples: {ids_text})"
+                )
+
+        grad_norms.append(
+            distributed.clip_and_step(policy.model, optimizer, cfg.optim.max_grad_norm, check_norm)
+        )
         scheduler.step()
     out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
     out["loss"] = totals["loss"]
@@ -981,19 +981,48 @@ def _sequence_kl(
         out.append(per_token.sum(dim=1).cpu())
     for _ in range(_padding_passes(policy, len(chunks))):
         with torch.no_grad():
-            distributed.padding_loss(policy.model, policy.pad_token_id)
-            distributed.padding_loss(reference.model, reference.pad_token_id)
+            _padding_pass(policy, rollouts)
+            _padding_pass(reference, rollouts)
     return torch.cat(out) if out else torch.zeros(0)
 
 
 def _padding_passes(policy: Policy, real: int) -> int:
-    """Sharded: how many passes with loss 0 (``distributed.padding_loss``) this rank adds to its
-    ``real`` micro-batches so that it runs as many forward/backward passes as the rank with the
-    most: FSDP all-gathers in every forward and reduce-scatters in every backward, and each
-    collective needs its partner on every rank. Unsharded: 0 (a collective-free count)."""
-    if not distributed.is_sharded(policy.model):
+    """Sharded: how many passes with loss 0 (``_padding_pass``) this rank adds to its ``real``
+    micro-batches so that it runs as many forward/backward passes as the rank with the most:
+    FSDP all-gathers in every forward and reduce-scatters in every backward, ZeRO reduces
+    gradients in every backward, and each collective needs its partner on every rank.
+    Unsharded: 0 (a collective-free count)."""
+    if not distributed.passes_must_match(policy.model):
         return 0
     return int(distributed.max_scalar(float(real))) - real
+
+
+def _padding_pass(policy: Policy, rollouts: Rollouts) -> torch.Tensor:
+    """A forward whose loss is exactly 0 (so is its gradient). FSDP: two padding tokens, the
+    cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py): the rank's first
+    completion again, with its media, × 0."""
+    if distributed.same_graph_required(policy.model) and rollouts.completion_ids:
+        logps, _, _ = completion_logps(
+            policy, rollouts.prompt_rows[:1], rollouts.completion_ids[:1]
+        )
+        return logps.sum() * 0.0
+    return distributed.padding_loss(policy.model, policy.pad_token_id)
+
+
+def deepspeed_config(cfg: RunConfig, world: int, training: bool = True) -> dict[str, Any]:
+    """The DeepSpeed config of ``train.sharding`` (deepspeed_zero2/3) and ``train.deepspeed``;
+    ``{}`` for other modes."""
+    if cfg.train.sharding not in zero.STAGES:
+        return {}
+    return zero.deepspeed_config(
+        zero.STAGES[cfg.train.sharding],
+        micro_batch_size=cfg.train.micro_batch_size,
+        world_size=world,
+        dtype=cfg.model.dtype,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        zero=cfg.train.deepspeed,
+        training=training,
+    )
 
 
 class Heartbeat:

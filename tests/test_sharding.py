@@ -1,12 +1,13 @@
-"""Sharded training (``train.sharding``, FSDP2 over gloo on CPU) trains like one process.
+"""Sharded training (``train.sharding``: FSDP2, and DeepSpeed ZeRO-2/3) trains like one process.
 
-Two processes shard the policy (and the reference model) with FSDP2, train two RL steps on their
-parts of a global batch and must end with the parameters and optimizer state one unsharded
-process reaches on the whole batch. The ranks get unequal work (3 groups against 1, and
-zero-advantage completions skipped), so the padding passes that keep FSDP's collectives paired
-run too. ``fsdp_full`` clips the gradients (the demo's max_grad_norm 1 is far below the
-norm), which checks the clipping of sharded gradients; ``fsdp_grad_op`` does not, so the update
-shows the gradient's scale (a sum over ranks, not a mean); both compare the gradient norms.
+Two processes (gloo on CPU) shard the policy (and the reference model) with FSDP2 or DeepSpeed
+ZeRO, train two RL steps on their parts of a global batch and must end with the parameters and
+optimizer state one unsharded process reaches on the whole batch. The ranks get unequal work
+(3 groups against 1, and zero-advantage completions skipped), so the padding passes that keep
+the collectives paired run too. ``fsdp_full`` / ``deepspeed_zero3`` clip the gradients (the
+demo's max_grad_norm 1 is far below the norm), which checks the clipping of sharded gradients;
+``fsdp_grad_op`` / ``deepspeed_zero2`` do not, so the update shows the gradient's scale (a sum
+over ranks, not a mean); all compare the gradient norms.
 """
 
 from __future__ import annotations
@@ -52,6 +53,20 @@ CASES = {
         "optim.max_grad_norm=0",
         "optim.lr=1e-3",
     ],
+    # the same two cases through DeepSpeed's engine (a ZeRO-3 reference model without optimizer)
+    "deepspeed_zero3": [
+        *BASE,
+        "train.sharding=deepspeed_zero3",
+        "algorithm.beta=0.04",
+        "algorithm.updates_per_batch=2",
+    ],
+    "deepspeed_zero2": [
+        *BASE,
+        "train.sharding=deepspeed_zero2",
+        "model.gradient_checkpointing=true",
+        "optim.max_grad_norm=0",
+        "optim.lr=1e-3",
+    ],
 }
 GROUPS = 4
 SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
@@ -71,7 +86,13 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     from mmrft.policy import load_policy
     from mmrft.rollout import HFEngine, Sampling
     from mmrft.task import build_task
-    from mmrft.trainer import StepBatch, _update, group_advantages, lr_lambda
+    from mmrft.trainer import (
+        StepBatch,
+        _update,
+        deepspeed_config,
+        group_advantages,
+        lr_lambda,
+    )
 
     torch.set_num_threads(1)
     overrides = CASES[case] if world > 1 else [*CASES[case], "train.sharding=none"]
@@ -79,11 +100,17 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     G = cfg.rollout.group_size
     task = build_task(cfg.task.name, cfg.task.params)
     policy = load_policy(cfg.model, torch.device("cpu"))
-    assert distributed.shard_model(policy.model, cfg.train.sharding) == (world > 1)
+    fsdp = cfg.train.sharding.startswith("fsdp")
+    assert distributed.shard_model(policy.model, cfg.train.sharding) == (world > 1 and fsdp)
     reference = None
     if cfg.algorithm.beta > 0:
         reference = load_policy(cfg.model, torch.device("cpu"), trainable=False)
-        distributed.shard_model(reference.model, cfg.train.sharding, frozen=True)
+        distributed.shard_model(
+            reference.model,
+            cfg.train.sharding,
+            frozen=True,
+            deepspeed_config=deepspeed_config(cfg, world, training=False),
+        )
     samples, _ = task.read(REPO / cfg.data.train)
     samples = samples[:GROUPS]
     for s in samples:
@@ -94,6 +121,9 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     # update differences of ~1e-4 (it divides them by their own tiny scale).
     optimizer = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    distributed.prepare_optimizer(
+        policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+    )
     engine = HFEngine(policy, batch_size=64)
     expanded = [s for s in samples for _ in range(G)]
     groups = SHARES[rank] if world > 1 else range(GROUPS)
@@ -128,6 +158,9 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
             engine.generate([task.prompt(samples[0], policy.family)], 2, Sampling(6))
     if world > 1:
         weights = distributed.full_model_state(policy.model)
+        if weights is None:  # ZeRO-2: the parameters are whole on every rank; rank 0's
+            own = policy.model.state_dict()
+            weights = {k: v.detach().clone() for k, v in own.items()} if rank == 0 else {}
         momentum = distributed.full_optimizer_state(policy.model, optimizer)
     else:
         weights = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
@@ -141,7 +174,13 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
 
 
 def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(  # what torchrun sets (DeepSpeed reads LOCAL_RANK)
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
     # a collective that has no partner (a hang) fails within a minute instead of hanging
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
@@ -152,7 +191,17 @@ def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("case", list(CASES))
+def _needs(case: str) -> list[pytest.MarkDecorator]:
+    if not case.startswith("deepspeed"):
+        return []
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return [pytest.mark.skip(reason="DeepSpeed not installed (pip install mmrft[deepspeed])")]
+    return []
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_needs(c)) for c in CASES])
 def test_two_sharded_processes_match_one_process(case, tmp_path):
     from mmrft.config import load_config
     from mmrft.policy import load_policy
