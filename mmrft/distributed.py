@@ -135,8 +135,9 @@ def sharding_from_launcher(sharding: str, deepspeed: dict[str, Any]) -> tuple[st
         path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
         if path and path.lower() != "none":
             import json
+            from pathlib import Path
 
-            file_config = json.loads(open(path).read())
+            file_config = json.loads(Path(path).read_text())
             zero = dict(file_config.get("zero_optimization") or {})
             stage = str(zero.pop("stage", stage))
             settings = {**zero, **settings}

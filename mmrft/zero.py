@@ -113,13 +113,12 @@ def deepspeed_config(
         "train_batch_size": micro_batch_size * world_size,
         "steps_per_print": 1 << 30,  # mmrft logs its own metrics
         "zero_optimization": {
-            "stage": stage,
             # overlap_comm needs side streams that reorder the reductions; mmrft's passes are
             # short micro-batches of one rollout batch, and determinism is worth more here
             "overlap_comm": False,
             "contiguous_gradients": True,
             **(zero or {}),
-            "stage": stage,
+            "stage": stage,  # train.sharding decides, whatever train.deepspeed says
         },
         "wall_clock_breakdown": False,
     }
