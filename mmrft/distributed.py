@@ -128,6 +128,12 @@ def sharding_from_launcher(sharding: str, deepspeed: dict[str, Any]) -> tuple[st
                 f"accelerate config: fsdp_version {version} — mmrft shards with FSDP2; set "
                 "fsdp_version: 2 (see configs/accelerate/fsdp2.yaml)"
             )
+        if _env_flag("FSDP_CPU_RAM_EFFICIENT_LOADING"):
+            raise ConfigError(
+                "accelerate config: fsdp_cpu_ram_efficient_loading true makes transformers load "
+                "the weights of ranks > 0 on the meta device; mmrft loads on every rank and "
+                "broadcasts rank 0's, so set it to false (see configs/accelerate/fsdp2.yaml)"
+            )
         reshard = os.environ.get("FSDP_RESHARD_AFTER_FORWARD", "true").lower()
         wanted = "fsdp_grad_op" if reshard in ("false", "shard_grad_op") else "fsdp_full"
     elif _env_flag("ACCELERATE_USE_DEEPSPEED"):

@@ -31,9 +31,10 @@ reduce-scatter, clipping and the optimizer step. How the two fit:
   need ``train.sharding=fsdp_full``, whose root unit gathers the encoders once per forward
   whatever runs.
 - **Generation.** ZeRO-3 parameters are gathered once (``deepspeed.zero.GatheredParameters``)
-  and the partitioning hooks are taken off for the duration (as TRL's
-  ``unwrap_model_for_generation`` does), so ranks generate different lengths with no
-  collective; ZeRO-2 parameters are whole on every rank already.
+  and all partitioning hooks are taken off for the duration (TRL's
+  ``unwrap_model_for_generation`` removes the per-module ones; the start-of-forward hook must
+  go too, its trace check is a collective), so ranks generate different lengths, or rank 0
+  evaluates alone, with no collective; ZeRO-2 parameters are whole on every rank already.
 - **Checkpoints independent of the world size.** The full weights (ZeRO-3: gathered) and the
   full fp32 optimizer states (``deepspeed.utils.safe_get_full_optimizer_state``) are written
   on rank 0 in exactly the layout of an unsharded run (``save_pretrained`` safetensors,
@@ -70,6 +71,7 @@ STAGES = {"deepspeed_zero2": 2, "deepspeed_zero3": 3}
 # model -> its DeepSpeed engine. Not an attribute of the model: nn.Module.__setattr__ would
 # register the engine (which holds the model) as a submodule of the model.
 _ENGINES: weakref.WeakKeyDictionary[torch.nn.Module, Any] = weakref.WeakKeyDictionary()
+_BACKWARDS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
 
 
 def require_deepspeed(mode: str) -> None:
@@ -171,12 +173,20 @@ def backward(model: torch.nn.Module, loss: torch.Tensor) -> None:
         loss.backward()
         return
     engine.backward(loss * dist.get_world_size(), scale_wrt_gas=False)
+    _BACKWARDS[model] = _BACKWARDS.get(model, 0) + 1
 
 
 def step(model: torch.nn.Module) -> float:
     """Clip, step and zero the gradients of the engine's optimizer; the global gradient norm
-    before clipping (NaN when DeepSpeed computed none)."""
+    before clipping (NaN when DeepSpeed computed none).
+
+    An update with no backward pass on any rank (every advantage 0; ranks pad to the same
+    count, so all agree) is skipped, norm 0: a torch optimizer leaves parameters without
+    gradients untouched too, and ZeRO cannot finalize gradients that were never produced.
+    """
     engine = engine_of(model)
+    if not _BACKWARDS.pop(model, 0):
+        return 0.0
     engine.step()
     norm = engine.get_global_grad_norm()
     if norm is None:
@@ -221,16 +231,14 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
     with deepspeed.zero.GatheredParameters(list(model.parameters())):
         for param in model.parameters():
             param.ds_active_sub_modules.clear()
-        for hook in [*partitioning.forward_hooks, *partitioning.backward_hooks]:
-            hook.remove()
+        # every hook off: the per-module fetch/release hooks and the start-of-forward hook,
+        # whose trace check is itself a collective while the trace is incomplete
+        partitioning._remove_module_hooks()
         partitioning.forward_hooks, partitioning.backward_hooks = [], []
         try:
             yield
         finally:
-            coordinator = getattr(partitioning, "param_coordinator", None)
-            if coordinator is not None and not coordinator.is_invalid_trace():
-                coordinator._invalidate_trace()  # the module order it traced is stale
-            partitioning._register_deepspeed_module(partitioning.module)
+            partitioning.setup_zero_stage3_hooks()  # also invalidates the stale module trace
 
 
 def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:

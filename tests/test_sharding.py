@@ -162,6 +162,8 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
             own = policy.model.state_dict()
             weights = {k: v.detach().clone() for k, v in own.items()} if rank == 0 else {}
         momentum = distributed.full_optimizer_state(policy.model, optimizer)
+        if not fsdp:  # DeepSpeed: the full state loads back into the right partitions
+            _check_optimizer_state_round_trip(policy.model, optimizer, momentum)
     else:
         weights = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
         momentum = optimizer.state_dict()
@@ -171,6 +173,26 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     for index, state in momentum.get("state", {}).items():
         out[f"momentum/{index}"] = state["momentum_buffer"]
     return out
+
+
+def _check_optimizer_state_round_trip(model, optimizer, saved: dict) -> None:
+    """Wipe the engine's partitioned optimizer state, load the full state every rank got from
+    rank 0, and read it back: equal, parameter by parameter (a wrong fragment offset or
+    partition would move values between parameters or ranks)."""
+    from mmrft import distributed, zero
+
+    saved = distributed.broadcast_object(saved)
+    inner = zero.engine_of(model).optimizer.optimizer
+    for slot in inner.state.values():
+        for value in slot.values():
+            if torch.is_tensor(value) and value.dim() == 1:
+                value.normal_()
+    distributed.load_full_optimizer_state(model, optimizer, saved)
+    again = distributed.full_optimizer_state(model, optimizer)
+    if distributed.is_main():
+        assert again["state"].keys() == saved["state"].keys()
+        for index, state in saved["state"].items():
+            torch.testing.assert_close(again["state"][index], state, rtol=0, atol=0)
 
 
 def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
@@ -285,10 +307,18 @@ def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_sharded_checkpoints_resume_on_any_world_size(tmp_path):
+@pytest.mark.parametrize(
+    "mode",
+    [pytest.param(m, marks=_needs(m)) for m in ("fsdp_full", "deepspeed_zero2", "deepspeed_zero3")],
+)
+def test_sharded_checkpoints_resume_on_any_world_size(mode, tmp_path):
     """2 sharded processes write step 2; 1 unsharded process resumes it to step 3; 2 sharded
-    processes resume that to step 4. Every checkpoint is a plain save_pretrained directory."""
-    sharded = ["train.sharding=fsdp_full"]
+    processes resume that to step 4. Every checkpoint is a plain save_pretrained directory.
+    The evaluation at step 3 generates on rank 0 alone (no collective may run inside)."""
+    # rewards are all 0 this early; the entropy bonus and the KL term (a sharded reference
+    # model) still give every step a gradient, so each step moves the weights and the
+    # optimizer state
+    sharded = [f"train.sharding={mode}", "algorithm.entropy_coef=0.01", "algorithm.beta=0.04"]
     torchrun(tmp_path, 2, steps=2, extra=sharded)
     from transformers import AutoModelForImageTextToText
 
@@ -300,7 +330,7 @@ def test_sharded_checkpoints_resume_on_any_world_size(tmp_path):
     model = AutoModelForImageTextToText.from_pretrained(step2)
     params = list(model.parameters())
     assert [adam[i]["exp_avg"].shape for i in range(len(params))] == [p.shape for p in params]
-    torchrun(tmp_path, 1, steps=3, extra=[])
+    torchrun(tmp_path, 1, steps=3, extra=sharded[1:])
     torchrun(tmp_path, 2, steps=4, extra=sharded)
     lines = [json.loads(x) for x in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3, 4]
@@ -309,3 +339,145 @@ def test_sharded_checkpoints_resume_on_any_world_size(tmp_path):
     final = tmp_path / "ws" / "checkpoints" / "step-000004"
     model = AutoModelForImageTextToText.from_pretrained(final)
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+
+
+def _accelerate_env(path: Path) -> dict[str, str]:
+    """The environment ``accelerate launch --config_file PATH`` gives each process (accelerate's
+    own parsing and environment preparation, without starting any process)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
+
+    args = launch_command_parser().parse_args(["--config_file", str(path), "train.py"])
+    args, defaults, _ = _validate_launch_command(args)
+    if not args.use_deepspeed:
+        return prepare_multi_gpu_env(args)
+    args.deepspeed_fields_from_accelerate_config = ",".join(defaults.deepspeed_config)
+    return prepare_deepspeed_cmd_env(args)[1]
+
+
+@pytest.mark.parametrize(
+    "name, sharding",
+    [
+        ("multi_gpu", "none"),
+        ("fsdp2", "fsdp_full"),
+        ("deepspeed_zero2", "deepspeed_zero2"),
+        ("deepspeed_zero3", "deepspeed_zero3"),
+    ],
+)
+def test_shipped_accelerate_configs_set_the_sharding(name, sharding, monkeypatch):
+    from mmrft.distributed import sharding_from_launcher
+
+    for key, value in _accelerate_env(REPO / "configs/accelerate" / f"{name}.yaml").items():
+        monkeypatch.setenv(key, value)
+    assert sharding_from_launcher("none", {}) == (sharding, {})
+
+
+def test_accelerate_settings_translate_or_fail_by_name(monkeypatch, tmp_path):
+    from mmrft.distributed import sharding_from_launcher
+    from mmrft.typecheck import ConfigError
+
+    def launched(**env: str) -> None:
+        for key in [k for k in os.environ if k.startswith(("ACCELERATE_", "FSDP_"))]:
+            monkeypatch.delenv(key)
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+
+    launched(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2", FSDP_RESHARD_AFTER_FORWARD="false")
+    assert sharding_from_launcher("none", {}) == ("fsdp_grad_op", {})
+    assert sharding_from_launcher("fsdp_grad_op", {})[0] == "fsdp_grad_op"
+    with pytest.raises(ConfigError, match=r"train\.sharding: 'fsdp_full'.*'fsdp_grad_op'"):
+        sharding_from_launcher("fsdp_full", {})
+    launched(ACCELERATE_USE_FSDP="true", FSDP_VERSION="1")
+    with pytest.raises(ConfigError, match="fsdp_version 1.*fsdp_version: 2"):
+        sharding_from_launcher("none", {})
+    launched(ACCELERATE_USE_FSDP="true", FSDP_VERSION="2", FSDP_CPU_RAM_EFFICIENT_LOADING="true")
+    with pytest.raises(ConfigError, match="fsdp_cpu_ram_efficient_loading"):
+        sharding_from_launcher("none", {})
+
+    launched(
+        ACCELERATE_USE_DEEPSPEED="true",
+        ACCELERATE_DEEPSPEED_ZERO_STAGE="3",
+        ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE="cpu",
+        ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE="none",
+    )
+    assert sharding_from_launcher("none", {}) == (
+        "deepspeed_zero3",
+        {"offload_optimizer": {"device": "cpu"}},
+    )
+    launched(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE="1")
+    with pytest.raises(ConfigError, match="zero_stage 1.*stage 2 or 3"):
+        sharding_from_launcher("none", {})
+
+    # a DeepSpeed JSON as TRL / R1-V recipes ship it: its zero_optimization section is taken
+    ds_json = tmp_path / "zero3.json"
+    ds_json.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}},
+                "train_micro_batch_size_per_gpu": "auto",
+                "bf16": {"enabled": "auto"},
+            }
+        )
+    )
+    launched(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_CONFIG_FILE=str(ds_json))
+    sharding, settings = sharding_from_launcher("none", {"reduce_bucket_size": 1000})
+    assert sharding == "deepspeed_zero3"
+    assert settings == {"offload_param": {"device": "cpu"}, "reduce_bucket_size": 1000}
+
+
+def _mixed_media_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """Rank 0 forwards an image prompt, rank 1 a text-only pass, under ZeRO: both must stop
+    with the message that names the way out, instead of hanging."""
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world),
+    )
+    dist.init_process_group(
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+    try:
+        from mmrft import distributed
+        from mmrft.config import load_config
+        from mmrft.policy import completion_logps, load_policy
+        from mmrft.task import build_task
+        from mmrft.trainer import deepspeed_config
+
+        torch.set_num_threads(1)
+        cfg = load_config(REPO / "configs/demo.yaml", ["train.sharding=deepspeed_zero2"])
+        policy = load_policy(cfg.model, torch.device("cpu"))
+        optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+        distributed.prepare_optimizer(
+            policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+        )
+        try:
+            if rank == 0:
+                task = build_task(cfg.task.name, cfg.task.params)
+                sample = task.read(REPO / cfg.data.train)[0][0]
+                policy.family.annotate(sample)
+                prepared = policy.family.prepare(
+                    policy.processor, [task.prompt(sample, policy.family)], True
+                )
+                rows = policy.family.split_rows(prepared, policy.processor)
+                completion_logps(policy, rows, [[policy.pad_token_id]])
+            else:
+                distributed.padding_loss(policy.model, policy.pad_token_id)
+            message = "no error"
+        except RuntimeError as exc:
+            message = str(exc)
+        (Path(out_dir) / f"rank{rank}.txt").write_text(message)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(bool(_needs("deepspeed")), reason="DeepSpeed not installed")
+def test_deepspeed_stops_when_ranks_forward_different_media(tmp_path):
+    mp.start_processes(
+        _mixed_media_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    for rank in (0, 1):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert "inputs differ" in message and "train.sharding=fsdp_full" in message, message
+        assert "rank 1: text only" in message
