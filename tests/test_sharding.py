@@ -195,7 +195,7 @@ def _check_optimizer_state_round_trip(model, optimizer, saved: dict) -> None:
             torch.testing.assert_close(again["state"][index], state, rtol=0, atol=0)
 
 
-def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
+def _init_gloo(rank: int, world: int, port: int) -> None:
     os.environ.update(  # what torchrun sets (DeepSpeed reads LOCAL_RANK)
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -207,6 +207,10 @@ def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
     )
+
+
+def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
+    _init_gloo(rank, world, port)
     try:
         torch.save(train_two_steps(case, world, rank), Path(out_dir) / f"rank{rank}.pt")
     finally:
@@ -428,16 +432,7 @@ def test_accelerate_settings_translate_or_fail_by_name(monkeypatch, tmp_path):
 def _mixed_media_worker(rank: int, world: int, port: int, out_dir: str) -> None:
     """Rank 0 forwards an image prompt, rank 1 a text-only pass, under ZeRO: both must stop
     with the message that names the way out, instead of hanging."""
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
-    )
+    _init_gloo(rank, world, port)
     try:
         from mmrft import distributed
         from mmrft.config import load_config
