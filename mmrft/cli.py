@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mmrft.config import (
@@ -55,7 +56,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     if args.help_config:
         for key, type_, default, help_text in help_table():
             console.print(
-                f"[bold]{key}[/bold]: {type_} = {default}\n    {help_text}",
+                f"[bold]{key}[/bold]: {escape(f'{type_} = {default}')}\n    {escape(help_text)}",
                 highlight=False,
                 soft_wrap=True,
             )
