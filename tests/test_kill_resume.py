@@ -4,12 +4,14 @@ checkpoint left on disk after a kill loads whole."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -57,6 +59,18 @@ def rewards(run_dir: Path) -> dict[int, float]:
     return {m["step"]: m["train/reward"] for m in lines if "train/reward" in m}
 
 
+def last_step(run_dir: Path) -> int:
+    """The highest step in metrics.jsonl so far, read while the run writes (0 before any; an
+    unfinished last line is skipped)."""
+    path, step = run_dir / "metrics.jsonl", 0
+    if not path.exists():
+        return 0
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            step = max(step, json.loads(line).get("step", 0))
+    return step
+
+
 def assert_checkpoints_load_whole(run_dir: Path) -> None:
     for checkpoint in (run_dir / "checkpoints").glob("step-*"):
         if ".tmp-" in checkpoint.name:
@@ -75,10 +89,18 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted(tmp_path):
     rng = random.Random(0)
     kills = 0
     for _attempt in range(12):
+        seen = last_step(tmp_path / "killed")
         proc = run(tmp_path, "killed")
-        try:
-            proc.wait(timeout=rng.uniform(5.0, 9.0))  # start-up takes ~4 s; steps ~0.3 s
-        except subprocess.TimeoutExpired:
+        # kill at a random moment after this attempt has trained past every step seen so far
+        # (steps ~0.3 s, each followed by its checkpoint save), so every attempt makes progress
+        # and kills land in steps and saves alike, whatever this machine's start-up time
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:
+            if last_step(tmp_path / "killed") > seen:
+                break
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 0.6))
+        if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             kills += 1
