@@ -162,7 +162,8 @@ def initialize(
 def module_to_call(model: torch.nn.Module) -> Any:
     """What a forward must call: the engine (its forward installs the backward hooks ZeRO
     needs), or the model itself when it has none."""
-    return engine_of(model) or model
+    engine = engine_of(model)
+    return engine if engine is not None else model
 
 
 def backward(model: torch.nn.Module, loss: torch.Tensor) -> None:
