@@ -129,6 +129,10 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
             raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
         if not isinstance(record, dict) or "completion" not in record or "target" not in record:
             raise DataError(f"{where}: needs 'completion' and 'target'")
+        if not isinstance(record.get("meta") or {}, dict):
+            raise DataError(f"{where}: 'meta' must be a JSON object")
+        if not isinstance(record.get("messages") or [], list):
+            raise DataError(f"{where}: 'messages' must be a list of chat turns")
         completions.append(str(record["completion"]))
         samples.append(
             Sample(

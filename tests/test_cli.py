@@ -71,6 +71,15 @@ def test_user_errors_exit_2_with_a_message(tmp_path, capsys):
     assert "did you mean 'accuracy'" in capsys.readouterr().err
     assert main(["verify", "iou", str(path), "treshold=0.5"]) == 2
     assert "did you mean 'threshold'" in capsys.readouterr().err
+    # a malformed meta or messages field is the input's fault, named with its line, for every
+    # verifier (iou and temporal_iou read meta, svg reads messages)
+    path.write_text('{"completion": "x", "target": [0, 1], "meta": "x"}\n')
+    for name in ("iou", "temporal_iou"):
+        assert main(["verify", name, str(path)]) == 2
+        assert "in.jsonl:1: 'meta' must be a JSON object" in capsys.readouterr().err
+    path.write_text('{"completion": "x", "target": [0, 1], "messages": "x"}\n')
+    assert main(["verify", "svg", str(path)]) == 2
+    assert "in.jsonl:1: 'messages' must be a list" in capsys.readouterr().err
     assert main(["train", "rollout.group_sise=3"]) == 2
     assert "did you mean 'rollout.group_size'" in capsys.readouterr().err
 
