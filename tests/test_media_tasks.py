@@ -877,3 +877,25 @@ def test_chart_to_code_bad_lines(tmp_path, changes, message):
         build_task("chart_to_code").read(path)
     samples, stats = build_task("chart_to_code").read(path, on_error="skip")
     assert samples == [] and sum(stats.skipped.values()) == 1
+
+
+def test_video_qa_corrupt_or_empty_videos_are_named_or_skipped_and_counted(tmp_path):
+    """data.on_error through the model family's media check: a corrupt or empty mp4 stops the
+    read naming the file, or is skipped and counted; the good clip stays."""
+    import shutil
+
+    from mmrft.models.qwen_vl import check_media
+
+    lines = (BENCH / "video_direction" / "test.jsonl").read_text().splitlines()[:3]
+    (tmp_path / "videos").mkdir()
+    shutil.copy(BENCH / "video_direction" / "videos" / "test-0000.mp4", tmp_path / "videos")
+    (tmp_path / "videos" / "test-0001.mp4").write_bytes(b"not a video at all")
+    (tmp_path / "videos" / "test-0002.mp4").write_bytes(b"")
+    path = tmp_path / "test.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    task = build_task("video_qa")
+    with pytest.raises(DataError, match=r"test-0001\.mp4"):
+        task.read(path, check=check_media)
+    samples, stats = task.read(path, on_error="skip", check=check_media)
+    assert [s.id for s in samples] == ["video_direction-test-0000"]
+    assert sum(stats.skipped.values()) == 2, stats.summary()

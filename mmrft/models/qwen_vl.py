@@ -153,8 +153,10 @@ def check_media(sample: Sample) -> None:
 
     Used by dataset readers (``data.on_error``). A file already checked in this process (same
     path, mtime and size) is not decoded again. When ``sample.meta`` has no ``image_size``, the
-    size ``[W, H]`` (pixels) of the first image is stored there. Videos and audio are only checked
-    for existence; URLs are not fetched.
+    size ``[W, H]`` (pixels) of the first image is stored there. Videos are probed (headers, one
+    frame with decord; a truncated file may still fail later, at decoding, naming the file);
+    audio is only checked for existence here (the audio families decode it); URLs are not
+    fetched.
     """
     first_size: tuple[int, int] | None = None
     for message in sample.messages:
@@ -176,6 +178,11 @@ def check_media(sample: Sample) -> None:
                 continue
             path = local_media_path(source)
             if path is None:
+                continue
+            if kind == "video":  # headers only (memoised): a corrupt or empty file is named
+                from mmrft.video import probe_video
+
+                probe_video(path)
                 continue
             if kind != "image":
                 if not Path(path).exists():
