@@ -70,10 +70,12 @@ config of ``distributed_type: FSDP`` (FSDP2) or ``DEEPSPEED`` into ``train.shard
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -140,9 +142,6 @@ def sharding_from_launcher(sharding: str, deepspeed: dict[str, Any]) -> tuple[st
         stage = os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
         path = os.environ.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
         if path and path.lower() != "none":
-            import json
-            from pathlib import Path
-
             file_config = json.loads(Path(path).read_text())
             zero = dict(file_config.get("zero_optimization") or {})
             stage = str(zero.pop("stage", stage))

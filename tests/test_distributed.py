@@ -34,13 +34,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]):
+    """The StepBatch of one rank's ``share`` (completion indices) of a generated global batch,
+    with what ``_update`` reads (``scored`` is not)."""
+    from mmrft.trainer import StepBatch
+
+    return StepBatch(
+        samples=[expanded[i] for i in share],
+        rollouts=rollouts.select(share),
+        rewards=rewards[share],
+        generated=rollouts,
+        generated_samples=expanded,
+        scored=None,
+        counts={},
+        reward_seconds=0.0,
+    )
+
+
 def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     """Build the same global batch on every rank, train on this rank's groups, return params."""
     from mmrft.config import load_config
     from mmrft.policy import load_policy
     from mmrft.rollout import HFEngine, Sampling
     from mmrft.task import build_task
-    from mmrft.trainer import StepBatch, _update, group_advantages, lr_lambda
+    from mmrft.trainer import _update, group_advantages, lr_lambda
 
     torch.set_num_threads(1)
     cfg = load_config(REPO / "configs/demo.yaml", OVERRIDES)
@@ -57,16 +74,7 @@ def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     rewards = torch.tensor([min(len(t), 20) / 20 for t in rollouts.texts])
     advantages = group_advantages(rewards, 4)
     share = list(range(rank * 16 // world, (rank + 1) * 16 // world))  # whole groups
-    batch = StepBatch(
-        samples=[expanded[i] for i in share],
-        rollouts=rollouts.select(share),
-        rewards=rewards[share],
-        generated=rollouts,
-        generated_samples=expanded,
-        scored=None,  # not read by _update
-        counts={},
-        reward_seconds=0.0,
-    )
+    batch = rank_batch(expanded, rollouts, rewards, share)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     # SGD, whose step is linear in the gradient: what is compared is the summed gradient. (With
     # AdamW the same gradients up to float rounding give updates equal to ~1e-4, because Adam

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from test_distributed import rank_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +88,6 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     from mmrft.rollout import HFEngine, Sampling
     from mmrft.task import build_task
     from mmrft.trainer import (
-        StepBatch,
         _update,
         deepspeed_config,
         group_advantages,
@@ -138,16 +138,7 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
         rewards = torch.tensor([min(len(t), 20) / 20 for t in rollouts.texts])
         rewards[2 * G : 3 * G] = 0.5  # group 2 (rank 0's): zero advantages, skipped if β = 0
         advantages = group_advantages(rewards, G)
-        batch = StepBatch(
-            samples=[expanded[i] for i in share],
-            rollouts=rollouts.select(share),
-            rewards=rewards[share],
-            generated=rollouts,
-            generated_samples=expanded,
-            scored=None,  # not read by _update
-            counts={},
-            reward_seconds=0.0,
-        )
+        batch = rank_batch(expanded, rollouts, rewards, share)
         stats = _update(
             policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
         )
