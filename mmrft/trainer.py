@@ -1,20 +1,23 @@
 """The GRPO training loop, top to bottom.
 
-One RL step (``train``, the loop body):
+``train`` is set-up (:func:`setup`), the start (:func:`begin`: resume from a checkpoint, or
+the warm start and the evaluation before RL), then per step:
 
-1. take ``train.prompts_per_step`` prompts in a seeded order that is a pure function of the
-   position in the data (so a resume continues the same order);
-2. sample ``G = rollout.group_size`` completions per prompt (group-contiguous);
-3. score them with the weighted verifiers → reward r_i, with reasons counted;
-4. advantages A_i from the group's rewards (``algorithm.advantage``);
-5. forward the completions in micro-batches, loss = aggregated clipped surrogate
-   (+ β·KL to a reference model, − entropy bonus), with the denominators of the *whole* step
-   so that gradient accumulation equals one big batch; backward;
-6. clip gradients, AdamW step, LR schedule step;
-7. log metrics, sample completions, checkpoint, periodic evaluation.
+1. **collect** (:class:`mmrft.collector.Collector`): ``train.prompts_per_step`` prompts, ``G``
+   completions each, verified, shaped and filtered into a :class:`~mmrft.collector.StepBatch`;
+2. **advantages** (:func:`advantages`): A_i from the group's rewards
+   (``algorithm.advantage``), after the KL-to-reference term when it is part of the reward;
+3. **update** (:func:`update`): μ = ``algorithm.updates_per_batch`` optimizer updates; each
+   forwards the completions in micro-batches, loss = aggregated clipped surrogate (+ β·KL to a
+   reference model, − entropy bonus) with the denominators of the *whole* step so that gradient
+   accumulation equals one big batch; backward; clip; AdamW step; LR schedule step; then the
+   engine gets the new weights;
+4. **log / eval / checkpoint** (:func:`log_step`, :func:`run_eval`, :func:`save`);
+
+and the end (:func:`finish`: evaluation after RL, the last checkpoint, the summary).
 
 What this loop keeps of the papers and what it drops: one optimizer update per rollout batch
-(μ = 1, so the old policy is the current one and the ratio is 1 at the update, as in
+by default (μ = 1, so the old policy is the current one and the ratio is 1 at the update, as in
 DeepSeekMath's GRPO as run by TRL / R1-V / VLM-R1); completions whose advantage is exactly 0
 are not forwarded when they cannot contribute a gradient (β = 0 and no entropy bonus): their
 loss term is exactly zero, and they still count in the token/sequence denominators, so the
@@ -30,8 +33,6 @@ import json
 import logging
 import math
 import random
-import signal
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -45,16 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from mmrft import distributed, zero
-from mmrft.algorithms import (
-    filter_zero_variance_groups,
-    group_advantages,
-    group_stats,
-    grpo_loss,
-    kl_penalty,
-    overlong_penalty,
-    temporal_contrast_bonus,
-    temporal_contrast_decided,
-)
+from mmrft.algorithms import group_advantages, group_stats, grpo_loss, kl_penalty
 from mmrft.checkpoint import (
     find_resume_checkpoint,
     load_trainer_state,
@@ -62,18 +54,26 @@ from mmrft.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
 from mmrft.config import RunConfig, check_config, resolve_path, to_dict, to_yaml
 from mmrft.data import DataError, Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
-from mmrft.plugins import did_you_mean, load_plugins
+from mmrft.plugins import load_plugins
 from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
 from mmrft.report import report_runs
-from mmrft.rewards import RewardBreakdown, Score, WeightedReward, build_reward
-from mmrft.rollout import HFEngine, Rollouts, Sampling, build_engine
+from mmrft.rewards import WeightedReward, build_reward
+from mmrft.rollout import Engine, Rollouts, build_engine
+from mmrft.runlog import (
+    GracefulStop,
+    Heartbeat,
+    RunLog,
+    attach_file_log,
+    media_counters,
+    merge_rank_metrics,
+)
 from mmrft.task import Task, build_task
 from mmrft.tracking import build_trackers
 from mmrft.typecheck import ConfigError
-from mmrft.video import with_shuffled_frames
 
 log = logging.getLogger("mmrft")
 
@@ -134,89 +134,6 @@ def lr_lambda(cfg: RunConfig):
         return 1.0
 
     return factor
-
-
-@dataclass
-class DataStream:
-    """Prompt order as a pure function of the position: epoch e uses permutation(seed + e)."""
-
-    size: int
-    seed: int
-    position: int = 0
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        for _ in range(count):
-            epoch, offset = divmod(self.position, self.size)
-            order = np.random.default_rng(self.seed + epoch).permutation(self.size)
-            out.append(int(order[offset]))
-            self.position += 1
-        return out
-
-
-@dataclass
-class RunLog:
-    """metrics.jsonl and completions.jsonl of a run directory."""
-
-    run_dir: Path
-    history: list[dict[str, Any]] = field(default_factory=list)
-    trackers: list[Any] = field(default_factory=list)
-    enabled: bool = True  # False on ranks > 0: only rank 0 writes
-
-    def truncate_after(self, step: int) -> None:
-        """On resume: forget lines of steps after the checkpoint (they will be redone)."""
-        if not self.enabled:
-            return
-        for name in ("metrics.jsonl", "completions.jsonl"):
-            path = self.run_dir / name
-            if path.exists():
-                keep = [
-                    line
-                    for line in path.read_text().splitlines()
-                    if json.loads(line).get("step", 0) <= step
-                ]
-                path.write_text("".join(line + "\n" for line in keep))
-        path = self.run_dir / "metrics.jsonl"
-        self.history = (
-            [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-        )
-
-    def metrics(self, step: int, values: dict[str, float]) -> None:
-        record = {"step": step, **{k: float(v) for k, v in values.items()}}
-        self.history.append(record)
-        if not self.enabled:
-            return
-        with (self.run_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
-        for tracker in self.trackers:
-            tracker.log(step, values)
-
-    def completions(self, step: int, rows: list[dict[str, Any]]) -> None:
-        if not self.enabled:
-            return
-        with (self.run_dir / "completions.jsonl").open("a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps({"step": step, **row}, ensure_ascii=False) + "\n")
-        for tracker in self.trackers:
-            tracker.log_completions(step, rows)
-
-    def close(self) -> None:
-        for tracker in self.trackers:
-            tracker.close()
-
-
-def media_counters() -> dict[str, float]:
-    """Running counts of media the budgets changed (clips truncated, videos given fewer frames
-    or pixels), so nothing is shortened silently."""
-    from mmrft.audio import AUDIO_STATS
-    from mmrft.video import video_stats
-
-    video = video_stats()
-    return {
-        "data/audio_truncated": float(AUDIO_STATS.get("truncated", 0)),
-        "data/video_fps_lowered": float(video.get("fps_lowered", 0)),
-        "data/video_pixels_lowered": float(video.get("pixels_lowered", 0)),
-    }
 
 
 def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
@@ -282,11 +199,94 @@ def warm_start(
 
 
 # ---------------------------------------------------------------------------------------------
-# The RL loop
+# The run: set-up, start, loop, end
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between set-up and the end."""
+
+    cfg: RunConfig
+    console: Console
+    rank: int
+    world: int
+    run_dir: Path
+    task: Task
+    reward: WeightedReward
+    policy: Policy
+    reference: Policy | None
+    train_samples: list[Sample]
+    test_samples: list[Sample]
+    engine: Engine
+    collector: Collector
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: DataStream
+    runlog: RunLog
+    t_start: float
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    resumed_from: Path | None = None
 
 
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary."""
+    run = setup(cfg, console)
+    try:
+        start_step = begin(run)
+        t_train = time.perf_counter()
+        progress = Progress(
+            TextColumn("[bold]step {task.completed}/{task.total}"),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("left"),
+            TimeRemainingColumn(),
+            console=run.console,
+            transient=False,
+        )
+        with progress, GracefulStop() as stop, Heartbeat(cfg.train.heartbeat_s) as heartbeat:
+            bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
+            for step in range(start_step + 1, cfg.train.steps + 1):
+                t0 = time.perf_counter()
+                heartbeat.phase(f"rollout and verifiers, step {step}")
+                batch = run.collector.collect(step)
+                advantage = advantages(run, batch, step, heartbeat)
+                t_update = time.perf_counter()
+                heartbeat.phase(f"update, step {step}")
+                stats = update(run, batch, advantage, step)
+                t_end = time.perf_counter()
+                timings = {"time/update_s": t_end - t_update, "time/step_s": t_end - t0}
+                reward = log_step(run, step, batch, stats, timings)
+                progress.update(bar, completed=step, info=f"reward {reward:.3f}")
+                log.info("step %d done: reward %.4f, %.1fs", step, reward, t_end - t0)
+
+                if due(cfg.eval.every, step, cfg.train.steps) and run.test_samples:
+                    heartbeat.phase(f"evaluation, step {step}")
+                    run_eval(run, run.run_dir / "eval" / f"step-{step:06d}", step)
+                if due(cfg.checkpoint.every, step, cfg.train.steps):
+                    heartbeat.phase(f"checkpoint, step {step}")
+                    save(run, step)
+                if distributed.sum_scalar(1.0 if stop.requested else 0.0) > 0:
+                    stop.requested = stop.requested or "a signal on another rank"
+                    save(run, step)
+                    run.console.print(
+                        f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
+                    )
+                    raise KeyboardInterrupt(stop.requested)
+        return finish(run, start_step, time.perf_counter() - t_train)
+    finally:
+        run.runlog.close()
+
+
+def due(every: int, step: int, last: int) -> bool:
+    """Whether a periodic action (every ``every`` steps; 0 = never) runs after ``step``; the
+    last step is left to :func:`finish`."""
+    return bool(every) and step % every == 0 and step != last
+
+
+def setup(cfg: RunConfig, console: Console | None = None) -> Run:
+    """Processes, config checks, run directory, task, reward, model(s), data, engine, optimizer,
+    collector and logs: everything the loop needs, nothing trained yet."""
     t_start = time.perf_counter()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -313,19 +313,18 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
-        _attach_file_log(run_dir / "train.log")
+        attach_file_log(run_dir / "train.log")
     distributed.barrier()
     console.rule(f"[bold]mmrft train[/bold] → {run_dir}")
     console.print(to_yaml(cfg), highlight=False)
 
-    # Task, reward, model, data ------------------------------------------------------------
     task = build_task(cfg.task.name, cfg.task.params)
     reward = build_reward(
         cfg.reward.verifiers or task.default_verifiers(),
         cfg.reward.timeout_s,
         cfg.reward.on_timeout,
     )
-    _check_temporal_contrast(cfg, reward)
+    auxiliaries = build_auxiliaries(cfg, reward)  # checked against the verifiers now
     low, high = reward.range
     console.print(
         "reward = "
@@ -353,12 +352,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         if cfg.data.test
         else []
     )
-    G = cfg.rollout.group_size
     engine = build_engine(cfg.rollout.engine, policy, cfg.rollout.batch_size, cfg.rollout.timeout_s)
-    sampling = Sampling(
-        cfg.rollout.max_new_tokens, cfg.rollout.temperature, cfg.rollout.top_p, cfg.rollout.top_k
-    )
-
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
@@ -377,475 +371,215 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         ),
         enabled=rank == 0,
     )
-    try:
-        evals: dict[str, dict[str, float]] = {}
-        start_step = 0
-
-        # Resume or warm start ---------------------------------------------------------------------
-        checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
-        if checkpoint is not None:
-            state = load_trainer_state(checkpoint)
-            _load_weights(policy, checkpoint)
-            scheduler.load_state_dict(state["scheduler"])
-            _restore_rng(state, cfg, rank, world)
-            stream.position = state["data_position"]
-            evals = state.get("evals", {})
-            start_step = state["step"]
-            runlog.truncate_after(start_step)
-            console.print(
-                f"resumed from {checkpoint} at step {start_step} (data position {stream.position})"
-            )
-        else:
-            runlog.truncate_after(-1)
-            if cfg.warm_start.steps and train_samples:
-                warm_start(policy, task, train_samples, cfg, console)
-            if cfg.eval.before and test_samples:
-                evals["before"] = _run_eval(
-                    policy, task, test_samples, cfg, run_dir / "eval" / "before", runlog, 0, console
-                )
-        # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
-        distributed.prepare_optimizer(
-            policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
-        )
-        if checkpoint is not None:
-            distributed.load_full_optimizer_state(policy.model, optimizer, state["optimizer"])
-        _check_replicas(policy, "start")
-
-        def trainer_state(step: int) -> dict[str, Any]:
-            return {
-                "step": step,
-                # full, in the unsharded layout, so any world size resumes
-                "optimizer": distributed.full_optimizer_state(policy.model, optimizer),
-                "scheduler": scheduler.state_dict(),
-                "rng": rng_state(),  # rank 0's, kept for single-process readers
-                "rng_by_rank": distributed.gather_objects(rng_state()),
-                "world_size": world,
-                "data_position": stream.position,
-                "evals": evals,
-                "config": to_dict(cfg),
-            }
-
-        def checkpoint_now(step: int) -> None:
-            _check_replicas(policy, f"step {step}")
-            state = trainer_state(step)  # collective (gathers every rank's RNG state)
-            # sharded: a collective, rank 0 gets the full weights (None: the model's own)
-            weights = distributed.full_model_state(policy.model)
-            if rank == 0:
-                path = save_checkpoint(
-                    run_dir / "checkpoints",
-                    step,
-                    lambda d: save_pretrained(policy, d, state_dict=weights),
-                    state,
-                    cfg.checkpoint.keep_last,
-                )
-                log.info("checkpoint %s", path)
-            distributed.barrier()
-
-        # The loop ---------------------------------------------------------------------------------
-        t_train = time.perf_counter()
-        progress = Progress(
-            TextColumn("[bold]step {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("left"),
-            TimeRemainingColumn(),
-            console=console,
-            transient=False,
-        )
-        stop = GracefulStop()
-        heartbeat = Heartbeat(cfg.train.heartbeat_s)
-        with progress, stop, heartbeat:
-            bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
-            for step in range(start_step + 1, cfg.train.steps + 1):
-                t0 = time.perf_counter()
-                # 1-4. prompts, rollouts, rewards (dynamic sampling refills), advantages
-                heartbeat.phase(f"rollout and verifiers, step {step}")
-                with distributed.gathered(policy.model):  # sharded: generate with no collective
-                    batch = _collect(
-                        task, policy, engine, sampling, reward, train_samples, stream, cfg, step
-                    )
-                if reference is not None and cfg.algorithm.kl_mode == "reward":
-                    heartbeat.phase(f"KL to the reference, step {step}")
-                    kl = _sequence_kl(policy, reference, batch, cfg)
-                    batch.rewards = batch.rewards - cfg.algorithm.beta * kl
-                    batch.counts["train/kl_in_reward"] = float(kl.mean()) if len(kl) else 0.0
-                advantages = (
-                    group_advantages(
-                        batch.rewards, G, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
-                    )
-                    if len(batch.rewards)
-                    else batch.rewards
-                )
-                # 5-6. μ optimizer updates on this batch
-                t2 = time.perf_counter()
-                heartbeat.phase(f"update, step {step}")
-                try:
-                    stats = _update(
-                        policy, reference, optimizer, scheduler, batch, advantages, cfg, step
-                    )
-                except FloatingPointError as exc:
-                    _write_failure(run_dir, step, str(exc), batch.samples)
-                    raise
-                t3 = time.perf_counter()
-                rollouts, scored = batch.generated, batch.scored
-
-                # 7. logs
-                metrics = {
-                    **scored.metrics("train/reward"),
-                    **{f"train/{k}": v for k, v in stats.items()},
-                    **{
-                        f"rollout/{k}": v
-                        for k, v in group_stats(torch.tensor(scored.total), G).items()
-                    },
-                    **batch.counts,
-                    "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
-                    "rollout/truncated": float(np.mean(rollouts.truncated)),
-                    "train/lr": scheduler.get_last_lr()[0],
-                    "train/epoch": stream.position / max(len(train_samples), 1),
-                    "time/rollout_s": rollouts.seconds,
-                    "time/reward_s": batch.reward_seconds,
-                    "time/update_s": t3 - t2,
-                    "time/step_s": t3 - t0,
-                }
-                metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
-                metrics.update(media_counters())
-                metrics = _merge_rank_metrics(metrics)
-                if step % cfg.train.log_every == 0:
-                    runlog.metrics(step, metrics)
-                if cfg.train.completions_every and step % cfg.train.completions_every == 0:
-                    runlog.completions(
-                        step, _completion_rows(rollouts, batch.generated_samples, scored, G)
-                    )
-                progress.update(bar, completed=step, info=f"reward {metrics['train/reward']:.3f}")
-                log.info("step %d done: reward %.4f, %.1fs", step, metrics["train/reward"], t3 - t0)
-
-                if (
-                    cfg.eval.every
-                    and step % cfg.eval.every == 0
-                    and step != cfg.train.steps
-                    and test_samples
-                ):
-                    heartbeat.phase(f"evaluation, step {step}")
-                    _run_eval(
-                        policy,
-                        task,
-                        test_samples,
-                        cfg,
-                        run_dir / "eval" / f"step-{step:06d}",
-                        runlog,
-                        step,
-                        console,
-                    )
-                if (
-                    cfg.checkpoint.every
-                    and step % cfg.checkpoint.every == 0
-                    and step != cfg.train.steps
-                ):
-                    heartbeat.phase(f"checkpoint, step {step}")
-                    checkpoint_now(step)
-                if distributed.sum_scalar(1.0 if stop.requested else 0.0) > 0:
-                    stop.requested = stop.requested or "a signal on another rank"
-                    checkpoint_now(step)
-                    console.print(
-                        f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
-                    )
-                    raise KeyboardInterrupt(stop.requested)
-        train_seconds = time.perf_counter() - t_train
-
-        # After RL -----------------------------------------------------------------------------------
-        if cfg.eval.after and test_samples:
-            evals["after"] = _run_eval(
-                policy,
-                task,
-                test_samples,
-                cfg,
-                run_dir / "eval" / "after",
-                runlog,
-                cfg.train.steps,
-                console,
-            )
-        if cfg.train.steps > start_step or checkpoint is None:
-            checkpoint_now(cfg.train.steps)
-        if evals:
-            print_table(f"{task.name} on {cfg.data.test}", evals, console)
-        summary = {
-            "run_dir": str(run_dir),
-            "task": task.name,
-            "metric": f"eval/{task.name}/{task.primary_metric}",
-            "chance": task.chance(test_samples) if test_samples else None,
-            "before": evals.get("before", {}).get("primary"),
-            "after": evals.get("after", {}).get("primary"),
-            "steps": cfg.train.steps,
-            "train_seconds": round(train_seconds, 1),
-            "total_seconds": round(time.perf_counter() - t_start, 1),
-        }
-        if rank == 0:
-            (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            report_runs([run_dir])
-        console.print(f"summary: {json.dumps(summary)}")
-        return summary
-    finally:
-        runlog.close()
-
-
-@dataclass
-class StepBatch:
-    """The completions one RL step trains on, and what it took to get them.
-
-    Attributes:
-        samples / rollouts / rewards: the kept groups, group-contiguous (``rewards`` includes
-            the overlong shaping).
-        generated / generated_samples / scored: every completion sampled this step, kept or
-            not, with its sample and reward
-            breakdown (the train/reward metrics are over these, so dropping groups hides nothing).
-        counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``, ``rollout/tries``
-            (and with the temporal contrast :func:`_temporal_metrics`).
-    """
-
-    samples: list[Sample]
-    rollouts: Rollouts
-    rewards: torch.Tensor
-    generated: Rollouts
-    generated_samples: list[Sample]
-    scored: RewardBreakdown
-    counts: dict[str, float]
-    reward_seconds: float
-
-
-def _collect(
-    task: Task,
-    policy: Policy,
-    engine: HFEngine,
-    sampling: Sampling,
-    reward: WeightedReward,
-    train_samples: list[Sample],
-    stream: DataStream,
-    cfg: RunConfig,
-    step: int,
-) -> StepBatch:
-    """Sample G completions for ``prompts_per_step`` prompts and score them.
-
-    With ``algorithm.dynamic_sampling`` (DAPO), groups whose rewards are all equal carry no
-    advantage and are dropped; more prompts are drawn until ``prompts_per_step`` groups are kept
-    or ``max_sampling_tries`` rounds ran (then the step trains on what it kept, possibly less).
-    With ``algorithm.temporal_contrast`` (Video-R1's T-GRPO) each round's video prompts also get
-    completions on shuffled frames (:func:`_temporal_contrast`) and the bonus joins the reward
-    before the groups are filtered; each rank contrasts its own groups.
-    """
-    algo, G = cfg.algorithm, cfg.rollout.group_size
-    world, rank = distributed.world_size(), distributed.rank()
-    P = cfg.train.prompts_per_step // world  # this rank's prompts per round, whole groups
-    kept_samples: list[Sample] = []
-    kept = Rollouts()
-    kept_rewards: list[torch.Tensor] = []
-    generated = Rollouts()
-    generated_samples: list[Sample] = []
-    breakdowns: list[RewardBreakdown] = []
-    reward_seconds = 0.0
-    temporal: Counter = Counter()
-    tries = 0
-    while tries < (algo.max_sampling_tries if algo.dynamic_sampling else 1):
-        tries += 1
-        first = stream.position + rank * P  # data position of this rank's first prompt
-        drawn = stream.take(P * world)  # every rank advances the shared order identically
-        samples = [train_samples[i] for i in drawn[rank * P : (rank + 1) * P]]
-        rollouts = engine.generate([task.prompt(s, policy.family) for s in samples], G, sampling)
-        expanded = [s for s in samples for _ in range(G)]
-        t0 = time.perf_counter()
-        scored = reward(rollouts.texts, expanded, context=f"at step {step}")
-        if algo.overlong_buffer:
-            lengths = torch.tensor([len(c) for c in rollouts.completion_ids])
-            penalty = overlong_penalty(
-                lengths, cfg.rollout.max_new_tokens, algo.overlong_buffer, algo.overlong_penalty
-            )
-            scored.scores["overlong"] = [Score(float(p)) for p in penalty]
-            scored.total = [t + float(p) for t, p in zip(scored.total, penalty)]
-        reward_seconds += time.perf_counter() - t0
-        if algo.temporal_contrast.enabled:
-            positions = list(range(first, first + P))
-            contrast = _temporal_contrast(
-                task,
-                policy,
-                engine,
-                sampling,
-                reward,
-                samples,
-                positions,
-                rollouts,
-                scored,
-                cfg,
-                step,
-            )
-            reward_seconds += contrast.pop("seconds", 0.0)
-            temporal.update(contrast)
-        rewards = torch.tensor(scored.total, dtype=torch.float32)
-        generated.extend(rollouts)
-        generated_samples += expanded
-        breakdowns.append(scored)
-        keep = (
-            filter_zero_variance_groups(rewards, G)
-            if algo.dynamic_sampling
-            else torch.ones(P, dtype=torch.bool)
-        )
-        for group in keep.nonzero().flatten().tolist()[: P - len(kept_samples) // G]:
-            indices = list(range(group * G, (group + 1) * G))
-            kept_samples += [expanded[i] for i in indices]
-            kept.extend(rollouts.select(indices))
-            kept_rewards.append(rewards[indices])
-        # collective: every rank draws another round while any rank still needs groups
-        if distributed.sum_scalar(float(len(kept_samples) < P * G)) == 0:
-            break
-    if not kept_samples:
-        log.warning(
-            "step %d: every group had equal rewards in %d tries; nothing to train on", step, tries
-        )
-    counts = {
-        "rollout/generated": float(len(generated.texts)),
-        "rollout/kept": float(len(kept_samples)),
-        "rollout/discarded": float(len(generated.texts) - len(kept_samples)),
-        "rollout/tries": float(tries),
-    }
-    if algo.temporal_contrast.enabled:
-        counts.update(_temporal_metrics(temporal))
-    return StepBatch(
-        samples=kept_samples,
-        rollouts=kept,
-        rewards=torch.cat(kept_rewards) if kept_rewards else torch.zeros(0),
-        generated=generated,
-        generated_samples=generated_samples,
-        scored=RewardBreakdown.concat(breakdowns),
-        counts=counts,
-        reward_seconds=reward_seconds,
+    collector = Collector(cfg, task, policy, engine, reward, train_samples, stream, auxiliaries)
+    return Run(
+        cfg=cfg,
+        console=console,
+        rank=rank,
+        world=world,
+        run_dir=run_dir,
+        task=task,
+        reward=reward,
+        policy=policy,
+        reference=reference,
+        train_samples=train_samples,
+        test_samples=test_samples,
+        engine=engine,
+        collector=collector,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        stream=stream,
+        runlog=runlog,
+        t_start=t_start,
     )
 
 
-def _check_temporal_contrast(cfg: RunConfig, reward: WeightedReward) -> None:
-    """``algorithm.temporal_contrast.verifier`` must name one of the run's verifiers, and no
-    verifier may be called ``temporal`` (the bonus's own sub-score)."""
-    tc = cfg.algorithm.temporal_contrast
-    if not tc.enabled:
-        return
-    if tc.verifier not in reward.names:
-        raise ConfigError(
-            f"algorithm.temporal_contrast.verifier: '{tc.verifier}' is not one of the run's "
-            f"verifiers; {did_you_mean(tc.verifier, reward.names)}"
+def begin(run: Run) -> int:
+    """Resume from the newest checkpoint (``checkpoint.resume``), or run the warm start and the
+    evaluation before RL; hand the optimizer to the sharding engine. Returns the last step
+    already done (0 for a new run)."""
+    cfg, start_step = run.cfg, 0
+    checkpoint = find_resume_checkpoint(run.run_dir, cfg.checkpoint.resume)
+    if checkpoint is not None:
+        state = load_trainer_state(checkpoint)
+        _load_weights(run.policy, checkpoint)
+        run.scheduler.load_state_dict(state["scheduler"])
+        _restore_rng(state, cfg, run.rank, run.world)
+        run.stream.position = state["data_position"]
+        run.evals = state.get("evals", {})
+        start_step = state["step"]
+        run.runlog.truncate_after(start_step)
+        run.resumed_from = checkpoint
+        run.console.print(
+            f"resumed from {checkpoint} at step {start_step} (data position {run.stream.position})"
         )
-    if "temporal" in reward.names:
-        raise ConfigError(
-            "reward.verifiers: a verifier named 'temporal' clashes with the temporal contrast "
-            "bonus's sub-score (train/reward/temporal)"
+    else:
+        run.runlog.truncate_after(-1)
+        if cfg.warm_start.steps and run.train_samples:
+            warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
+        if cfg.eval.before and run.test_samples:
+            run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
+    # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
+    distributed.prepare_optimizer(
+        run.policy.model, run.optimizer, cfg.train.sharding, deepspeed_config(cfg, run.world)
+    )
+    if checkpoint is not None:
+        distributed.load_full_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
+    _check_replicas(run.policy, "start")
+    return start_step
+
+
+def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
+    """Evaluation after RL, the last checkpoint, the before/after table and ``summary.json``."""
+    cfg, task = run.cfg, run.task
+    if cfg.eval.after and run.test_samples:
+        run.evals["after"] = run_eval(run, run.run_dir / "eval" / "after", cfg.train.steps)
+    if cfg.train.steps > start_step or run.resumed_from is None:
+        save(run, cfg.train.steps)
+    if run.evals:
+        print_table(f"{task.name} on {cfg.data.test}", run.evals, run.console)
+    summary = {
+        "run_dir": str(run.run_dir),
+        "task": task.name,
+        "metric": f"eval/{task.name}/{task.primary_metric}",
+        "chance": task.chance(run.test_samples) if run.test_samples else None,
+        "before": run.evals.get("before", {}).get("primary"),
+        "after": run.evals.get("after", {}).get("primary"),
+        "steps": cfg.train.steps,
+        "train_seconds": round(train_seconds, 1),
+        "total_seconds": round(time.perf_counter() - run.t_start, 1),
+    }
+    if run.rank == 0:
+        (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        report_runs([run.run_dir])
+    run.console.print(f"summary: {json.dumps(summary)}")
+    return summary
+
+
+def advantages(run: Run, batch: StepBatch, step: int, heartbeat: Heartbeat) -> torch.Tensor:
+    """A_i of the kept completions from their group's rewards (``algorithm.advantage``), after
+    subtracting β·KL(π_θ ‖ π_ref) per completion when ``algorithm.kl_mode`` is ``reward``."""
+    cfg = run.cfg
+    if run.reference is not None and cfg.algorithm.kl_mode == "reward":
+        heartbeat.phase(f"KL to the reference, step {step}")
+        kl = _sequence_kl(run.policy, run.reference, batch, cfg)
+        batch.rewards = batch.rewards - cfg.algorithm.beta * kl
+        batch.counts["train/kl_in_reward"] = float(kl.mean()) if len(kl) else 0.0
+    if not len(batch.rewards):
+        return batch.rewards
+    return group_advantages(
+        batch.rewards, cfg.rollout.group_size, mode=cfg.algorithm.advantage, eps=cfg.algorithm.eps
+    )
+
+
+def update(run: Run, batch: StepBatch, advantage: torch.Tensor, step: int) -> dict[str, float]:
+    """The optimizer updates of one step (:func:`_update`), then the new weights to the engine.
+    A non-finite loss or gradient writes ``failure.json`` naming the step and samples."""
+    try:
+        stats = _update(
+            run.policy,
+            run.reference,
+            run.optimizer,
+            run.scheduler,
+            batch,
+            advantage,
+            run.cfg,
+            step,
         )
+    except FloatingPointError as exc:
+        _write_failure(run.run_dir, step, str(exc), batch.samples)
+        raise
+    run.engine.sync_weights()
+    return stats
 
 
-def _shuffle_seed(seed: int, position: int) -> int:
-    """The frame-shuffle seed of the prompt drawn at data ``position``: a pure function of the
-    run seed and the position, so exact resumes and any world size shuffle alike."""
-    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, position]).generate_state(1)[0])
+def log_step(
+    run: Run, step: int, batch: StepBatch, stats: dict[str, float], timings: dict[str, float]
+) -> float:
+    """One ``metrics.jsonl`` line for all ranks (every ``train.log_every`` steps) and the sample
+    completions (every ``train.completions_every``); returns the mean reward."""
+    cfg, G = run.cfg, run.cfg.rollout.group_size
+    rollouts, scored = batch.generated, batch.scored
+    metrics = {
+        **scored.metrics("train/reward"),
+        **{f"train/{k}": v for k, v in stats.items()},
+        **{f"rollout/{k}": v for k, v in group_stats(torch.tensor(scored.total), G).items()},
+        **batch.counts,
+        "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
+        "rollout/truncated": float(np.mean(rollouts.truncated)),
+        "train/lr": run.scheduler.get_last_lr()[0],
+        "train/epoch": run.stream.position / max(len(run.train_samples), 1),
+        **batch.timings,
+        **timings,
+    }
+    metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
+    metrics.update(media_counters())
+    metrics = merge_rank_metrics(metrics)
+    if step % cfg.train.log_every == 0:
+        run.runlog.metrics(step, metrics)
+    if cfg.train.completions_every and step % cfg.train.completions_every == 0:
+        run.runlog.completions(step, _completion_rows(rollouts, batch.generated_samples, scored, G))
+    return metrics["train/reward"]
 
 
-def _temporal_contrast(
-    task: Task,
-    policy: Policy,
-    engine: HFEngine,
-    sampling: Sampling,
-    reward: WeightedReward,
-    samples: list[Sample],
-    positions: list[int],
-    rollouts: Rollouts,
-    scored: RewardBreakdown,
-    cfg: RunConfig,
-    step: int,
-) -> Counter:
-    """T-GRPO (Video-R1, arXiv:2503.21776) on one round of ``len(samples)`` groups.
+def save(run: Run, step: int) -> None:
+    """Write the checkpoint of ``step`` (collective: every rank takes part, rank 0 writes)."""
+    _check_replicas(run.policy, f"step {step}")
+    state = {
+        "step": step,
+        # full, in the unsharded layout, so any world size resumes
+        "optimizer": distributed.full_optimizer_state(run.policy.model, run.optimizer),
+        "scheduler": run.scheduler.state_dict(),
+        "rng": rng_state(),  # rank 0's, kept for single-process readers
+        "rng_by_rank": distributed.gather_objects(rng_state()),
+        "world_size": run.world,
+        "data_position": run.stream.position,
+        "evals": run.evals,
+        "config": to_dict(run.cfg),
+    }
+    # sharded: a collective, rank 0 gets the full weights (None: the model's own)
+    weights = distributed.full_model_state(run.policy.model)
+    if run.rank == 0:
+        path = save_checkpoint(
+            run.run_dir / "checkpoints",
+            step,
+            lambda d: save_pretrained(run.policy, d, state_dict=weights),
+            state,
+            run.cfg.checkpoint.keep_last,
+        )
+        log.info("checkpoint %s", path)
+    distributed.barrier()
 
-    For every prompt with a video, ``G'`` (``shuffled_per_prompt``, default ``G // 2`` as
-    Video-R1's code) completions are sampled with the same prompt and the video's frames
-    shuffled (:func:`mmrft.video.with_shuffled_frames`, seeded by the prompt's data position),
-    scored by the correctness verifier alone (a ``None`` score counts as its minimum), and
-    :func:`mmrft.algorithms.temporal_contrast_bonus` is added to ``scored.total`` in place, as the
-    sub-score ``temporal`` (``None`` for prompts without a video). With ``skip_decided`` the groups whose bonus the shuffled completions
-    cannot change (:func:`mmrft.algorithms.temporal_contrast_decided`) are not sampled: same
-    rewards, fewer completions. Shuffled completions are never trained on; their generation time
-    is added to ``rollouts.seconds``.
 
-    Returns counts for :func:`_temporal_metrics` (this rank's) and ``seconds`` spent scoring.
-    """
-    tc, G = cfg.algorithm.temporal_contrast, cfg.rollout.group_size
-    n_shuffled = tc.shuffled_per_prompt or max(1, G // 2)
-    spec = reward.bound(tc.verifier).spec
-
-    def values(scores: list[Score | None]) -> torch.Tensor:
-        rows = [s.value if s is not None else spec.low for s in scores]
-        return torch.tensor(rows, dtype=torch.float64)  # float64: the bonus adds exactly α
-
-    out: Counter = Counter()
-    subscores: list[Score | None] = [None] * len(scored.total)
-    video = [g for g, s in enumerate(samples) if s.media("video")]
-    if video:
-        ordered = values(scored.scores[tc.verifier]).view(len(samples), G)[video]
-        if tc.skip_decided:
-            needed = ~temporal_contrast_decided(
-                ordered, ratio=tc.ratio, high=spec.high, correct_above=tc.correct_above
+def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
+    """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
+    sampling stream moves); the metrics reach every rank."""
+    cfg, task, metrics = run.cfg, run.task, None
+    # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
+    with distributed.gathered(run.policy.model):
+        if distributed.is_main():
+            result: EvalResult = evaluate(
+                run.policy,
+                task,
+                run.test_samples,
+                cfg.eval.batch_size,
+                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             )
-        else:
-            needed = torch.ones(len(video), dtype=torch.bool)
-        sampled = needed.nonzero().flatten().tolist()
-        # rows not sampled are decided: any scores in [low, high] give the same bonus
-        shuffled = torch.full((len(video), n_shuffled), spec.low, dtype=torch.float64)
-        if sampled:
-            conversations = [
-                with_shuffled_frames(
-                    task.prompt(samples[video[i]], policy.family),
-                    _shuffle_seed(cfg.train.seed, positions[video[i]]),
-                )
-                for i in sampled
-            ]
-            generated = engine.generate(conversations, n_shuffled, sampling)
-            rollouts.seconds += generated.seconds
-            t0 = time.perf_counter()
-            expanded = [samples[video[i]] for i in sampled for _ in range(n_shuffled)]
-            scores = reward.score_one(
-                tc.verifier, generated.texts, expanded, context=f"at step {step} (shuffled frames)"
+            write_eval(result, directory, {"step": step})
+            run.runlog.metrics(
+                step,
+                {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"},
             )
-            out["seconds"] += time.perf_counter() - t0
-            shuffled[sampled] = values(scores).view(len(sampled), n_shuffled)
-            out["generated"] += len(generated.texts)
-            out["sampled_groups"] += len(sampled)
-            out["ordered_sum"] += float(ordered[sampled].sum())
-            out["ordered_n"] += ordered[sampled].numel()
-            out["shuffled_sum"] += float(shuffled[sampled].sum())
-            out["shuffled_n"] += len(generated.texts)
-        bonus = temporal_contrast_bonus(
-            ordered, shuffled, ratio=tc.ratio, bonus=tc.bonus, correct_above=tc.correct_above
-        ).view(len(video), G)
-        out["groups"] += len(video)
-        out["bonus_groups"] += int((bonus > 0).any(dim=1).sum())
-        for row, g in enumerate(video):
-            for j in range(G):
-                subscores[g * G + j] = Score(float(bonus[row, j]))
-                scored.total[g * G + j] += float(bonus[row, j])
-    scored.scores["temporal"] = subscores
-    return out
+            run.console.print(
+                f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
+                f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
+            )
+            metrics = result.metrics
+    return distributed.broadcast_object(metrics)
 
 
-def _temporal_metrics(temporal: Counter) -> dict[str, float]:
-    """This rank's ``rollout/temporal_generated`` (summed over ranks when merged) and, over
-    every rank's groups (one collective, identical on every rank): ``train/temporal_bonus_rate``
-    (share of video groups whose correct completions got the bonus), and over the groups that
-    got shuffled completions ``train/temporal_ordered_accuracy`` and
-    ``train/temporal_shuffled_accuracy`` (mean correctness score on ordered / shuffled frames:
-    the gap is how much the policy uses the frame order)."""
-    keys = ("groups", "bonus_groups", "ordered_sum", "ordered_n", "shuffled_sum", "shuffled_n")
-    totals = [sum(c) for c in zip(*distributed.gather_objects([temporal[k] for k in keys]))]
-    total = dict(zip(keys, totals))
-    out = {"rollout/temporal_generated": float(temporal["generated"])}
-    if total["groups"]:
-        out["train/temporal_bonus_rate"] = total["bonus_groups"] / total["groups"]
-    if total["shuffled_n"]:
-        out["train/temporal_ordered_accuracy"] = total["ordered_sum"] / total["ordered_n"]
-        out["train/temporal_shuffled_accuracy"] = total["shuffled_sum"] / total["shuffled_n"]
-    return out
+# ---------------------------------------------------------------------------------------------
+# The GRPO update
 
 
 def _update(
@@ -1025,59 +759,8 @@ def deepspeed_config(cfg: RunConfig, world: int, training: bool = True) -> dict[
     )
 
 
-class Heartbeat:
-    """A daemon thread that logs a warning naming the current phase and how long it has run,
-    every ``seconds``, while a phase lasts longer than that: a run that hangs says on what."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.current = "start"
-        self.since = time.monotonic()
-        self._stop = threading.Event()
-
-    def phase(self, name: str) -> None:
-        self.current, self.since = name, time.monotonic()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.seconds):
-            waited = time.monotonic() - self.since
-            if waited >= self.seconds:
-                log.warning("still in %s after %.0f s", self.current, waited)
-
-    def __enter__(self) -> Heartbeat:
-        if self.seconds > 0:
-            threading.Thread(target=self._watch, name="mmrft:heartbeat", daemon=True).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-
-
-class GracefulStop:
-    """Turn the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
-    so the checkpoint then written is exact; a second signal interrupts at once."""
-
-    def __init__(self) -> None:
-        self.requested: str | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = signal.Signals(signum).name
-        log.warning(
-            "%s received: stopping after this step (send again to abort now)", self.requested
-        )
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+# ---------------------------------------------------------------------------------------------
+# Helpers
 
 
 def _write_failure(run_dir: Path, step: int, reason: str, samples: list[Sample]) -> None:
@@ -1085,65 +768,6 @@ def _write_failure(run_dir: Path, step: int, reason: str, samples: list[Sample])
     record = {"step": step, "reason": reason, "samples": sorted({s.id for s in samples})}
     (run_dir / "failure.json").write_text(json.dumps(record, indent=2) + "\n")
     log.error("run stopped at step %d: %s", step, reason)
-
-
-def _run_eval(
-    policy: Policy,
-    task: Task,
-    samples: list[Sample],
-    cfg: RunConfig,
-    directory: Path,
-    runlog: RunLog,
-    step: int,
-    console: Console,
-) -> dict[str, float]:
-    """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
-    sampling stream moves); the metrics reach every rank."""
-    metrics = None
-    # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
-    with distributed.gathered(policy.model):
-        if distributed.is_main():
-            result: EvalResult = evaluate(
-                policy,
-                task,
-                samples,
-                cfg.eval.batch_size,
-                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            )
-            write_eval(result, directory, {"step": step})
-            runlog.metrics(
-                step,
-                {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"},
-            )
-            console.print(
-                f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
-                f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
-            )
-            metrics = result.metrics
-    return distributed.broadcast_object(metrics)
-
-
-COUNT_METRICS = (
-    "rollout/generated",
-    "rollout/kept",
-    "rollout/discarded",
-    "rollout/temporal_generated",
-    "train/reasons/",
-)
-
-
-def _merge_rank_metrics(metrics: dict[str, float]) -> dict[str, float]:
-    """One metrics line for all ranks: counts are summed, everything else averaged (ranks hold
-    equal numbers of prompts, so the mean of means is the global mean)."""
-    gathered = distributed.gather_objects(metrics)
-    if len(gathered) == 1:
-        return metrics
-    keys = sorted({k for m in gathered for k in m})
-    out = {}
-    for key in keys:
-        values = [m[key] for m in gathered if key in m]
-        out[key] = sum(values) if key.startswith(COUNT_METRICS) else sum(values) / len(values)
-    return out
 
 
 def _restore_rng(state: dict[str, Any], cfg: RunConfig, rank: int, world: int) -> None:
@@ -1226,14 +850,3 @@ def _load_weights(policy: Policy, checkpoint: Path) -> None:
         str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
     )
     policy.model.load_state_dict(loaded.state_dict())
-
-
-def _attach_file_log(path: Path) -> None:
-    root = logging.getLogger("mmrft")
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler):
-            root.removeHandler(handler)
-    handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)

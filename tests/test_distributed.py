@@ -37,7 +37,7 @@ def free_port() -> int:
 def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]):
     """The StepBatch of one rank's ``share`` (completion indices) of a generated global batch,
     with what ``_update`` reads (``scored`` is not)."""
-    from mmrft.trainer import StepBatch
+    from mmrft.collector import StepBatch
 
     return StepBatch(
         samples=[expanded[i] for i in share],
@@ -46,8 +46,6 @@ def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]
         generated=rollouts,
         generated_samples=expanded,
         scored=None,
-        counts={},
-        reward_seconds=0.0,
     )
 
 

@@ -1,5 +1,5 @@
-"""Video-R1's T-GRPO in the trainer (mmrft.trainer._temporal_contrast and its metrics), with a
-stub rollout engine: which prompts get shuffled-frame completions, how they are seeded, what
+"""Video-R1's T-GRPO as the collector's auxiliary rollout stage (mmrft.collector.TemporalContrast
+and its metrics), with a stub rollout engine: which prompts get shuffled-frame completions, how they are seeded, what
 the bonus adds to the reward, and how several ranks' counts combine. The 2-step training run is
 in tests/test_modalities_train.py; the pure bonus in tests/test_algorithms.py."""
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mmrft import distributed, trainer
+from mmrft import collector, distributed, runlog
 from mmrft import video as V
 from mmrft.config import load_config
 from mmrft.data import Sample
@@ -90,19 +90,28 @@ def run(setup, engine: StubEngine, *overrides: str):
     scored = setup.reward(setup.texts, setup.expanded)
     before = list(scored.total)
     rollouts = Rollouts(seconds=1.0)
-    counts = trainer._temporal_contrast(
-        setup.task,
-        SimpleNamespace(family=Qwen25VL()),
-        engine,
-        Sampling(4),
-        setup.reward,
-        setup.batch,
-        [100, 101, 102, 103, 104],
-        rollouts,
-        scored,
-        cfg,
-        1,
+    (stage,) = collector.build_auxiliaries(cfg, setup.reward)
+    family = Qwen25VL()
+    rnd = collector.Round(
+        samples=setup.batch,
+        positions=[100, 101, 102, 103, 104],
+        conversations=[setup.task.prompt(s, family) for s in setup.batch],
+        rollouts=rollouts,
+        scored=scored,
+        group_size=G,
     )
+    collect = collector.Collector(
+        cfg,
+        setup.task,
+        SimpleNamespace(family=family),
+        engine,
+        setup.reward,
+        samples=[],
+        source=collector.DataStream(1, 0),
+        auxiliaries=[stage],
+    )
+    collect.run_auxiliary(stage, rnd, 1)
+    counts = dict(stage.counts)
     added = [round(a - b, 6) for a, b in zip(scored.total, before)]
     return scored, added, counts, rollouts
 
@@ -117,7 +126,7 @@ def test_only_undecided_video_groups_are_sampled_and_get_the_bonus(setup):
     assert n == G // 2 and len(conversations) == 2  # s0 and s3 are decided, the image has none
     seeds = [c[0]["content"][0][V.SHUFFLE_KEY] for c in conversations]
     expected = [
-        V.with_shuffled_frames(setup.task.prompt(b[i], Qwen25VL()), trainer._shuffle_seed(42, p))
+        V.with_shuffled_frames(setup.task.prompt(b[i], Qwen25VL()), collector.shuffle_seed(42, p))
         for i, p in ((1, 101), (2, 102))
     ]
     assert conversations == expected and seeds[0] != seeds[1]
@@ -157,27 +166,41 @@ def test_metrics_combine_every_rank(monkeypatch):
     mine |= {"shuffled_sum": 2.0, "shuffled_n": 4}
     other = [2, 1, 1.0, 4, 0.0, 2]  # groups … shuffled_n of another rank
     monkeypatch.setattr(distributed, "gather_objects", lambda values: [values, other])
-    out = trainer._temporal_metrics(trainer.Counter(mine))
+    stage = collector.TemporalContrast(
+        load_config(None, ["train.steps=0"]).algorithm.temporal_contrast,
+        G,
+        42,
+        build_reward([{"name": "accuracy"}]),
+    )
+    stage.counts.update(mine)
+    out = stage.metrics()
     assert out == {
-        "rollout/temporal_generated": 4.0,  # this rank's; summed by _merge_rank_metrics
+        "rollout/temporal_generated": 4.0,  # this rank's; summed by merge_rank_metrics
         "train/temporal_bonus_rate": 3 / 6,
         "train/temporal_ordered_accuracy": 4.0 / 12,
         "train/temporal_shuffled_accuracy": 2.0 / 6,
     }
     ranks = [{"rollout/temporal_generated": 4.0}, {"rollout/temporal_generated": 6.0}]
     monkeypatch.setattr(distributed, "gather_objects", lambda metrics: ranks)
-    assert trainer._merge_rank_metrics(ranks[0])["rollout/temporal_generated"] == 10.0
+    assert runlog.merge_rank_metrics(ranks[0])["rollout/temporal_generated"] == 10.0
 
 
 def test_no_video_groups_log_only_the_count(monkeypatch):
-    assert trainer._temporal_metrics(trainer.Counter()) == {"rollout/temporal_generated": 0.0}
+    stage = collector.TemporalContrast(
+        load_config(None, ["train.steps=0"]).algorithm.temporal_contrast,
+        G,
+        42,
+        build_reward([{"name": "accuracy"}]),
+    )
+    assert stage.metrics() == {"rollout/temporal_generated": 0.0}
+    assert stage.counts == {}  # reset for the next step
 
 
 def test_shuffle_seed_is_a_pure_function_of_seed_and_position():
-    assert trainer._shuffle_seed(42, 7) == trainer._shuffle_seed(42, 7)
-    assert len({trainer._shuffle_seed(42, p) for p in range(100)}) == 100
-    assert trainer._shuffle_seed(42, 7) != trainer._shuffle_seed(43, 7)
-    assert trainer._shuffle_seed(-1, 7) >= 0
+    assert collector.shuffle_seed(42, 7) == collector.shuffle_seed(42, 7)
+    assert len({collector.shuffle_seed(42, p) for p in range(100)}) == 100
+    assert collector.shuffle_seed(42, 7) != collector.shuffle_seed(43, 7)
+    assert collector.shuffle_seed(-1, 7) >= 0
 
 
 def test_verifier_must_be_one_of_the_run_verifiers():
@@ -193,6 +216,6 @@ def test_verifier_must_be_one_of_the_run_verifiers():
     with pytest.raises(
         ConfigError, match=r"algorithm.temporal_contrast.verifier: 'acuracy'.*'accuracy'"
     ):
-        trainer._check_temporal_contrast(cfg, reward)
+        collector.build_auxiliaries(cfg, reward)
     cfg.algorithm.temporal_contrast.enabled = False
-    trainer._check_temporal_contrast(cfg, reward)  # off: not checked
+    assert collector.build_auxiliaries(cfg, reward) == []  # off: not checked

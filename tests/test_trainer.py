@@ -341,7 +341,7 @@ def test_heartbeat_names_the_phase_it_waits_on(caplog):
     import logging
     import time
 
-    from mmrft.trainer import Heartbeat
+    from mmrft.runlog import Heartbeat
 
     caplog.set_level(logging.WARNING, logger="mmrft")
     with Heartbeat(0.2) as heartbeat:

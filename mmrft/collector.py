@@ -1,0 +1,495 @@
+"""The collector: everything that turns the policy into one RL step's training batch.
+
+One step, in the order the code runs (:meth:`Collector.collect`)::
+
+    prompt source ─► engine (G completions per prompt) ─► verifiers ─► group transforms ─► StepBatch
+    (data stream)     (mmrft.rollout.Engine)              (reward)       overlong shaping
+                                                                         auxiliary rollouts
+                                                                         dynamic sampling
+
+1. **draw**: this process's ``train.prompts_per_step / world`` prompts from the prompt source.
+   Today that is :class:`DataStream` (a seeded order that is a pure function of the position,
+   so a resume continues it); a sampler plugin implements the same :class:`PromptSource`.
+2. **generate**: the engine samples ``G = rollout.group_size`` completions per prompt,
+   group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only.
+3. **verify**: the weighted reward of every completion, reasons counted.
+4. **shape**: DAPO's overlong penalty, then the auxiliary rollouts: completions sampled on
+   perturbed prompts that shape the reward of the real ones without being trained on
+   (:class:`AuxiliaryRollouts`; T-GRPO's shuffled frames, :class:`TemporalContrast`, is one).
+   Their scores join the reward as named sub-scores (``train/reward/<name>``).
+5. **filter**: with dynamic sampling (DAPO) groups whose rewards are all equal carry no
+   advantage and are dropped; steps 1–4 repeat on fresh prompts until ``prompts_per_step``
+   groups are kept or ``algorithm.max_sampling_tries`` rounds ran.
+
+The result is a :class:`StepBatch`: the kept groups, everything generated (the reward metrics
+are over it, so dropping groups hides nothing), counts and timings.
+
+Two things that could look like collector stages are not: the KL-to-reference reward term
+(``algorithm.kl_mode: reward``) needs forward passes of the policy and the reference model, so
+the trainer adds it after collection, on the kept groups only; and advantages, which are pure
+functions of the kept rewards (:mod:`mmrft.algorithms`), are computed by the trainer too.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from mmrft import distributed
+from mmrft.algorithms import (
+    filter_zero_variance_groups,
+    overlong_penalty,
+    temporal_contrast_bonus,
+    temporal_contrast_decided,
+)
+from mmrft.config import RunConfig, TemporalContrastConfig
+from mmrft.data import Sample
+from mmrft.plugins import did_you_mean
+from mmrft.policy import Policy
+from mmrft.rewards import RewardBreakdown, Score, WeightedReward
+from mmrft.rollout import Engine, Rollouts, Sampling
+from mmrft.task import Task
+from mmrft.typecheck import ConfigError
+from mmrft.video import with_shuffled_frames
+
+log = logging.getLogger("mmrft")
+
+Conversation = list[dict[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the collector hands the trainer
+
+
+@dataclass
+class StepBatch:
+    """The completions one RL step trains on, and what it took to get them.
+
+    Attributes:
+        samples / rollouts / rewards: the kept groups, group-contiguous (``rewards`` includes
+            the shaping terms).
+        generated / generated_samples / scored: every completion sampled this step, kept or
+            not, with its sample and reward breakdown (the train/reward metrics are over these,
+            so dropping groups hides nothing).
+        counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``,
+            ``rollout/tries``, and the auxiliary rollouts' metrics.
+        timings: ``time/rollout_s`` (generation, auxiliary rollouts included) and
+            ``time/reward_s`` (verifiers and shaping).
+    """
+
+    samples: list[Sample]
+    rollouts: Rollouts
+    rewards: torch.Tensor
+    generated: Rollouts
+    generated_samples: list[Sample]
+    scored: RewardBreakdown
+    counts: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: which prompts
+
+
+class PromptSource(Protocol):
+    """Which training prompts come next: ``take(count)`` returns indices into the training
+    samples and advances ``position``, the number of prompts drawn so far (saved in
+    checkpoints, so a resumed run draws what the interrupted one would have)."""
+
+    position: int
+
+    def take(self, count: int) -> list[int]: ...
+
+
+@dataclass
+class DataStream:
+    """Prompt order as a pure function of the position: epoch e uses permutation(seed + e)."""
+
+    size: int
+    seed: int
+    position: int = 0
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position, self.size)
+            order = np.random.default_rng(self.seed + epoch).permutation(self.size)
+            out.append(int(order[offset]))
+            self.position += 1
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Stage 4: shaping the reward
+
+
+@dataclass
+class Round:
+    """One sampling round of this process: ``len(samples)`` groups of ``G`` completions.
+
+    Attributes:
+        samples: one per group; ``positions`` their data positions (for per-prompt seeds).
+        conversations: the rendered prompt of each group.
+        rollouts / scored: the ``len(samples) × G`` completions and their rewards.
+    """
+
+    samples: list[Sample]
+    positions: list[int]
+    conversations: list[Conversation]
+    rollouts: Rollouts
+    scored: RewardBreakdown
+    group_size: int
+
+    @property
+    def expanded(self) -> list[Sample]:
+        """The sample of every completion."""
+        return [s for s in self.samples for _ in range(self.group_size)]
+
+
+def add_shaping(scored: RewardBreakdown, name: str, scores: list[Score | None]) -> None:
+    """Add a shaping term to the reward: ``total_i += scores_i`` (``None``: nothing), logged as
+    the sub-score ``train/reward/<name>``."""
+    scored.scores[name] = scores
+    scored.total = [t + s.value if s is not None else t for t, s in zip(scored.total, scores)]
+
+
+def overlong_scores(
+    rollouts: Rollouts, max_new_tokens: int, buffer: int, penalty: float
+) -> list[Score | None]:
+    """DAPO's soft overlong penalty of every completion (:func:`mmrft.algorithms.overlong_penalty`)."""
+    lengths = torch.tensor([len(c) for c in rollouts.completion_ids])
+    return [Score(float(p)) for p in overlong_penalty(lengths, max_new_tokens, buffer, penalty)]
+
+
+@dataclass
+class AuxRequest:
+    """What an auxiliary stage asks for: ``n`` completions of each of ``conversations`` (one per
+    entry of ``groups``, the round's group indices), scored by the run's verifier ``verifier``
+    alone (raw score, no weight). ``state`` is the stage's own, handed back to ``shape``."""
+
+    conversations: list[Conversation]
+    groups: list[int]
+    n: int
+    verifier: str
+    label: str
+    state: Any = None
+
+
+class AuxiliaryRollouts(Protocol):
+    """Completions sampled on perturbed prompts to shape the reward of the real ones, never
+    trained on. The collector generates and scores what ``request`` asks for (the engine, the
+    time budget and the accounting are the collector's), then adds ``shape``'s per-completion
+    scores to the reward as the sub-score ``name``. ``metrics`` reports this step's counts
+    and resets them (it may be a collective: every rank calls it once per step)."""
+
+    name: str
+
+    def request(self, rnd: Round) -> AuxRequest: ...
+
+    def shape(
+        self, rnd: Round, request: AuxRequest, scores: list[Score | None]
+    ) -> list[Score | None]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+
+def shuffle_seed(seed: int, position: int) -> int:
+    """The frame-shuffle seed of the prompt drawn at data ``position``: a pure function of the
+    run seed and the position, so exact resumes and any world size shuffle alike."""
+    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, position]).generate_state(1)[0])
+
+
+class TemporalContrast:
+    """T-GRPO (Video-R1, arXiv:2503.21776) as an auxiliary rollout stage.
+
+    For every prompt with a video, ``G'`` (``shuffled_per_prompt``, default ``G // 2`` as
+    Video-R1's code) completions are sampled with the same prompt and the video's frames
+    shuffled (:func:`mmrft.video.with_shuffled_frames`, seeded by the prompt's data position
+    through :func:`shuffle_seed`), scored by the correctness verifier alone (a ``None`` score
+    counts as its minimum), and :func:`mmrft.algorithms.temporal_contrast_bonus` joins the
+    reward as the sub-score ``temporal`` (``None`` for prompts without a video). With
+    ``skip_decided`` the groups whose bonus the shuffled completions cannot change
+    (:func:`mmrft.algorithms.temporal_contrast_decided`) are not sampled: same rewards, fewer
+    completions. Each rank contrasts its own groups.
+
+    Raises :class:`ConfigError` at construction when ``verifier`` is not one of the run's
+    verifiers or a verifier is named ``temporal`` (this stage's sub-score).
+    """
+
+    name = "temporal"
+
+    def __init__(
+        self, tc: TemporalContrastConfig, group_size: int, seed: int, reward: WeightedReward
+    ) -> None:
+        if tc.verifier not in reward.names:
+            raise ConfigError(
+                f"algorithm.temporal_contrast.verifier: '{tc.verifier}' is not one of the run's "
+                f"verifiers; {did_you_mean(tc.verifier, reward.names)}"
+            )
+        if self.name in reward.names:
+            raise ConfigError(
+                "reward.verifiers: a verifier named 'temporal' clashes with the temporal contrast "
+                "bonus's sub-score (train/reward/temporal)"
+            )
+        self.tc = tc
+        self.group_size = group_size
+        self.seed = seed
+        self.n = tc.shuffled_per_prompt or max(1, group_size // 2)
+        self.spec = reward.bound(tc.verifier).spec
+        self.counts: Counter = Counter()
+
+    def _values(self, scores: list[Score | None]) -> torch.Tensor:
+        rows = [s.value if s is not None else self.spec.low for s in scores]
+        return torch.tensor(rows, dtype=torch.float64)  # float64: the bonus adds exactly α
+
+    def request(self, rnd: Round) -> AuxRequest:
+        tc, G = self.tc, self.group_size
+        video = [g for g, s in enumerate(rnd.samples) if s.media("video")]
+        ordered = self._values(rnd.scored.scores[tc.verifier]).view(len(rnd.samples), G)[video]
+        if tc.skip_decided and video:
+            needed = ~temporal_contrast_decided(
+                ordered, ratio=tc.ratio, high=self.spec.high, correct_above=tc.correct_above
+            )
+        else:
+            needed = torch.ones(len(video), dtype=torch.bool)
+        sampled = needed.nonzero().flatten().tolist()  # rows of `video`
+        conversations = [
+            with_shuffled_frames(
+                rnd.conversations[video[i]], shuffle_seed(self.seed, rnd.positions[video[i]])
+            )
+            for i in sampled
+        ]
+        return AuxRequest(
+            conversations=conversations,
+            groups=[video[i] for i in sampled],
+            n=self.n,
+            verifier=tc.verifier,
+            label="shuffled frames",
+            state=(video, ordered, sampled),
+        )
+
+    def shape(
+        self, rnd: Round, request: AuxRequest, scores: list[Score | None]
+    ) -> list[Score | None]:
+        tc, G = self.tc, self.group_size
+        video, ordered, sampled = request.state
+        out: list[Score | None] = [None] * len(rnd.scored.total)
+        if not video:
+            return out
+        # rows not sampled are decided: any scores in [low, high] give the same bonus
+        shuffled = torch.full((len(video), self.n), self.spec.low, dtype=torch.float64)
+        if sampled:
+            shuffled[sampled] = self._values(scores).view(len(sampled), self.n)
+            self.counts["generated"] += len(scores)
+            self.counts["sampled_groups"] += len(sampled)
+            self.counts["ordered_sum"] += float(ordered[sampled].sum())
+            self.counts["ordered_n"] += ordered[sampled].numel()
+            self.counts["shuffled_sum"] += float(shuffled[sampled].sum())
+            self.counts["shuffled_n"] += len(scores)
+        bonus = temporal_contrast_bonus(
+            ordered, shuffled, ratio=tc.ratio, bonus=tc.bonus, correct_above=tc.correct_above
+        ).view(len(video), G)
+        self.counts["groups"] += len(video)
+        self.counts["bonus_groups"] += int((bonus > 0).any(dim=1).sum())
+        for row, g in enumerate(video):
+            for j in range(G):
+                out[g * G + j] = Score(float(bonus[row, j]))
+        return out
+
+    def metrics(self) -> dict[str, float]:
+        """This rank's ``rollout/temporal_generated`` (summed over ranks when merged) and, over
+        every rank's groups (one collective, identical on every rank):
+        ``train/temporal_bonus_rate`` (share of video groups whose correct completions got the
+        bonus), and over the groups that got shuffled completions
+        ``train/temporal_ordered_accuracy`` and ``train/temporal_shuffled_accuracy`` (mean
+        correctness score on ordered / shuffled frames: the gap is how much the policy uses
+        the frame order). Resets the counts."""
+        counts, self.counts = self.counts, Counter()
+        keys = ("groups", "bonus_groups", "ordered_sum", "ordered_n", "shuffled_sum", "shuffled_n")
+        totals = [sum(c) for c in zip(*distributed.gather_objects([counts[k] for k in keys]))]
+        total = dict(zip(keys, totals))
+        out = {"rollout/temporal_generated": float(counts["generated"])}
+        if total["groups"]:
+            out["train/temporal_bonus_rate"] = total["bonus_groups"] / total["groups"]
+        if total["shuffled_n"]:
+            out["train/temporal_ordered_accuracy"] = total["ordered_sum"] / total["ordered_n"]
+            out["train/temporal_shuffled_accuracy"] = total["shuffled_sum"] / total["shuffled_n"]
+        return out
+
+
+def build_auxiliaries(cfg: RunConfig, reward: WeightedReward) -> list[AuxiliaryRollouts]:
+    """The auxiliary rollout stages the config turns on, checked against the run's verifiers."""
+    out: list[AuxiliaryRollouts] = []
+    if cfg.algorithm.temporal_contrast.enabled:
+        out.append(
+            TemporalContrast(
+                cfg.algorithm.temporal_contrast, cfg.rollout.group_size, cfg.train.seed, reward
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The collector
+
+
+class Collector:
+    """Draws, generates, verifies, shapes and filters one step's groups (module docstring).
+
+    Args:
+        samples: the training split (indices of ``source`` point into it).
+        auxiliaries: auxiliary rollout stages (:func:`build_auxiliaries`).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        task: Task,
+        policy: Policy,
+        engine: Engine,
+        reward: WeightedReward,
+        samples: list[Sample],
+        source: PromptSource,
+        auxiliaries: list[AuxiliaryRollouts] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.task = task
+        self.policy = policy
+        self.engine = engine
+        self.reward = reward
+        self.samples = samples
+        self.source = source
+        self.auxiliaries = auxiliaries or []
+        rollout = cfg.rollout
+        self.sampling = Sampling(
+            rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k
+        )
+
+    def collect(self, step: int) -> StepBatch:
+        """This process's share of step ``step``'s batch (collective under several processes:
+        every rank runs as many rounds)."""
+        # sharded: every rank gathers the parameters, then generates with no collective
+        with distributed.gathered(self.policy.model):
+            return self._collect(step)
+
+    def _collect(self, step: int) -> StepBatch:
+        algo, G = self.cfg.algorithm, self.cfg.rollout.group_size
+        P = self.cfg.train.prompts_per_step // distributed.world_size()  # this rank's groups
+        kept_samples: list[Sample] = []
+        kept = Rollouts()
+        kept_rewards: list[torch.Tensor] = []
+        generated = Rollouts()
+        generated_samples: list[Sample] = []
+        breakdowns: list[RewardBreakdown] = []
+        reward_seconds = 0.0
+        rounds = algo.max_sampling_tries if algo.dynamic_sampling else 1
+        tries = 0
+        for tries in range(1, rounds + 1):  # noqa: B007 (the count is reported)
+            rnd, seconds = self._round(step, P)
+            reward_seconds += seconds
+            rewards = torch.tensor(rnd.scored.total, dtype=torch.float32)
+            generated.extend(rnd.rollouts)
+            generated_samples += rnd.expanded
+            breakdowns.append(rnd.scored)
+            keep = (
+                filter_zero_variance_groups(rewards, G)
+                if algo.dynamic_sampling
+                else torch.ones(P, dtype=torch.bool)
+            )
+            for group in keep.nonzero().flatten().tolist()[: P - len(kept_samples) // G]:
+                indices = list(range(group * G, (group + 1) * G))
+                kept_samples += [rnd.samples[group]] * G
+                kept.extend(rnd.rollouts.select(indices))
+                kept_rewards.append(rewards[indices])
+            # collective: every rank draws another round while any rank still needs groups
+            if distributed.sum_scalar(float(len(kept_samples) < P * G)) == 0:
+                break
+        if not kept_samples:
+            log.warning(
+                "step %d: every group had equal rewards in %d tries; nothing to train on",
+                step,
+                tries,
+            )
+        counts = {
+            "rollout/generated": float(len(generated.texts)),
+            "rollout/kept": float(len(kept_samples)),
+            "rollout/discarded": float(len(generated.texts) - len(kept_samples)),
+            "rollout/tries": float(tries),
+        }
+        for aux in self.auxiliaries:
+            counts.update(aux.metrics())
+        return StepBatch(
+            samples=kept_samples,
+            rollouts=kept,
+            rewards=torch.cat(kept_rewards) if kept_rewards else torch.zeros(0),
+            generated=generated,
+            generated_samples=generated_samples,
+            scored=RewardBreakdown.concat(breakdowns),
+            counts=counts,
+            timings={"time/rollout_s": generated.seconds, "time/reward_s": reward_seconds},
+        )
+
+    def _round(self, step: int, P: int) -> tuple[Round, float]:
+        """Stages 1–4 on ``P`` fresh prompts of this rank; returns the round and the seconds
+        spent verifying and shaping."""
+        world, rank = distributed.world_size(), distributed.rank()
+        first = self.source.position + rank * P  # data position of this rank's first prompt
+        drawn = self.source.take(P * world)  # every rank advances the shared order identically
+        samples = [self.samples[i] for i in drawn[rank * P : (rank + 1) * P]]
+        conversations = [self.task.prompt(s, self.policy.family) for s in samples]
+        G = self.cfg.rollout.group_size
+        rollouts = self.engine.generate(conversations, G, self.sampling)
+        t0 = time.perf_counter()
+        rnd = Round(
+            samples=samples,
+            positions=list(range(first, first + P)),
+            conversations=conversations,
+            rollouts=rollouts,
+            scored=self.reward(
+                rollouts.texts, [s for s in samples for _ in range(G)], context=f"at step {step}"
+            ),
+            group_size=G,
+        )
+        algo = self.cfg.algorithm
+        if algo.overlong_buffer:
+            add_shaping(
+                rnd.scored,
+                "overlong",
+                overlong_scores(
+                    rollouts,
+                    self.cfg.rollout.max_new_tokens,
+                    algo.overlong_buffer,
+                    algo.overlong_penalty,
+                ),
+            )
+        seconds = time.perf_counter() - t0
+        for aux in self.auxiliaries:
+            seconds += self.run_auxiliary(aux, rnd, step)
+        return rnd, seconds
+
+    def run_auxiliary(self, aux: AuxiliaryRollouts, rnd: Round, step: int) -> float:
+        """Generate and score what ``aux`` requests, add its shaping term to the round's reward;
+        the generation time counts as rollout time, the returned seconds as verification."""
+        request = aux.request(rnd)
+        scores: list[Score | None] = []
+        seconds = 0.0
+        if request.conversations:
+            generated = self.engine.generate(request.conversations, request.n, self.sampling)
+            rnd.rollouts.seconds += generated.seconds
+            t0 = time.perf_counter()
+            expanded = [rnd.samples[g] for g in request.groups for _ in range(request.n)]
+            scores = self.reward.score_one(
+                request.verifier,
+                generated.texts,
+                expanded,
+                context=f"at step {step} ({request.label})",
+            )
+            seconds = time.perf_counter() - t0
+        add_shaping(rnd.scored, aux.name, aux.shape(rnd, request, scores))
+        return seconds

@@ -1,0 +1,122 @@
+"""The engine interface: what a rollout engine takes and what it hands back.
+
+An engine runs *one turn*: conversations in, ``n`` sampled completions per conversation out,
+group-contiguous (the ``n`` completions of conversation ``k`` are rows ``k·n … k·n + n − 1``,
+the order the advantage functions expect). A multi-turn tool loop is a collector stage that
+calls the engine once per turn and appends the tool's output to each conversation before the
+next call; it needs nothing more from the engine than this.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mmrft.policy import Policy
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Decoding settings; ``greedy`` ignores the others.
+
+    Attributes:
+        max_new_tokens: the length limit of a completion (tokens).
+        temperature: softmax temperature (> 0).
+        top_p: nucleus sampling mass in (0, 1]; 1 = off.
+        top_k: keep the k most likely tokens; 0 = off.
+        greedy: argmax decoding (evaluation).
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    greedy: bool = False
+
+
+@dataclass
+class Rollouts:
+    """``len(conversations) × n`` completions, group-contiguous.
+
+    Attributes:
+        prompt_rows: the prepared prompt of each completion (``ModelFamily.split_rows`` output:
+            token ids and media tensors), so the training forward sees exactly the tokens and
+            pixels the sampler saw.
+        completion_ids: generated ids per completion, through the first end-of-turn token.
+        texts: decoded completions without special tokens.
+        truncated: True where the length limit cut the completion (no end-of-turn token).
+        logprobs: the sampler's log-probability of each completion token, when the engine
+            reports them (``None`` otherwise); the trainer compares them with its own.
+        seconds: wall-clock generation time.
+    """
+
+    prompt_rows: list[dict[str, Any]] = field(default_factory=list)
+    completion_ids: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    logprobs: list[list[float]] | None = None
+    seconds: float = 0.0
+
+    def select(self, indices: list[int]) -> Rollouts:
+        """The completions at ``indices``, in that order."""
+        return Rollouts(
+            [self.prompt_rows[i] for i in indices],
+            [self.completion_ids[i] for i in indices],
+            [self.texts[i] for i in indices],
+            [self.truncated[i] for i in indices],
+            None if self.logprobs is None else [self.logprobs[i] for i in indices],
+            self.seconds,
+        )
+
+    def extend(self, other: Rollouts) -> None:
+        """Append ``other``'s completions (and add its seconds). Sampler log-probs are kept
+        only when both sides have them."""
+        had_any = bool(self.completion_ids)
+        self.prompt_rows += other.prompt_rows
+        self.completion_ids += other.completion_ids
+        self.texts += other.texts
+        self.truncated += other.truncated
+        if other.logprobs is not None and (self.logprobs is not None or not had_any):
+            self.logprobs = (self.logprobs or []) + other.logprobs
+        else:
+            self.logprobs = None
+        self.seconds += other.seconds
+
+
+class Engine(Protocol):
+    """A rollout engine.
+
+    ``generate`` samples ``n`` completions for each conversation with the ``sampling``
+    settings and returns them group-contiguous, each with its prepared prompt row, and the
+    sampler log-probs if it has them. Media placeholder tokens are never sampled.
+    ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
+    the weights (vLLM) reloads them from the policy there; one that samples from the policy
+    itself (``hf``) has nothing to do.
+    """
+
+    name: str
+
+    def generate(
+        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+    ) -> Rollouts: ...
+
+    def sync_weights(self) -> None: ...
+
+
+def stop_token_ids(policy: Policy) -> list[int]:
+    """End-of-turn tokens: the tokenizer's eos plus the chat template's ``<|im_end|>``."""
+    tok = policy.tokenizer
+    ids = {tok.eos_token_id}
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        token_id = tok.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tok.unk_token_id:
+            ids.add(token_id)
+    return sorted(i for i in ids if i is not None)
+
+
+def cut_at_stop(ids: list[int], stop_ids: list[int]) -> tuple[list[int], bool]:
+    """Keep tokens through the first stop token; ``truncated`` when there is none."""
+    for i, token in enumerate(ids):
+        if token in stop_ids:
+            return ids[: i + 1], False
+    return ids, True
