@@ -6,24 +6,43 @@ itself: whatever the code does comes back as ``ok=False`` with a short, stable `
 that a verifier can count.
 
 Reasons
-    ``"timeout"`` (wall clock), ``"cpu limit"``, ``"memory limit"`` (MemoryError under the
+    ``"timeout"`` (wall clock), ``"cpu limit"``, ``"memory limit"`` (MemoryError, as under the
     address-space limit), ``"file too large"`` (a write past ``max_file_mb`` or the workdir
-    quota), ``"output too large"`` (more than ``OUTPUT_KILL_FACTOR × max_output_bytes``
-    written to stdout + stderr), ``"killed by signal N"``, ``"exit code N"``, ``"syntax error"``,
-    ``"exception: <Type>"`` (uncaught exception, type name only), ``"no output file"`` (exit 0
-    but a requested output is missing or not a regular file), ``"sandbox error"`` (the sandbox
-    itself failed: never the code's fault). ``ok`` is true only for exit status 0 with every
-    requested output present.
+    quota, or an output over its cap), ``"output too large"`` (more than
+    ``OUTPUT_KILL_FACTOR × max_output_bytes`` written to stdout + stderr), ``"killed by signal
+    N"``, ``"exit code N"``, ``"syntax error"`` (the code does not compile; it is not run),
+    ``"exception: <Type>"`` (uncaught exception: the nearest *builtin* class, so a closed set of
+    names), ``"no output file"`` (exit 0 but a requested output is missing or not a regular
+    file), ``"sandbox error"`` (the sandbox itself failed: never the code's fault). ``ok`` is
+    true only for exit status 0 with every requested output present.
+
+    Every reason is decided by the supervisor from what it observed itself: its own clock and
+    output counters, the kernel's wait status and CPU time, its own ``compile()`` of the code,
+    the sizes of the files in the workdir. The code's process may make one claim, and only in
+    one form: after an uncaught exception (exit status 1) the runner writes ``exception:
+    <builtin class>`` on a status pipe, which is accepted if it is the only thing on it. The
+    code can write that line too, but it gains nothing it could not get by raising that
+    exception; any other text on the pipe (a forged ``timeout``, ``syntax error``, a second
+    line) leaves ``exit code N``.
 
 Process layout (one job)
     caller ──pipe──► fork server F (a fresh ``python -I -B`` with a scrubbed environment, its
     own session; imports ``preload`` once) ──fork──► supervisor J (trusted, outside the
     sandbox: enforces the wall clock, reads stdout/stderr/status pipes, collects outputs)
-    ──fork──► init I (pid 1 of a new PID namespace; reaps, reports the code's wait status)
-    ──fork──► the code's process U (applies every restriction below, then ``exec``s the code
-    as ``__main__``). Results travel J → F → caller as length-prefixed JSON; outputs are read by
-    J from a directory fd opened before the code ran (``O_NOFOLLOW``, regular files with one
-    link only, size-capped), never from anything the code's process hands over.
+    ──fork──► init I (pid 1 of a new PID namespace; builds the private root, reaps, reports
+    the code's wait status) ──fork──► the code's process U (applies every restriction below,
+    then ``exec``s the code as ``__main__``). Results travel J → F → caller as length-prefixed
+    JSON; outputs are read by J from a directory fd opened before the code ran
+    (``O_NOFOLLOW``, regular files with one link only, each under its own size cap, checked
+    before reading), never from anything the code's process hands over. The caller refuses a
+    reply larger than the job's caps allow, so its memory is bounded by the job's limits.
+
+    Each process dies with its parent (``PR_SET_PDEATHSIG``: F with the caller, J with F, I
+    with J, and the namespace with I), so nothing outlives a caller killed with SIGKILL; F is
+    started from a thread that lives as long as the caller, since the signal follows the
+    forking *thread*. Temporary directories are named ``mmrft-sandbox-<pid>.<start time>-*``
+    after their owner; the first pool of a later process removes those whose owner no longer
+    runs (:func:`remove_stale_dirs`).
 
 What is isolated (each layer is detected at run time and reported in ``isolation``)
     * Resources: ``RLIMIT_CPU`` (``cpu_s``, default ``timeout_s + 1``; SIGXCPU then SIGKILL),
@@ -39,16 +58,27 @@ What is isolated (each layer is detected at run time and reported in ``isolation
       MPLCONFIGDIR (in the workdir), PYTHONDONTWRITEBYTECODE, single-threaded BLAS/OpenMP and
       the job's ``env``. The fork server is started with the same scrubbed set, so
       ``/proc/self/environ`` holds no secret either.
-    * Files: an empty workdir (``<tmp>/mmrft-sandbox-*/work``, created by the caller, removed
-      by the caller in all cases). With a mount namespace it is a private tmpfs of
-      ``WORKDIR_QUOTA_FACTOR × max_file_mb`` MB and 4096 inodes, seen only by the job and
-      gone with its last process. Writes anywhere else fail by up to three layers: Landlock
-      (write rights only beneath the workdir and ``/dev/null``), a private mount namespace in
-      which every mount except the workdir is remounted read-only, and, when the caller is
-      root, the uid ``nobody``. If ``nobody`` cannot traverse to the interpreter (a pyenv
-      Python under ``/root``, 0700), that directory is covered by an empty tmpfs in the job's
-      mount namespace and only the interpreter's directories are bind-mounted back, which also
-      hides the rest of it (``isolation["hidden"]``).
+    * Files the code can read: with a mount namespace (root callers, or a user namespace) the
+      job gets a *private root*: an empty read-only tmpfs holding only the interpreter's
+      prefixes (standard library, site-packages), the system directories (``/usr``, ``/bin``,
+      ``/sbin``, ``/lib*``), a few files of ``/etc`` (the loader's cache, ``passwd``,
+      ``group``, ``localtime``, ``nsswitch.conf``, fonts), ``/var/cache/fontconfig``,
+      ``/dev/{null,zero,full,random,urandom}``, its own ``/proc`` and the workdir, all bound
+      read-only at their usual paths; then ``pivot_root`` (``chroot`` where the root cannot
+      be pivoted). The caller's home, the repository and its datasets, ``/tmp`` and every other
+      job's workdir do not exist there (``isolation["visible"]`` lists what does). Without a
+      mount namespace, Landlock read rules allow reading only beneath the same paths (and
+      nothing of ``/proc``); without either, every file the code's uid may read is readable
+      and a fallback says so. A caller must never place a verifier's answer (the reference,
+      the target) in a job's inputs.
+    * Files the code can write: an empty workdir (``<tmp>/mmrft-sandbox-*/work``, created by
+      the caller, removed by the caller in all cases). With a mount namespace it is a private
+      tmpfs of ``WORKDIR_QUOTA_FACTOR × max_file_mb`` MB and 4096 inodes, seen only by the
+      job and gone with its last process. Writes anywhere else fail by up to three layers:
+      Landlock (write rights only beneath the workdir and ``/dev/null``), the read-only mounts
+      of the private root, and, when the caller is root, the uid ``nobody``. If ``nobody``
+      cannot read the interpreter's directory at all, the code runs as root without
+      capabilities instead (a fallback).
     * Network: a new network namespace (no interfaces up, not even loopback) when running as
       root or in a user namespace. Otherwise Landlock (ABI ≥ 4) denies TCP connect/bind and
       the ``socket`` module is disabled at the Python level, which ctypes can bypass: the
@@ -62,15 +92,17 @@ What is isolated (each layer is detected at run time and reported in ``isolation
       explicitly dropped inside a user namespace).
 
 What is NOT isolated
-    * Reads: any world-readable file (the Python installation, ``/etc``, a world-readable
-      repository) can be read. Secrets must not live in world-readable files.
+    * Reads of the interpreter's prefixes and the system directories: whatever lies there
+      (site-packages, ``/usr/share``) is readable. Data must not live there.
     * Pathname Unix sockets stay reachable subject to their file permissions; without a
       network namespace UDP is blocked only at the Python level.
     * Concurrent jobs of root callers all run as ``nobody``: Landlock keeps them out of each
-      other's workdirs for writes, but they could read each other's workdirs and share the
-      nobody process count. There is no cgroup: memory is capped per process (RLIMIT_AS), not
+      other's workdirs for writes; with a private root they cannot even see them, without one
+      they could read them. They share the nobody process count. There is no cgroup: memory is capped per process (RLIMIT_AS), not
       per job, and CPU time likewise; the tmpfs workdir's pages are RAM outside RLIMIT_AS.
       Without a mount namespace the workdir has no quota beyond RLIMIT_FSIZE per file.
+    * Without a PID namespace, a process the code detached (new session, double fork) is
+      killed at the job's end by the supervisor's sweep, but not if the caller dies first.
     * Kernel exploits. This is a sandbox against buggy or mischievous model output, not a
       security boundary against a determined attacker with a kernel 0-day.
 
@@ -123,6 +155,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +169,7 @@ __all__ = [
     "SandboxJob",
     "SandboxPool",
     "SandboxResult",
+    "remove_stale_dirs",
     "run_python",
 ]
 
@@ -155,9 +189,23 @@ _GRACE_S = 30.0  # the caller's own deadline on top of timeout_s, should the ser
 _START_TIMEOUT_S = 120.0  # server start (preloading matplotlib the first time builds a font cache)
 _SCRIPT = os.path.abspath(__file__)
 _SAFE_PATH = "/usr/local/bin:/usr/bin:/bin"
-_REASON_RE = re.compile(
-    r"syntax error|memory limit|file too large|exception: [A-Za-z_][\w.]{0,100}"
+#: The only claim the code's process may make (see "Reasons"): the builtin exception class it
+#: ended on. Anything else it writes to the status pipe is ignored.
+_CLAIM_RE = re.compile(rb"exception: ([A-Za-z]{1,40})\n")
+_BUILTIN_EXCEPTIONS = frozenset(
+    name
+    for name, value in vars(__import__("builtins")).items()
+    if isinstance(value, type) and issubclass(value, BaseException)
 )
+#: What the code sees of the filesystem besides the interpreter's prefixes and its workdir
+#: (see "Files"): system directories, the loader's and fontconfig's files, a few devices.
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ETC_ENTRIES = (
+    "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "passwd", "group",
+    "nsswitch.conf", "fonts",
+)  # fmt: skip
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+_DIR_RE = re.compile(r"mmrft-sandbox-(?:server-)?(\d+)\.(\d+)-")
 _HEADER = struct.Struct(">Q")
 _KEEP: list[Any] = []  # objects that must never be finalised in a forked child
 
@@ -181,8 +229,9 @@ class SandboxResult:
         seconds: wall time of the sandboxed processes, set-up included.
         isolation: which protections were active for this run: ``uid`` (inside its user
             namespace, if any), ``user_namespace``, ``namespaces`` (pid, net, ipc, uts, mnt),
-            ``network``, ``writes`` (the layers that block writes outside the workdir),
-            ``proc``, ``hidden``, ``landlock_abi`` (0 = off), ``no_new_privs``,
+            ``network``, ``reads`` and ``visible`` (what of the filesystem the code could
+            read), ``writes`` (the layers that block writes outside the workdir), ``proc``,
+            ``landlock_abi`` (0 = off), ``no_new_privs``,
             ``no_capabilities``, ``cleanup``, ``workdir``, ``limits``, and ``fallbacks`` (one
             line per weaker mechanism taken; each is also logged once per process as a
             warning).
@@ -215,7 +264,7 @@ class SandboxJob:
     max_procs: int = 32
     max_output_bytes: int = 65536
     inputs: Mapping[str, bytes] = field(default_factory=dict)
-    outputs: Sequence[str] = ()
+    outputs: Sequence[str] | Mapping[str, int] = ()
     env: Mapping[str, str] = field(default_factory=dict)
     preload: Sequence[str] | None = None
     disable: Collection[str] = ()
@@ -236,9 +285,16 @@ class SandboxJob:
             _check_name(name, "input")
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise ValueError(f"input {name!r} must be bytes")
-        outputs = tuple(self.outputs)
-        for name in outputs:
+        file_cap = self.max_file_mb * _MIB
+        if isinstance(self.outputs, Mapping):
+            outputs = dict(self.outputs)
+        else:
+            outputs = dict.fromkeys(self.outputs, file_cap)
+        for name, cap in outputs.items():
             _check_name(name, "output")
+            if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+                raise ValueError(f"output {name!r}: the size cap must be a positive int")
+            outputs[name] = min(cap, file_cap)
         env = dict(self.env or {})
         for key, value in env.items():
             if not (isinstance(key, str) and isinstance(value, str)) or not key:
@@ -280,7 +336,7 @@ def run_python(
     max_procs: int = 32,
     max_output_bytes: int = 65536,
     inputs: Mapping[str, bytes] | None = None,
-    outputs: Sequence[str] = (),
+    outputs: Sequence[str] | Mapping[str, int] = (),
     env: Mapping[str, str] | None = None,
     preload: Sequence[str] = (),
     disable: Collection[str] = (),
@@ -297,7 +353,9 @@ def run_python(
         max_procs: tasks (processes + threads, its own process included) the code may run.
         max_output_bytes: stdout and stderr are each truncated to this many bytes.
         inputs: files to place in the workdir first (plain names → content).
-        outputs: plain file names to read back from the workdir afterwards.
+        outputs: plain file names to read back from the workdir afterwards, or a mapping of
+            names to the largest size (bytes) accepted for each (never above ``max_file_mb``);
+            a larger output fails the run with ``"file too large"`` and is not read.
         env: extra environment variables for the code.
         preload: modules the fork server imports before forking (e.g. ``"matplotlib.pyplot"``).
             A one-shot call pays for the import; use :class:`SandboxPool` to pay once.
@@ -340,6 +398,10 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="mmrft-sandbox")
         self._closed = False
+        key = f"{os.getpid()}:{tempfile.gettempdir()}"
+        if key not in _cleaned:
+            _cleaned.add(key)
+            remove_stale_dirs()
 
     def start(self) -> None:
         """Start every worker's server now (in parallel) instead of at its first job."""
@@ -451,15 +513,99 @@ def _base_env(home: str) -> dict[str, str]:
     }
 
 
+def _start_time(pid: int) -> int | None:
+    """The start time of process ``pid`` (clock ticks after boot), ``None`` if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _owner_tag() -> str:
+    """``<pid>.<start time>`` of this process, in the names of its temporary directories: a
+    later process removes the directories of an owner that no longer runs (pid gone or reused)."""
+    return f"{os.getpid()}.{_start_time(os.getpid()) or 0}"
+
+
+_cleaned: set[str] = set()
+
+
+def remove_stale_dirs(directory: str | None = None) -> list[str]:
+    """Remove the sandbox directories (``mmrft-sandbox-<pid>.<start>-*``) left in ``directory``
+    (default: the temporary directory) by processes that no longer run, e.g. a trainer killed
+    with SIGKILL. Directories of live processes are kept. Returns the paths removed. Called once
+    per process and directory by the first :class:`SandboxPool`."""
+    directory = directory or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = os.listdir(directory)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _DIR_RE.match(entry)
+        if match is None:
+            continue
+        pid, start = int(match.group(1)), int(match.group(2))
+        if pid == os.getpid() or _start_time(pid) == start:
+            continue  # its owner still runs
+        path = os.path.join(directory, entry)
+        if os.path.isdir(path) and not os.path.islink(path):
+            _remove_tree(path)
+            removed.append(path)
+    if removed:
+        log.info("removed %d sandbox directories left by stopped processes", len(removed))
+    return removed
+
+
+_spawner_lock = threading.Lock()
+_spawner: tuple[int, queue.SimpleQueue[Any]] | None = None
+
+
+def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen`` from one thread that lives as long as this process.
+
+    Servers ask for ``PR_SET_PDEATHSIG``, which fires when the *thread* that forked them ends,
+    not the process: started from a short-lived thread (a verifier's time-budget thread, a
+    pool's executor) they would be killed with it.
+    """
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None or _spawner[0] != os.getpid():  # none yet, or inherited by fork()
+            requests: queue.SimpleQueue[Any] = queue.SimpleQueue()
+            threading.Thread(
+                target=_spawn_loop, args=(requests,), name="mmrft-sandbox-spawner", daemon=True
+            ).start()
+            _spawner = (os.getpid(), requests)
+        requests = _spawner[1]
+    done = threading.Event()
+    box: dict[str, Any] = {}
+    requests.put((argv, kwargs, box, done))
+    done.wait()
+    if "error" in box:
+        raise box["error"]
+    return box["proc"]
+
+
+def _spawn_loop(requests: queue.SimpleQueue[Any]) -> None:
+    while True:
+        argv, kwargs, box, done = requests.get()
+        try:
+            box["proc"] = subprocess.Popen(argv, **kwargs)
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+        done.set()
+
+
 class _Server:
     """Caller-side handle of one fork server process."""
 
     def __init__(self, preload: tuple[str, ...]) -> None:
         self.preload = preload
-        self.dir = tempfile.mkdtemp(prefix="mmrft-sandbox-server-")
+        self.dir = tempfile.mkdtemp(prefix=f"mmrft-sandbox-server-{_owner_tag()}-")
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", _SCRIPT, "--serve", *preload],
+            self.proc = _spawn(
+                [sys.executable, "-I", "-B", _SCRIPT, "--serve", str(os.getpid()), *preload],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=_base_env(self.dir),
@@ -489,11 +635,12 @@ class _Server:
         return self.proc.poll() is None
 
     def run(self, job: SandboxJob) -> SandboxResult:
-        base = tempfile.mkdtemp(prefix="mmrft-sandbox-")
+        base = tempfile.mkdtemp(prefix=f"mmrft-sandbox-{_owner_tag()}-")
         try:
             os.chmod(base, 0o711)  # the code's uid may traverse, not list or rename
             work = os.path.join(base, "work")
             os.mkdir(work, 0o700)
+            os.mkdir(os.path.join(base, "root"), 0o700)  # where the job's filesystem view is built
             request = {
                 "code": job.code,
                 "timeout_s": float(job.timeout_s),
@@ -503,14 +650,16 @@ class _Server:
                 "max_procs": job.max_procs,
                 "max_output_bytes": job.max_output_bytes,
                 "inputs": {k: base64.b64encode(v).decode() for k, v in job.inputs.items()},
-                "outputs": list(job.outputs),
+                "outputs": dict(job.outputs),
                 "env": {**_base_env(work), **job.env},
                 "disable": list(job.disable),
                 "workdir": work,
             }
             try:
                 _write_frame(self._tx, request)
-                reply = _read_frame(self._rx, time.monotonic() + job.timeout_s + _GRACE_S)
+                reply = _read_frame(
+                    self._rx, time.monotonic() + job.timeout_s + _GRACE_S, _reply_limit(job)
+                )
             except (OSError, TimeoutError, ValueError) as exc:
                 reply = None
                 error = f"{type(exc).__name__}: {exc}"
@@ -530,6 +679,13 @@ class _Server:
 
     def close(self) -> None:
         self._finalizer()
+
+
+def _reply_limit(job: SandboxJob) -> int:
+    """The largest reply a job can produce: its outputs in base64, stdout and stderr with every
+    character escaped by JSON (at most 6 bytes each), and 1 MiB for the rest."""
+    streams = 2 * 6 * (job.max_output_bytes + 200)
+    return sum(job.outputs.values()) * 4 // 3 + 16 * len(job.outputs) + streams + _MIB  # type: ignore[union-attr]
 
 
 def _stop_server(proc: subprocess.Popen[bytes], directory: str) -> None:
@@ -626,13 +782,13 @@ def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
     return b"".join(chunks)
 
 
-def _read_frame(fd: int, deadline: float | None = None) -> Any:
+def _read_frame(fd: int, deadline: float | None = None, limit: int = 1 << 34) -> Any:
     header = _read_exact(fd, _HEADER.size, deadline)
     if header is None:
         return None
     (size,) = _HEADER.unpack(header)
-    if size > 1 << 34:
-        raise ValueError(f"frame of {size} bytes")
+    if size > limit:
+        raise ValueError(f"frame of {size} bytes, more than the {limit} expected at most")
     body = _read_exact(fd, size, deadline)
     return None if body is None else json.loads(body)
 
@@ -749,14 +905,14 @@ def _landlock_abi() -> int:
         return 0
 
 
-def _landlock(workdir: str, deny_proc: bool) -> int:
+def _landlock(workdir: str, readable: Sequence[str] | None) -> int:
     """Restrict this process (and its future children) with Landlock; returns the ABI used.
 
     Handled (denied unless a rule allows them): every write-like filesystem right, allowed
     beneath ``workdir`` and on ``/dev/null``; TCP bind/connect (ABI ≥ 4), never allowed;
-    signals and abstract Unix sockets across the sandbox boundary (ABI ≥ 6). With
-    ``deny_proc`` reading is handled too and allowed beneath every top-level entry except
-    ``/proc``.
+    signals and abstract Unix sockets across the sandbox boundary (ABI ≥ 6). With ``readable``,
+    reading files and listing directories are handled too and allowed only beneath ``workdir``
+    and those paths (a path that does not exist is skipped).
     """
     abi = _landlock_abi()
     if abi < 1:
@@ -767,7 +923,7 @@ def _landlock(workdir: str, deny_proc: bool) -> int:
     )  # fmt: skip
     fs |= (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0)
     read = _LL_READ_FILE | _LL_READ_DIR
-    handled_fs = fs | (read if deny_proc else 0)
+    handled_fs = fs | (read if readable is not None else 0)
     net = _LL_NET_BIND_TCP | _LL_NET_CONNECT_TCP if abi >= 4 else 0
     scoped = _LL_SCOPE_ABSTRACT_UNIX_SOCKET | _LL_SCOPE_SIGNAL if abi >= 6 else 0
     size = 8 if abi < 4 else 16 if abi < 6 else 24
@@ -795,11 +951,9 @@ def _landlock(workdir: str, deny_proc: bool) -> int:
 
         allow(workdir, handled_fs)
         allow("/dev/null", _LL_WRITE_FILE | _LL_TRUNCATE | _LL_READ_FILE)
-        if deny_proc:
-            for entry in os.listdir("/"):
-                if entry != "proc":
-                    with contextlib.suppress(OSError):
-                        allow("/" + entry, read)
+        for path in readable or ():
+            with contextlib.suppress(OSError):
+                allow(path, read)
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         _syscall(_SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(ruleset), ctypes.c_uint32(0))
     finally:
@@ -814,6 +968,14 @@ def _drop_capabilities() -> None:
     _check(_libc().capset(ctypes.byref(header), ctypes.byref(data)), "capset")
 
 
+def _no_capabilities() -> bool:
+    """Whether this process's effective capability set is empty (capget; no /proc needed)."""
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    _check(_libc().capget(ctypes.byref(header), ctypes.byref(data)), "capget")
+    return not any(d.effective for d in data)
+
+
 def _mountinfo() -> list[tuple[str, set[str]]]:
     """(mount point, per-mount options) of this mount namespace, parents before children."""
     mounts = []
@@ -825,44 +987,193 @@ def _mountinfo() -> list[tuple[str, set[str]]]:
     return mounts
 
 
-def _private_mounts(workdir: str, new_proc: bool, expose: Mapping[str, list[str]]) -> list[str]:
-    """New mount namespace: private propagation, own /proc (if ``new_proc``), everything
-    read-only except ``workdir``. Returns the mount points that stayed writable.
+def _remount_read_only(point: str, options: set[str]) -> None:
+    """Make one mount read-only, keeping its other per-mount flags (a user namespace may not
+    clear nosuid, nodev, noexec or the atime flags of a mount it did not make)."""
+    flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+    for option in options:
+        flags |= _MOUNT_OPTION_FLAGS.get(option, 0)
+    _mount(None, point, None, flags)
 
-    ``expose`` maps a directory the code's uid cannot traverse (``/root`` holding a pyenv
-    interpreter) to the directories beneath it that the code needs: the directory is covered
-    by an empty tmpfs (hiding the rest of it) and only those are bind-mounted back.
-    """
+
+def _private_mounts(workdir: str, new_proc: bool) -> list[str]:
+    """Fallback when no private root can be built: a new mount namespace with private
+    propagation, its own /proc (if ``new_proc``) and every mount read-only except ``workdir``.
+    The host's files stay visible. Returns the mount points that stayed writable."""
     _unshare(_CLONE_NEWNS)
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the host
     if new_proc:
         _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    _expose(expose)
     _mount(workdir, workdir, None, _MS_BIND)
     writable = []
     for point, options in _mountinfo():
         if point == workdir or (new_proc and point.startswith("/proc/")):
             continue  # the workdir stays writable; the host's /proc submounts are hidden
-        flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-        for option in options:
-            flags |= _MOUNT_OPTION_FLAGS.get(option, 0)
         try:
-            _mount(None, point, None, flags)
+            _remount_read_only(point, options)
         except OSError:
             writable.append(point)
     return writable
 
 
+@dataclass(frozen=True)
+class _View:
+    """What the code may read, worked out by the supervisor (which still sees the host's files).
+
+    Attributes:
+        links: ``(path, target)`` top-level symbolic links to recreate (``/bin -> usr/bin``).
+        binds: ``(source, target)`` directories and files bound read-only; ``target`` has no
+            symbolic link in its path (``source`` is resolved on the host).
+        devices: character devices (``/dev/null``, ...) bound at the same path.
+        essential: the interpreter's directories (the code cannot run without them).
+    """
+
+    links: tuple[tuple[str, str], ...]
+    binds: tuple[tuple[str, str], ...]
+    devices: tuple[str, ...]
+    essential: tuple[str, ...]
+
+    @property
+    def visible(self) -> list[str]:
+        """The paths of the private root, besides the workdir and /proc."""
+        paths = {target for _, target in self.binds} | {link for link, _ in self.links}
+        return sorted(paths | set(self.devices))
+
+    @property
+    def readable(self) -> list[str]:
+        """What Landlock lets the code read on the host's filesystem (no private root)."""
+        return sorted(set(self.visible) | {source for source, _ in self.binds})
+
+
 def _interpreter_paths() -> list[str]:
-    """Directories the code needs to read: the interpreter, its prefixes and ``sys.path``."""
-    candidates = [sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix]
-    candidates += [os.path.dirname(sys.executable), *sys.path]
-    paths = sorted({os.path.abspath(p) for p in candidates if p and os.path.isdir(p)})
+    """Directories the code needs to read: the interpreter's prefixes (the standard library and
+    site-packages are beneath them) and the directory of the real executable. ``sys.path``
+    entries outside the prefixes (a source checkout added by an editable install, say) are not
+    included: the preloaded modules are already imported, and such a directory may hold data."""
+    prefixes = [sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix]
+    candidates = [*prefixes, os.path.dirname(os.path.realpath(sys.executable))]
+    return _outermost(os.path.realpath(p) for p in candidates if p and os.path.isdir(p))
+
+
+def _outermost(paths: Iterable[str]) -> list[str]:
+    """The paths that are not beneath another of them, sorted."""
     kept: list[str] = []
-    for path in paths:  # sorted: an ancestor comes before its descendants
+    for path in sorted(set(paths)):  # sorted: an ancestor comes before its descendants
         if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
             kept.append(path)
     return kept
+
+
+def _filesystem_view(uid: int | None, gid: int | None) -> _View:
+    """The job's filesystem (see "Files"). Optional entries that ``uid`` cannot read are left
+    out; the interpreter's directories are always in (see :func:`_unreachable`)."""
+    links: list[tuple[str, str]] = []
+    dirs: list[str] = []
+    for path in _SYSTEM_DIRS:
+        if os.path.islink(path):  # /bin -> usr/bin: the link, and what it points to
+            links.append((path, os.readlink(path)))
+            if os.path.isdir(path):
+                dirs.append(os.path.realpath(path))
+        elif os.path.isdir(path):
+            dirs.append(path)
+    essential = _interpreter_paths()
+    optional = [os.path.join("/etc", entry) for entry in _ETC_ENTRIES]
+    optional.append("/var/cache/fontconfig")
+    binds = [(path, path) for path in _outermost([*dirs, *essential])]
+    covered = [target for _, target in binds]
+    for path in optional:
+        if not os.path.exists(path):
+            continue
+        target = os.path.join(os.path.realpath(os.path.dirname(path)), os.path.basename(path))
+        source = os.path.realpath(path)
+        if any(target.startswith(c.rstrip("/") + "/") for c in covered):
+            continue
+        if uid is None or not (_unreachable(uid, gid or 0, [source])[0]):
+            binds.append((source, target))
+    devices = []
+    for name in _DEVICES:
+        path = f"/dev/{name}"
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.stat(path).st_mode):
+                devices.append(path)
+    return _View(tuple(links), tuple(binds), tuple(devices), tuple(essential))
+
+
+def _build_root(workdir: str, mountpoint: str, new_proc: bool, view: _View) -> dict[str, Any]:
+    """Enter a new mount namespace whose root is an empty tmpfs holding only ``view`` (bound
+    read-only at the same paths), the workdir (writable), ``/dev`` with a few devices and, with
+    ``new_proc``, the PID namespace's own ``/proc``; everything else of the host is gone.
+
+    ``mountpoint`` (an empty directory) is where the tree is assembled before ``pivot_root``
+    (``chroot`` where the current root cannot be pivoted, e.g. an initramfs). Returns what was
+    done, for the isolation report; raises OSError when the root could not be entered.
+    """
+    _unshare(_CLONE_NEWNS)
+    _mount(None, "/", None, _MS_REC | _MS_PRIVATE)  # nothing below propagates to the host
+    root = mountpoint.rstrip("/")
+    _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m,nr_inodes=4096")
+
+    def place(target: str, directory: bool) -> str:
+        path = root + target
+        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+        if directory:
+            os.makedirs(path, 0o755, exist_ok=True)
+        elif not os.path.lexists(path):
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_NOFOLLOW, 0o644))
+        return path
+
+    for link, target in view.links:
+        os.symlink(target, root + link)
+    for source, target in view.binds:
+        _mount(source, place(target, os.path.isdir(source)), None, _MS_BIND | _MS_REC)
+    for device in view.devices:
+        _mount(device, place(device, False), None, _MS_BIND)
+    if os.path.isdir(root + "/dev"):
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                             ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):  # fmt: skip
+            os.symlink(target, f"{root}/dev/{name}")
+    work = place(workdir, True)
+    _mount(workdir, work, None, _MS_BIND | _MS_REC)
+    proc = False
+    if new_proc:
+        with contextlib.suppress(OSError):  # refused in some containers: then there is no /proc
+            _mount("proc", place("/proc", True), "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+            proc = True
+    writable = []
+    for point, options in _mountinfo():
+        inside = point == root or point.startswith(root + "/")
+        if not inside or point in (work, root + "/proc") or point.startswith(root + "/dev/"):
+            continue  # the workdir stays writable; devices are not files
+        try:
+            _remount_read_only(point, options)
+        except OSError:
+            writable.append(point[len(root) :] or "/")
+    return {"how": _enter_root(root), "proc": proc, "writable": writable}
+
+
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "loongarch64": 41}
+_MNT_DETACH = 2
+
+
+def _enter_root(root: str) -> str:
+    """Make ``root`` this mount namespace's root: ``pivot_root`` and detach the old root, else
+    ``chroot`` (the code never holds the capability that undoes a chroot)."""
+    import platform
+
+    os.chdir(root)
+    number = _PIVOT_ROOT.get(platform.machine())
+    if number is not None:
+        try:
+            _syscall(number, ctypes.c_char_p(b"."), ctypes.c_char_p(b"."))
+        except OSError:
+            pass
+        else:
+            _check(_libc().umount2(ctypes.c_char_p(b"."), ctypes.c_int(_MNT_DETACH)), "umount2")
+            os.chdir("/")
+            return "pivot_root"
+    os.chroot(".")
+    os.chdir("/")
+    return "chroot"
 
 
 def _may(info: os.stat_result, uid: int, gid: int, bits: int) -> bool:
@@ -871,45 +1182,26 @@ def _may(info: os.stat_result, uid: int, gid: int, bits: int) -> bool:
     return (info.st_mode >> shift) & bits == bits
 
 
-def _plan_exposure(
-    uid: int, gid: int, extra: Sequence[str] = ()
-) -> tuple[dict[str, list[str]], list[str]]:
-    """For an unprivileged ``uid``: which untraversable directories to cover and re-expose
-    (see :func:`_private_mounts`), and which needed directories (the interpreter's and
-    ``extra``) cannot be made readable."""
-    expose: dict[str, list[str]] = {}
-    unfixable: list[str] = []
-    for path in [*_interpreter_paths(), *extra]:
-        if os.path.realpath(path) != path:
-            if not os.access(path, os.R_OK):
-                unfixable.append(path)
-            continue
+def _unreachable(uid: int, gid: int, paths: Iterable[str]) -> tuple[list[str], list[str]]:
+    """For an unprivileged ``uid``: the paths it cannot read itself, and those it could read
+    but cannot reach because a directory above is closed to it (a pyenv interpreter under
+    ``/root``, 0700). A private root reaches the second kind (its own directories are 0755);
+    nothing but root reaches the first."""
+    unreadable, behind = [], []
+    for path in paths:
         try:
-            if not _may(os.stat(path), uid, gid, 5):
-                unfixable.append(path)
+            info = os.stat(path)
+            if not _may(info, uid, gid, 5 if stat.S_ISDIR(info.st_mode) else 4):
+                unreadable.append(path)
                 continue
             parts = path.strip("/").split("/")
             for i in range(len(parts)):
-                ancestor = "/" + "/".join(parts[:i])
-                if not _may(os.stat(ancestor), uid, gid, 1):
-                    expose.setdefault(ancestor, []).append(path)
+                if not _may(os.stat("/" + "/".join(parts[:i])), uid, gid, 1):
+                    behind.append(path)
                     break
         except OSError:
-            unfixable.append(path)
-    if "/" in expose:
-        unfixable += expose.pop("/")
-    return expose, unfixable
-
-
-def _expose(expose: Mapping[str, list[str]]) -> None:
-    """Cover each key with an empty tmpfs and bind-mount its listed subdirectories back."""
-    for hidden, needed in expose.items():
-        handles = [os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for path in needed]
-        _mount("tmpfs", hidden, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=1m")
-        for path, handle in zip(needed, handles):
-            os.makedirs(path, 0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{handle}", path, None, _MS_BIND | _MS_REC)
-            os.close(handle)
+            unreadable.append(path)
+    return unreadable, behind
 
 
 def _nobody() -> tuple[int, int]:
@@ -959,8 +1251,15 @@ def _describe_status(status: int) -> str:
 # --------------------------------------------------------------------------- server side
 
 
-def _serve(preload: Sequence[str]) -> None:
-    """Fork server main loop: one request frame in, one result frame out, until EOF."""
+def _serve(parent: int, preload: Sequence[str]) -> None:
+    """Fork server main loop: one request frame in, one result frame out, until EOF.
+
+    The server dies with its caller (``PR_SET_PDEATHSIG``; the caller starts it from a thread
+    that lives as long as the caller), its supervisor with it, and the job's init with that.
+    """
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the caller died before the line above
+        os._exit(0)
     requests, replies = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -1036,12 +1335,14 @@ class _Plan:
     workdir: str
     run_uid: int | None  # setuid target when the supervisor is root, else None
     run_gid: int | None
-    expose: dict[str, list[str]]  # see _private_mounts
+    view: _View  # what the code may read (see _build_root)
+    behind: list[str]  # needed paths run_uid reaches only in a private root (_unreachable)
     user_namespace: bool
     namespaces: list[str]
     nproc: int
     fds: dict[str, int]
     tmpfs: bool  # the workdir is a size-limited tmpfs
+    root: dict[str, Any] | None = None  # what _build_root did (or its error), once it ran
 
 
 class _Capture:
@@ -1076,8 +1377,14 @@ class _Capture:
 
 
 def _supervise(job: dict[str, Any]) -> dict[str, Any]:
-    """The supervisor J: set up, fork the sandbox, enforce the deadline, collect the result."""
+    """The supervisor J: set up, fork the sandbox, enforce the deadline, collect the result.
+
+    Every reason is decided here from what this process saw itself (see "Reasons").
+    """
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    problem = _syntax_error(job["code"])
+    if problem is not None:  # never run: the code would not compile
+        return _failure("syntax error", problem)
     disabled = set(job["disable"])
     workdir = job["workdir"]
     fallbacks: list[str] = []
@@ -1110,20 +1417,21 @@ def _supervise(job: dict[str, Any]) -> dict[str, Any]:
         except OSError as exc:
             fallbacks.append(f"no tmpfs workdir ({exc.strerror}): no quota on the workdir")
 
+    view = _filesystem_view(run_uid, run_gid)
     dirfd = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        expose: dict[str, list[str]] = {}
+        behind: list[str] = []
         if run_uid is not None:
             assert run_gid is not None
             os.fchown(dirfd, run_uid, run_gid)
-            expose, unfixable = _plan_exposure(run_uid, run_gid, [workdir])
-            if unfixable or (expose and "mountns" in disabled):
+            unreadable, behind = _unreachable(run_uid, run_gid, [*view.essential, workdir])
+            if unreadable or (behind and "mountns" in disabled):
                 fallbacks.append(
-                    f"uid {run_uid} cannot read {', '.join(unfixable or [*expose])}: the code "
+                    f"uid {run_uid} cannot reach {', '.join(unreadable or behind)}: the code "
                     "runs as root without capabilities (RLIMIT_NPROC does not bind root)"
                 )
                 run_uid = run_gid = None
-                expose = {}
+                behind = []
                 os.fchown(dirfd, 0, 0)
         for name, data in job["inputs"].items():
             fd = os.open(
@@ -1156,8 +1464,9 @@ def _supervise(job: dict[str, Any]) -> dict[str, Any]:
         fds["report_r"], fds["report_w"] = os.pipe()
         nproc = nproc_base + job["max_procs"]
         plan = _Plan(
-            job, workdir, run_uid, run_gid, expose, user_namespace, namespaces, nproc, fds, tmpfs
-        )
+            job, workdir, run_uid, run_gid, view, behind, user_namespace, namespaces, nproc, fds,
+            tmpfs,
+        )  # fmt: skip
         pidns = "pid" in namespaces
         start = time.monotonic()
         pid = os.fork()
@@ -1169,20 +1478,20 @@ def _supervise(job: dict[str, Any]) -> dict[str, Any]:
             os.close(fds[name])
         killed_for, status, cpu, out, err = _watch(plan, pid, pidns, start)
         seconds = time.monotonic() - start
-        status_lines = _read_available(fds["status_r"], 1 << 16).split(b"\n")
+        report_line, _, claim = _read_available(fds["status_r"], 1 << 16).partition(b"\n")
         for name in ("out_r", "err_r", "status_r", "report_r"):
             os.close(fds[name])
-        files, file_problem = _collect_outputs(dirfd, job["outputs"], job["max_file_mb"] * _MIB)
+        limit_hit = _file_limit_hit(dirfd, job["max_file_mb"] * _MIB, tmpfs)
+        files, file_problem = _collect_outputs(dirfd, job["outputs"])
     finally:
         os.close(dirfd)
 
     try:
-        report = json.loads(status_lines[0])
+        report = json.loads(report_line)
         if not isinstance(report, dict):
             raise ValueError
     except ValueError:
         report = {"setup_error": "the sandboxed process died before it was set up"}
-    later = status_lines[1].decode("utf-8", "replace") if len(status_lines) > 1 else ""
     isolation = _isolation(plan, report, fallbacks, pidns)
 
     exit_code = sig = None
@@ -1207,7 +1516,7 @@ def _supervise(job: dict[str, Any]) -> dict[str, Any]:
         else:
             reason = f"killed by signal {sig}"
     elif exit_code:
-        reason = later if _REASON_RE.fullmatch(later) else f"exit code {exit_code}"
+        reason = _exit_reason(exit_code, claim, limit_hit)
     else:
         reason = file_problem
     return {
@@ -1221,6 +1530,54 @@ def _supervise(job: dict[str, Any]) -> dict[str, Any]:
         "seconds": seconds,
         "isolation": isolation,
     }
+
+
+def _syntax_error(code: str) -> str | None:
+    """``None`` when ``code`` compiles, else the one-line error (this process's own check)."""
+    try:
+        compile(code, "<sandbox>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError) as exc:
+        return "".join(traceback.format_exception_only(type(exc), exc))[-2000:]
+    return None
+
+
+def _exit_reason(exit_code: int, claim: bytes, limit_hit: bool) -> str:
+    """The reason for a non-zero exit status.
+
+    ``"file too large"`` when this process finds a file of ``max_file_mb`` or a full workdir;
+    else the code's claim, only when it is exactly the one line the runner writes for an
+    uncaught exception (status 1) naming a builtin exception class; else ``"exit code N"``.
+    Whatever else the code wrote to the status pipe is ignored.
+    """
+    if limit_hit:
+        return "file too large"
+    match = _CLAIM_RE.fullmatch(claim)
+    if exit_code == 1 and match and match.group(1).decode() in _BUILTIN_EXCEPTIONS:
+        name = match.group(1).decode()
+        return "memory limit" if name == "MemoryError" else f"exception: {name}"
+    return f"exit code {exit_code}"
+
+
+def _file_limit_hit(dirfd: int, cap: int, tmpfs: bool, budget: int = 10000) -> bool:
+    """Whether the code's files reached a limit: a file of ``cap`` bytes (``RLIMIT_FSIZE``) or,
+    for a tmpfs workdir, no space or inode left. Looks at no more than ``budget`` entries and
+    follows no symbolic link."""
+    with contextlib.suppress(OSError):
+        if tmpfs:
+            fs = os.fstatvfs(dirfd)
+            if fs.f_bavail * fs.f_frsize < 64 * 1024 or (fs.f_files and fs.f_favail == 0):
+                return True
+        seen = 0
+        for _, dirs, files, fd in os.fwalk(".", dir_fd=dirfd, follow_symlinks=False):
+            seen += len(dirs) + len(files)
+            for name in files:
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if stat.S_ISREG(info.st_mode) and info.st_size >= cap:
+                        return True
+            if seen > budget:
+                break
+    return False
 
 
 def _cpu_limit(job: Mapping[str, Any]) -> int:
@@ -1350,13 +1707,12 @@ def _read_available(fd: int, limit: int) -> bytes:
     return bytes(data[:limit])
 
 
-def _collect_outputs(
-    dirfd: int, names: Sequence[str], cap: int
-) -> tuple[dict[str, bytes], str | None]:
-    """Read requested outputs through the workdir fd: regular, single-link, at most ``cap``."""
+def _collect_outputs(dirfd: int, caps: Mapping[str, int]) -> tuple[dict[str, bytes], str | None]:
+    """Read requested outputs through the workdir fd: regular, single-link, each at most its
+    cap (checked with fstat before reading, and again while reading)."""
     files: dict[str, bytes] = {}
     problem = None
-    for name in names:
+    for name, cap in caps.items():
         try:
             fd = os.open(
                 name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd
@@ -1368,6 +1724,9 @@ def _collect_outputs(
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
                 problem = problem or "no output file"
+                continue
+            if info.st_size > cap:
+                problem = problem or "file too large"
                 continue
             chunks, size = [], 0
             while size <= cap and (chunk := os.read(fd, min(1 << 20, cap + 1 - size))):
@@ -1405,17 +1764,29 @@ def _isolation(
         )
         if active
     ]
+    root, landlock_reads = report.get("private_root"), report.get("landlock_reads", False)
+    if root:
+        reads = f"private root ({root}): only the paths in 'visible' and the workdir"
+    elif landlock_reads:
+        reads = "landlock: only beneath the paths in 'visible' and the workdir"
+    else:
+        reads = "unrestricted: every file the code's uid may read"
     if report.get("private_proc"):
         proc = "private /proc of a pid namespace"
-    elif report.get("unprivileged_uid"):
+    elif root:
+        proc = "no /proc (private root without a pid namespace)"
+    elif report.get("unprivileged_uid") and not landlock_reads:
         proc = "host /proc, other processes' environ unreadable (different uid)"
     elif report.get("proc_denied"):
         proc = "/proc unreadable (landlock)"
+    elif report.get("unprivileged_uid"):
+        proc = "host /proc, other processes' environ unreadable (different uid)"
     else:
         proc = "host /proc readable, same uid: the caller's environ is readable"
     return {
         "uid": report.get("uid"),
-        "hidden": report.get("hidden", []),
+        "reads": reads,
+        "visible": plan.view.visible if root or landlock_reads else ["/"],
         "user_namespace": plan.user_namespace,
         "namespaces": namespaces,
         "network": network,
@@ -1448,6 +1819,7 @@ def _init(plan: _Plan) -> NoReturn:
     the code's wait status; the kernel kills the rest of the namespace when this exits."""
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _make_root(plan)  # here, so that no process of the namespace sees the host's files
         child = os.fork()
         if child == 0:
             _child(plan)
@@ -1461,6 +1833,22 @@ def _init(plan: _Plan) -> NoReturn:
                 os._exit(0)
     except BaseException:
         os._exit(70)
+
+
+def _make_root(plan: _Plan) -> None:
+    """Build and enter the private root (:func:`_build_root`) when a mount namespace is
+    allowed; ``plan.root`` records what happened for the code's process."""
+    if plan.root is not None or "mountns" in plan.job["disable"] or os.geteuid() != 0:
+        return
+    try:
+        plan.root = _build_root(
+            plan.workdir,
+            os.path.join(os.path.dirname(plan.workdir), "root"),
+            "pid" in plan.namespaces,
+            plan.view,
+        )
+    except OSError as exc:
+        plan.root = {"error": exc.strerror or str(exc)}
 
 
 def _child(plan: _Plan) -> NoReturn:
@@ -1488,18 +1876,30 @@ def _child(plan: _Plan) -> NoReturn:
         pidns = "pid" in plan.namespaces
         run_uid = plan.run_uid
         if has_caps and "mountns" not in disabled:
-            try:
-                writable = _private_mounts(plan.workdir, pidns, plan.expose)
-                report["private_proc"] = pidns
-                report["read_only_mounts"] = "/" not in writable
-                report["hidden"] = sorted(plan.expose)
-                if writable:
-                    fallbacks.append(f"mounts left writable: {', '.join(writable[:5])}")
-            except OSError as exc:
-                fallbacks.append(f"no private mount namespace ({exc.strerror})")
-                if plan.expose:
+            _make_root(plan)  # done by the init when there is one
+            root = plan.root or {"error": "not built"}
+            if "error" not in root:
+                report["private_root"] = root["how"]
+                report["private_proc"] = root["proc"]
+                report["read_only_mounts"] = "/" not in root["writable"]
+                if root["writable"]:
+                    fallbacks.append(f"mounts left writable: {', '.join(root['writable'][:5])}")
+            else:
+                fallbacks.append(
+                    f"no private root ({root['error']}): the host's files are readable "
+                    "unless Landlock hides them"
+                )
+                try:
+                    writable = _private_mounts(plan.workdir, pidns)
+                    report["private_proc"] = pidns
+                    report["read_only_mounts"] = "/" not in writable
+                    if writable:
+                        fallbacks.append(f"mounts left writable: {', '.join(writable[:5])}")
+                except OSError as exc:
+                    fallbacks.append(f"no private mount namespace ({exc.strerror})")
+                if plan.behind:
                     fallbacks.append(
-                        "the interpreter is unreachable for nobody: "
+                        f"uid {run_uid} cannot reach {', '.join(plan.behind)}: "
                         "running as root without capabilities"
                     )
                     run_uid = None
@@ -1514,19 +1914,24 @@ def _child(plan: _Plan) -> NoReturn:
             os.setresuid(run_uid, run_uid, run_uid)
         elif has_caps:
             _drop_capabilities()
-        with open("/proc/self/status") as f:
-            report["no_capabilities"] = any(line.split() == ["CapEff:", "0" * 16] for line in f)
+        report["no_capabilities"] = _no_capabilities()
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         report["no_new_privs"] = True
-        deny_proc = run_uid is None and not report.get("private_proc")
+        # Reads: the private root holds nothing else; without one, Landlock hides the rest.
+        readable = None if report.get("private_root") else plan.view.readable
         if "landlock" not in disabled:
             try:
-                report["landlock_abi"] = _landlock(plan.workdir, deny_proc)
-                report["proc_denied"] = deny_proc
+                report["landlock_abi"] = _landlock(plan.workdir, readable)
+                report["landlock_reads"] = readable is not None
+                report["proc_denied"] = readable is not None
             except OSError as exc:
                 fallbacks.append(
                     f"no landlock ({exc.strerror}): writes outside the workdir rely on other layers"
                 )
+        if not report.get("private_root") and not report.get("landlock_reads"):
+            fallbacks.append(
+                "no private root and no landlock: every file the uid reads is readable"
+            )
         if "net" not in plan.namespaces:
             _block_sockets()
             fallbacks.append("no network namespace: sockets blocked at the Python level only")
@@ -1589,20 +1994,22 @@ def _block_sockets() -> None:
 
 
 def _exec_code(code: str) -> NoReturn:
-    """Compile and run ``code`` as ``__main__``; exit like a script would."""
+    """Compile and run ``code`` as ``__main__``; exit like a script would. An uncaught exception
+    exits with status 1 after writing its claim ``exception: <builtin class>`` to fd 3, which
+    the supervisor accepts only in that exact form (see :func:`_exit_reason`)."""
     import builtins
     import linecache
-    import traceback
 
     status = ""
     exit_code = 0
+    me = os.getpid()  # processes the code forks end here too: only this one makes the claim
     linecache.cache["<sandbox>"] = (len(code), None, code.splitlines(True), "<sandbox>")
     try:
         compiled = compile(code, "<sandbox>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError, OverflowError):
+    except (SyntaxError, ValueError, OverflowError) as exc:  # the supervisor compiled it already
         with contextlib.suppress(BaseException):
             traceback.print_exc(limit=0)
-        status, exit_code = "syntax error", 1
+        status, exit_code = _classify(exc), 1
     except BaseException as exc:
         status, exit_code = _classify(exc), 1
     else:
@@ -1626,18 +2033,19 @@ def _exec_code(code: str) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(BaseException):
             stream.flush()
-    if status:
+    if status and os.getpid() == me:
         with contextlib.suppress(BaseException):
             os.write(3, status.encode() + b"\n")
     os._exit(exit_code)
 
 
 def _classify(exc: BaseException) -> str:
-    if isinstance(exc, MemoryError):
-        return "memory limit"
-    if isinstance(exc, OSError) and exc.errno in (errno.EFBIG, errno.ENOSPC, errno.EDQUOT):
-        return "file too large"
-    return f"exception: {type(exc).__name__}"
+    """``exception: <name>`` of the nearest builtin class of ``exc`` (``JSONDecodeError`` →
+    ``ValueError``): a closed set of names, whatever classes the code defines."""
+    for cls in type(exc).__mro__:
+        if cls.__module__ == "builtins" and cls.__name__ in _BUILTIN_EXCEPTIONS:
+            return f"exception: {cls.__name__}"
+    return "exception: BaseException"
 
 
 def _script_exit_code(code: object) -> int:
@@ -1651,4 +2059,4 @@ def _script_exit_code(code: object) -> int:
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--serve"]:
-    _serve(sys.argv[2:])
+    _serve(int(sys.argv[2]), sys.argv[3:])

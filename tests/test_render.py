@@ -133,7 +133,8 @@ def test_size_is_forced_to_the_reference(bar):
 
 
 def sandbox_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), "mmrft-sandbox-*")))
+    """This process's sandbox directories (other processes on the machine have their own)."""
+    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"mmrft-sandbox-*{os.getpid()}.*")))
 
 
 @pytest.mark.parametrize(
@@ -142,8 +143,11 @@ def sandbox_dirs() -> set[str]:
         ("while True:\n    pass\n", {"timeout", "cpu limit"}),
         ("import os\nos.system('touch {out}')\n", {"exception: PermissionError"}),
         ("import subprocess\nsubprocess.run(['touch', '{out}'])\n", {"exception: PermissionError"}),
-        ("print(open('/etc/passwd').read())\n", {"blank render"}),
-        ("open('{out}', 'w').write('x')\n", {"exception: PermissionError", "exception: OSError"}),
+        ("print(open('/etc/passwd').read())\n", {"blank render"}),  # /etc/passwd is visible
+        (  # the path does not even exist in the sandbox's filesystem
+            "open('{out}', 'w').write('x')\n",
+            {"exception: PermissionError", "exception: OSError", "exception: FileNotFoundError"},
+        ),
         ("x = bytearray(8 * 1024 ** 3)\n", {"memory limit"}),
         ("x = [0] * (4 * 1024 ** 3)\n", {"memory limit"}),
         ("def f(\n", {"syntax error"}),
@@ -155,7 +159,7 @@ def test_hostile_code_scores_zero_and_leaves_nothing(bar, tmp_path, code, reason
     os.chmod(tmp_path, 0o777)  # writable by anyone: only the sandbox can stop the write
     before = sandbox_dirs()
     hostile = code.replace("{out}", str(outside))
-    if "passwd" not in code:  # the rest fail before drawing; reads are not sandboxed (documented)
+    if "passwd" not in code:  # the rest fail before drawing
         hostile += "import matplotlib.pyplot as plt\nplt.plot([1, 2])\n"
     (score,) = run("chart_code", [answer(hostile)], [bar], timeout_s=2.0)
     assert score.value == 0.0

@@ -36,15 +36,38 @@ chart_code (ChartMimic low-level metrics + MSRL stage-2 image similarity)
     ``elements.json``: ``texts``, ``types`` (call counts), ``colours`` (type → distinct RGB,
     at most 32 per type), ``layout`` (per visible axes ``[nrows, ncols, row_start,
     row_stop, col_start, col_stop]`` of its gridspec, or ``["free", x0, y0, w, h]`` rounded
-    to 2 decimals for axes placed without one), ``figsize`` and ``dpi``. The script can
-    tamper with these files (it runs in the same process); what it could forge is what it
-    could have drawn, so this buys nothing.
+    to 2 decimals for axes placed without one), ``figsize`` and ``dpi``; each list is capped
+    (:data:`REPORT_LIMITS`).
 
     The reference script (``sample.target``) is run the same way once per distinct code
     (cache key: SHA-256 of the code) without the size forcing; its ``figsize``/``dpi`` (the
     ``dpi=`` of its ``savefig`` when given) become the forcing of the completions.
 
+What comes back is untrusted
+    The script runs in the same process as the prelude, so it can overwrite ``out.png`` and
+    ``elements.json`` with anything (or exit before the prelude writes them). Everything read
+    back is therefore treated as hostile input, and scoring one completion takes bounded time
+    and memory whatever it returns:
+
+    * the sandbox refuses a render over :data:`MAX_PNG_BYTES` or a report over
+      :data:`MAX_REPORT_BYTES` without reading it (``file too large``);
+    * a report outside the prelude's format and limits is ``bad element report``; element
+      scores are computed from the (bounded) counts, never by expanding a multiset;
+    * a render must be a PNG of exactly the forced size (``wrong size``) and at most
+      :data:`MAX_PIXELS`; it is decoded as 8-bit planes and compared (SSIM) at most at
+      :data:`SCORE_PIXELS`;
+    * code longer than :data:`MAX_CODE_CHARS` (``code too long``) or that does not compile
+      (``syntax error``, this process's own check) is not run.
+
+    A forged report can claim at most what a chart of its size could have drawn; a forged
+    image must still look like the reference. The sandbox shows the script no file that holds
+    an answer: neither the dataset nor the reference script nor the target image exist in its
+    filesystem, and the reference is run in a job of its own.
+
 Decisions
+    * Images are compared at most at :data:`SCORE_PIXELS` (1 MP; downscaled, aspect kept),
+      which bounds the parent's memory (SSIM holds several float arrays of the image size);
+      charts and SVG targets up to that size are compared at full resolution.
     * SSIM ∈ [−1, 1] is clipped at 0 (``max(0, SSIM)``) rather than mapped by (1 + s)/2,
       which would give unrelated charts on white backgrounds ~0.8 (pitfall 11).
     * Colour is matched per type only: a red line never pays for a red bar.
@@ -75,8 +98,10 @@ from mmrft.sandbox import SandboxJob, SandboxPool, SandboxResult
 __all__ = [
     "chart_code",
     "colour_score",
+    "count_f1",
     "extract_code",
     "extract_svg",
+    "fit_pixels",
     "multiset_f1",
     "ssim01",
     "svg",
@@ -87,9 +112,17 @@ __all__ = [
 CHART_PRELOAD = ("matplotlib", "matplotlib.pyplot", "numpy")
 SVG_PRELOAD = ("cairosvg", "cairosvg.surface")
 BLANK_STD = 0.01  # grayscale std (in [0, 1]) below which a render is "blank"
-MAX_PIXELS = 4096 * 4096  # larger renders are refused before decoding
+MAX_PIXELS = 3000 * 3000  # larger renders and target images are refused before decoding
+SCORE_PIXELS = 1024 * 1024  # images are compared at most this large (downscaled, aspect kept)
 REFERENCE_TIMEOUT_S = 60.0
+MAX_CODE_CHARS = 100_000  # longer chart code is refused ("code too long") without running
+MAX_PNG_BYTES = 16 * 1024 * 1024  # a larger render is refused by the sandbox, never read
+MAX_REPORT_BYTES = 1024 * 1024  # likewise for the element report
+#: Bounds of an element report; the prelude never writes more, so more means a forged report.
+REPORT_LIMITS = {"texts": 2000, "text_chars": 200, "kinds": 64, "calls": 10_000,
+                 "colours": 32, "axes": 100}  # fmt: skip
 _CACHE_SIZE = 4096
+_CACHE_BYTES = 256 * 1024 * 1024  # decoded images kept across calls (references, targets)
 
 # --------------------------------------------------------------------------- pools
 
@@ -127,11 +160,22 @@ def multiset_f1(pred: Iterable[Any], ref: Iterable[Any]) -> float:
     >>> multiset_f1([], [])
     1.0
     """
-    p, r = Counter(pred), Counter(ref)
-    n = sum(p.values()) + sum(r.values())
+    return count_f1(Counter(pred), Counter(ref))
+
+
+def count_f1(pred: Mapping[Any, int], ref: Mapping[Any, int]) -> float:
+    """:func:`multiset_f1` of two multisets given as counts: 2·Σ min(p_k, r_k) / (Σ p + Σ r),
+    in time linear in the number of keys whatever the counts (a multiset is never expanded).
+
+    >>> count_f1({"bar": 1, "plot": 2}, {"bar": 1, "plot": 1})
+    0.8
+    >>> count_f1({"bar": 10**12}, {"bar": 1}) < 1e-11
+    True
+    """
+    n = sum(pred.values()) + sum(ref.values())
     if n == 0:
         return 1.0
-    return 2.0 * sum((p & r).values()) / n
+    return 2.0 * sum(min(v, ref.get(k, 0)) for k, v in pred.items()) / n
 
 
 def colour_score(
@@ -191,34 +235,105 @@ def ssim01(pred: np.ndarray, ref: np.ndarray) -> float:
     return float(min(1.0, max(0.0, value)))
 
 
-def _decode_gray(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray | None:
-    """PNG (or any PIL image) bytes → grayscale float array in [0, 1], alpha composited on
-    white, resized to ``size`` = (W, H) when given; ``None`` when undecodable or too large."""
+def fit_pixels(size: tuple[int, int], limit: int = SCORE_PIXELS) -> tuple[int, int]:
+    """``(W, H)`` scaled down, aspect kept, to at most ``limit`` pixels (unchanged if within).
+
+    >>> fit_pixels((4000, 2000), 1000 * 500)
+    (1000, 500)
+    >>> fit_pixels((160, 120))
+    (160, 120)
+    """
+    w, h = size
+    if w * h <= limit:
+        return w, h
+    scale = math.sqrt(limit / (w * h))
+    return max(1, math.floor(w * scale)), max(1, math.floor(h * scale))
+
+
+_TARGET_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF")
+
+
+def _decode_gray(
+    data: bytes,
+    size: tuple[int, int] | None = None,
+    *,
+    expect: tuple[int, int] | None = None,
+    fit: int | None = None,
+    formats: Sequence[str] = ("PNG",),
+) -> tuple[np.ndarray | None, str | None]:
+    """Image bytes → ``(gray, None)``: grayscale float32 in [0, 1] (Rec. 709 luma, alpha
+    composited on white), resized to ``size`` = (W, H) when given, else scaled down to at
+    most ``fit`` pixels when given; or ``(None, reason)``.
+
+    Memory and time are bounded before anything is decoded: only ``formats`` are tried (a
+    render is a PNG, so no other decoder ever sees model output), the header's size must be at
+    most :data:`MAX_PIXELS` (``"too large"``) and equal ``expect`` when given (``"wrong
+    size"``); a file that does not decode is ``"bad render"``. The full-size image lives only
+    as 8-bit RGBA, RGB and L planes; floats exist at the output size.
+    """
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.width * image.height > MAX_PIXELS or min(image.size) < 1:
-                return None
+        with Image.open(io.BytesIO(data), formats=list(formats)) as image:
+            width, height = image.size
+            if width * height > MAX_PIXELS or min(width, height) < 1:
+                return None, "too large"
+            if expect is not None and (width, height) != tuple(expect):
+                return None, "wrong size"
             rgba = image.convert("RGBA")
-            if size is not None and rgba.size != tuple(size):
-                rgba = rgba.resize(tuple(size), Image.BILINEAR)
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        rgb = Image.alpha_composite(white, rgba).convert("RGB")
+        del rgba, white
+        gray = rgb.convert("L", matrix=(0.2125, 0.7154, 0.0721, 0.0)).convert("F")
+        del rgb
+        if size is None and fit is not None:
+            size = fit_pixels(gray.size, fit)
+        if size is not None and gray.size != tuple(size):
+            gray = gray.resize(tuple(size), Image.BILINEAR)
     except Exception:  # any decoder failure is a "bad render"
-        return None
-    pixels = np.asarray(rgba, dtype=np.float64) / 255.0
-    rgb = pixels[..., :3] * pixels[..., 3:] + (1.0 - pixels[..., 3:])
-    return rgb @ np.array([0.2125, 0.7154, 0.0721])
+        return None, "bad render"
+    return np.asarray(gray, dtype=np.float32) / np.float32(255.0), None
 
 
 def _is_blank(gray: np.ndarray) -> bool:
     return float(gray.std()) < BLANK_STD
 
 
+class _BoundedCache:
+    """LRU cache of decoded images, bounded in entries and in bytes (``nbytes`` of the values'
+    arrays), shared by verifier calls in threads."""
+
+    def __init__(self, entries: int = _CACHE_SIZE, max_bytes: int = _CACHE_BYTES) -> None:
+        self.entries, self.max_bytes = entries, max_bytes
+        self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
+
+    def __contains__(self, key: Any) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def put(self, key: Any, value: Any, nbytes: int) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            self._bytes -= old[1] if old else 0
+            self._items[key] = (value, nbytes)
+            self._bytes += nbytes
+            while self._items and (len(self._items) > self.entries or self._bytes > self.max_bytes):
+                _, (_, size) = self._items.popitem(last=False)
+                self._bytes -= size
+
+
 def _sandbox_reason(result: SandboxResult) -> str:
-    reason = result.reason or "sandbox error"
-    if reason in ("exception: SyntaxError", "exception: IndentationError", "exception: TabError"):
-        return "syntax error"
-    return reason
+    return result.reason or "sandbox error"
 
 
 def _check_weight(name: str, value: float) -> None:
@@ -282,7 +397,7 @@ def _mmrft_run():
     from matplotlib.text import Text
 
     cfg = json.loads(__CONFIG__)
-    force_size, force_dpi = cfg["figsize"], cfg["dpi"]
+    force_size, force_dpi, limits = cfg["figsize"], cfg["dpi"], cfg["limits"]
     if force_size:
         matplotlib.rcParams["figure.figsize"] = force_size
         matplotlib.rcParams["figure.dpi"] = force_dpi
@@ -371,7 +486,7 @@ def _mmrft_run():
                 for child in self.get_children():
                     if id(child) not in before:
                         for c in colours_of(child):
-                            if c not in found and len(found) < 32:
+                            if c not in found and len(found) < limits["colours"]:
                                 found.append(c)
                 record.append((kind, found))
             return result
@@ -384,10 +499,10 @@ def _mmrft_run():
     text_draw = Text.draw
 
     def draw_text(self, renderer, *args, **kwargs):
-        if state["recording"] and self.get_visible():
+        if state["recording"] and self.get_visible() and len(state["texts"]) < limits["texts"]:
             text = self.get_text()
             if isinstance(text, str) and text.strip():
-                state["texts"].append(text.strip())
+                state["texts"].append(text.strip()[: limits["text_chars"]])
         return text_draw(self, renderer, *args, **kwargs)
 
     Text.draw = draw_text
@@ -406,7 +521,7 @@ def _mmrft_run():
             state["recording"] = False
         layout = []
         for ax in fig.get_axes():
-            if not ax.get_visible():
+            if not ax.get_visible() or len(layout) >= limits["axes"]:
                 continue
             spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
             if spec is None:
@@ -417,10 +532,10 @@ def _mmrft_run():
                                spec.colspan.start, spec.colspan.stop])
         counts, colours = {}, {}
         for kind, found in fig.__dict__.get("_mmrft_calls", []):
-            counts[kind] = counts.get(kind, 0) + 1
+            counts[kind] = min(counts.get(kind, 0) + 1, limits["calls"])
             bucket = colours.setdefault(kind, [])
             for c in found:
-                if c not in bucket and len(bucket) < 32:
+                if c not in bucket and len(bucket) < limits["colours"]:
                     bucket.append(c)
         elements = {
             "texts": state["texts"], "types": counts, "colours": colours, "layout": layout,
@@ -468,74 +583,146 @@ _mmrft_run()
 def _chart_job(
     code: str, figsize: Sequence[float] | None, dpi: float | None, timeout_s: float
 ) -> SandboxJob:
-    config = json.dumps({"figsize": list(figsize) if figsize else None, "dpi": dpi})
+    config = json.dumps(
+        {"figsize": list(figsize) if figsize else None, "dpi": dpi, "limits": REPORT_LIMITS}
+    )
     return SandboxJob(
         _CHART_PRELUDE.replace("__CONFIG__", repr(config)),
         timeout_s=timeout_s,
         inputs={"solution.py": code.encode("utf-8", "replace")},
-        outputs=("out.png", "elements.json"),
+        outputs={"out.png": MAX_PNG_BYTES, "elements.json": MAX_REPORT_BYTES},
         preload=CHART_PRELOAD,
     )
 
 
 def _parse_elements(data: bytes | None) -> dict[str, Any] | None:
-    """Validate ``elements.json`` (written inside the sandbox, so untrusted)."""
-    try:
-        raw = json.loads((data or b"").decode("utf-8"))
-        texts = [str(t) for t in raw["texts"]][:10000]
-        types = {str(k): int(v) for k, v in dict(raw["types"]).items()}
-        colours = {
-            str(k): [[float(x) for x in c][:3] for c in v][:32]
-            for k, v in dict(raw["colours"]).items()
-        }
-        colours = {k: [c for c in v if len(c) == 3] for k, v in colours.items()}
-        layout = [
-            tuple(str(x) if isinstance(x, str) else float(x) for x in item)
-            for item in raw["layout"]
-        ][:1000]
-        figsize = [float(v) for v in raw["figsize"]]
-        dpi = float(raw["dpi"])
-    except (ValueError, TypeError, KeyError, AttributeError):
+    """Validate ``elements.json``, or ``None``.
+
+    The prelude writes it *in the code's own process*, so the code can replace it with
+    anything; it is untrusted input. Parsing is bounded (at most :data:`MAX_REPORT_BYTES`, no
+    recursion error escapes) and nothing outside the prelude's format and
+    :data:`REPORT_LIMITS` is accepted: call counts are ints in [0, calls], strings and lists
+    are short, numbers finite, so every score computed from it takes bounded time and memory.
+    A forged report can claim at most what a chart of that size could have drawn.
+    """
+    if not data or len(data) > MAX_REPORT_BYTES:
         return None
-    if len(figsize) != 2 or not all(math.isfinite(v) and v > 0 for v in [*figsize, dpi]):
+    try:
+        raw = json.loads(data.decode("utf-8"))
+        texts, types, colours = raw["texts"], raw["types"], raw["colours"]
+        layout, figsize, dpi = raw["layout"], raw["figsize"], raw["dpi"]
+    except (ValueError, RecursionError, TypeError, KeyError):
+        return None
+    limit = REPORT_LIMITS
+
+    def number(x: Any, low: float, high: float) -> bool:  # NaN and ±inf fail the comparison
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and low <= x <= high
+
+    def name(key: Any) -> bool:
+        return isinstance(key, str) and 0 < len(key) <= 40
+
+    def sized(value: Any, kind: type, most: int) -> bool:
+        return isinstance(value, kind) and len(value) <= most
+
+    def axes(item: Any) -> bool:
+        if sized(item, list, 6) and len(item) == 6:
+            return all(isinstance(v, int) and number(v, 0, 1000) for v in item)
+        return (
+            sized(item, list, 5)
+            and len(item) == 5
+            and item[0] == "free"
+            and all(number(v, -100, 100) for v in item[1:])
+        )
+
+    valid = (
+        sized(texts, list, limit["texts"])
+        and all(sized(t, str, limit["text_chars"]) for t in texts)
+        and sized(types, dict, limit["kinds"])
+        and all(name(k) and isinstance(v, int) and number(v, 0, limit["calls"]) for k, v in types.items())
+        and sized(colours, dict, limit["kinds"])
+        and all(
+            name(k)
+            and sized(v, list, limit["colours"])
+            and all(sized(c, list, 3) and len(c) == 3 and all(number(x, 0, 1) for x in c) for c in v)
+            for k, v in colours.items()
+        )
+        and sized(layout, list, limit["axes"])
+        and all(axes(item) for item in layout)
+        and sized(figsize, list, 2)
+        and len(figsize) == 2
+        and all(number(v, 0.01, 1000) for v in figsize)
+        and number(dpi, 1, 10_000)
+    )  # fmt: skip
+    if not valid:
         return None
     return {
         "texts": texts,
         "types": types,
-        "colours": colours,
-        "layout": layout,
-        "figsize": figsize,
-        "dpi": dpi,
+        "colours": {k: [[float(x) for x in c] for c in v] for k, v in colours.items()},
+        "layout": [tuple(item) for item in layout],
+        "figsize": [float(v) for v in figsize],
+        "dpi": float(dpi),
     }
 
 
 class _Rendered:
-    """A successful chart render: its elements and grayscale image."""
+    """A successful chart render: its elements, its pixel size (W, H) and its grayscale image
+    (at that size, or downscaled to :data:`SCORE_PIXELS`)."""
 
-    __slots__ = ("elements", "gray")
+    __slots__ = ("elements", "gray", "size")
 
-    def __init__(self, elements: dict[str, Any], gray: np.ndarray) -> None:
+    def __init__(self, elements: dict[str, Any], gray: np.ndarray, size: tuple[int, int]) -> None:
         self.elements = elements
         self.gray = gray
+        self.size = size
 
 
 def _rendered(
-    result: SandboxResult, size: tuple[int, int] | None
+    result: SandboxResult, expect: tuple[int, int] | None, size: tuple[int, int] | None
 ) -> tuple[_Rendered | None, str | None, bool]:
-    """(render, reason, executed) from a sandbox result."""
+    """(render, reason, executed) from a sandbox result.
+
+    A completion's render must be exactly ``expect`` = (W, H) pixels, the size it was forced
+    to (``"wrong size"``), and is decoded straight to ``size`` (the comparison size). A
+    reference (``expect=None``) keeps its own size; its report must agree with it.
+    """
     if not result.ok:
         return None, _sandbox_reason(result), False
     elements = _parse_elements(result.files.get("elements.json"))
-    gray = _decode_gray(result.files.get("out.png", b""), size)
-    if elements is None or gray is None:
-        return None, "bad render", True
+    if elements is None:
+        return None, "bad element report", True
+    data = result.files.get("out.png", b"")
+    gray, problem = _decode_gray(data, size, expect=expect, fit=SCORE_PIXELS)
+    if gray is None:
+        return None, "wrong size" if problem == "wrong size" else "bad render", True
+    native = expect or _png_size(data)
+    if expect is None:  # the completions are forced to figsize × dpi: it must be this size
+        width, height = (v * elements["dpi"] for v in elements["figsize"])
+        if abs(width - native[0]) > 1 or abs(height - native[1]) > 1:
+            return None, "bad render", True
     if _is_blank(gray):
         return None, "blank render", True
-    return _Rendered(elements, gray), None, True
+    return _Rendered(elements, gray, native), None, True
 
 
-_REFERENCES: OrderedDict[str, tuple[_Rendered | None, str | None]] = OrderedDict()
-_REFERENCE_LOCK = threading.Lock()
+def _png_size(data: bytes) -> tuple[int, int]:
+    """(W, H) from a PNG header (the render was decoded already, so the header is valid)."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _code_problem(code: str) -> str | None:
+    """Why ``code`` is not run at all: ``"code too long"`` or ``"syntax error"`` (this
+    process's own check: nothing the code does can produce or hide it)."""
+    if len(code) > MAX_CODE_CHARS:
+        return "code too long"
+    try:
+        compile(code, "<model>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError, OverflowError, RecursionError, MemoryError):
+        return "syntax error"
+    return None
+
+
+_REFERENCES = _BoundedCache()
 
 
 def _reference_key(code: str) -> str:
@@ -545,54 +732,59 @@ def _reference_key(code: str) -> str:
 def _references(codes: Sequence[str]) -> dict[str, tuple[_Rendered | None, str | None]]:
     """Render the distinct reference scripts not yet cached (one ``pool.map``); key → result."""
     keys = {_reference_key(c): c for c in codes}
-    with _REFERENCE_LOCK:
-        missing = {k: c for k, c in keys.items() if k not in _REFERENCES}
-    if missing:
-        jobs = [_chart_job(c, None, None, REFERENCE_TIMEOUT_S) for c in missing.values()]
-        results = _pool("chart").map(jobs)
-        fresh = {}
-        with _REFERENCE_LOCK:
-            for key, result in zip(missing, results):
-                render, reason, _ = _rendered(result, None)
-                fresh[key] = (render, reason)
-                if render is None and reason in ("sandbox error", "timeout"):
-                    continue  # transient: not cached, tried again next time
-                _REFERENCES[key] = (render, reason)
-                while len(_REFERENCES) > _CACHE_SIZE:
-                    _REFERENCES.popitem(last=False)
-    else:
-        fresh = {}
-    with _REFERENCE_LOCK:
-        return {k: fresh[k] if k in fresh else _REFERENCES[k] for k in keys}
+    found: dict[str, tuple[_Rendered | None, str | None]] = {}
+    jobs: dict[str, SandboxJob] = {}
+    for key, code in keys.items():
+        cached = _REFERENCES.get(key)
+        if cached is not None:
+            found[key] = cached
+        elif (problem := _code_problem(code)) is not None:
+            found[key] = (None, problem)
+        else:
+            jobs[key] = _chart_job(code, None, None, REFERENCE_TIMEOUT_S)
+    results = _pool("chart").map(list(jobs.values())) if jobs else []
+    for key, result in zip(jobs, results):
+        render, reason, _ = _rendered(result, None, None)
+        found[key] = (render, reason)
+        if render is None and reason in ("sandbox error", "timeout"):
+            continue  # transient: not cached, tried again next time
+        _REFERENCES.put(key, (render, reason), render.gray.nbytes if render else 0)
+    return found
 
 
 def _target_size(sample: Sample, ref: _Rendered) -> tuple[int, int]:
+    """The comparison size: ``meta["image_size"]`` (else the reference render's size), scaled
+    down to at most :data:`SCORE_PIXELS`."""
     size = sample.meta.get("image_size")
     if (
         isinstance(size, (list, tuple))
         and len(size) == 2
         and all(isinstance(v, int) and 0 < v <= 4096 for v in size)
     ):
-        return int(size[0]), int(size[1])
-    return ref.gray.shape[1], ref.gray.shape[0]
+        return fit_pixels((int(size[0]), int(size[1])))
+    return fit_pixels(ref.size)
+
+
+def _resized(gray: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    from PIL import Image
+
+    if gray.shape == (size[1], size[0]):
+        return gray
+    image = Image.fromarray(np.ascontiguousarray(gray, dtype=np.float32), mode="F")
+    return np.asarray(image.resize(size, Image.BILINEAR), dtype=np.float32)
 
 
 def _chart_parts(pred: _Rendered, ref: _Rendered, size: tuple[int, int]) -> dict[str, float]:
-    from skimage.transform import resize
-
-    def at_size(gray: np.ndarray) -> np.ndarray:
-        if gray.shape != (size[1], size[0]):
-            return resize(gray, (size[1], size[0]), order=1, anti_aliasing=True)
-        return gray
-
+    """The six parts; every element score is computed from bounded counts (never by expanding
+    a multiset), SSIM at ``size`` (at most :data:`SCORE_PIXELS`)."""
     p, r = pred.elements, ref.elements
     return {
         "exec": 1.0,
-        "text_f1": multiset_f1(p["texts"], r["texts"]),
-        "type_f1": multiset_f1(Counter(p["types"]).elements(), Counter(r["types"]).elements()),
+        "text_f1": count_f1(Counter(p["texts"]), Counter(r["texts"])),
+        "type_f1": count_f1(p["types"], r["types"]),
         "colour": colour_score(p["colours"], r["colours"]),
-        "layout_f1": multiset_f1(p["layout"], r["layout"]),
-        "ssim": ssim01(at_size(pred.gray), at_size(ref.gray)),
+        "layout_f1": count_f1(Counter(p["layout"]), Counter(r["layout"])),
+        "ssim": ssim01(_resized(pred.gray, size), _resized(ref.gray, size)),
     }
 
 
@@ -619,7 +811,7 @@ def chart_code(
       (:func:`colour_score`, 1 − CIEDE2000/100); ``layout_f1`` multiset F1 of the axes'
       gridspec tuples (exact match);
     * ssim = max(0, SSIM) of the grayscale renders at ``meta["image_size"]`` (else the
-      reference render's size).
+      reference render's size), scaled down to at most :data:`SCORE_PIXELS`.
 
     All six are logged as parts (only ``exec`` when nothing rendered). See the module
     docstring for the instrumentation and the sandbox.
@@ -628,10 +820,11 @@ def chart_code(
     (```python, ```py or bare ```), exactly one, whose content is the code.
 
     Score 0 with a reason: the :func:`extract_answer` reasons, ``several code blocks``,
-    ``unclosed code block``, ``no code``; the sandbox's reason (``timeout``, ``memory limit``,
-    ``exception: <Type>``, ``syntax error``, ``no output file``, ...); ``blank render``
-    (grayscale std < 0.01); ``bad render``; data problems: ``no reference code``,
-    ``reference failed: <reason>``.
+    ``unclosed code block``, ``no code``, ``code too long``, ``syntax error``; the sandbox's
+    reason (``timeout``, ``memory limit``, ``exception: <Type>``, ``no output file``,
+    ``file too large``, ...); ``blank render`` (grayscale std < 0.01); ``bad render``,
+    ``wrong size``, ``bad element report`` (see "What comes back is untrusted" in the module
+    docstring); data problems: ``no reference code``, ``reference failed: <reason>``.
 
     >>> from mmrft.data import Sample
     >>> ref = "import matplotlib.pyplot as plt\\nplt.bar(['a', 'b'], [1, 3], color='red')\\n"
@@ -664,10 +857,11 @@ def chart_code(
             scores[i] = Score(0.0, reason="no reference code", parts={"exec": 0.0})
             continue
         code, reason = extract_code(text, answer_tag)
-        if code is None:
+        reason = reason if code is None else _code_problem(code)
+        if reason is not None:
             scores[i] = Score(0.0, reason=reason, parts={"exec": 0.0})
         else:
-            codes[i] = code
+            codes[i] = code  # type: ignore[assignment]
 
     refs = _references([samples[i].target for i in codes]) if codes else {}
     jobs: list[SandboxJob] = []
@@ -684,7 +878,7 @@ def chart_code(
     total = low_level_weight + image_weight
     for (i, ref), result in zip(pending, results):
         size = _target_size(samples[i], ref)
-        pred, reason, executed = _rendered(result, None)
+        pred, reason, executed = _rendered(result, ref.size, size)
         if pred is None:
             scores[i] = Score(0.0, reason=reason, parts={"exec": float(executed)})
             continue
@@ -705,13 +899,11 @@ _EXTERNAL_RE = re.compile(
 )
 _TOKEN_RE = re.compile(r"[A-Za-z_]+|\d+(?:\.\d+)?|\S")
 
-_SVG_SCRIPT = r'''
-import json
+#: The SVG script's exit status when the document referenced an external resource.
+_EXTERNAL_EXIT = 3
+_SVG_SCRIPT = r"""
+import json, os, sys
 from cairosvg.surface import PNGSurface
-
-
-class ExternalResource(Exception):
-    """The SVG referenced something other than a data: URI."""
 
 
 _fetched = []
@@ -722,17 +914,21 @@ def _fetch(url, resource_type=None):
         from cairosvg.url import fetch
         return fetch(url, resource_type)
     _fetched.append(str(url)[:200])
-    raise ExternalResource(str(url)[:200])
+    raise ValueError("external resource")
 
 
 _size = json.loads(__SIZE__)
 with open("in.svg", "rb") as fh:
     _data = fh.read()
-PNGSurface.convert(bytestring=_data, write_to="out.png", output_width=_size[0],
-                   output_height=_size[1], url_fetcher=_fetch, unsafe=False)
-if _fetched:
-    raise ExternalResource(_fetched[0])
-'''
+try:
+    PNGSurface.convert(bytestring=_data, write_to="out.png", output_width=_size[0],
+                       output_height=_size[1], url_fetcher=_fetch, unsafe=False)
+finally:
+    if _fetched:  # an exit status, which only this script chooses (the SVG runs no code)
+        sys.stderr.write(f"external resource: {_fetched[0]}\n")
+        sys.stderr.flush()
+        os._exit(__EXTERNAL_EXIT__)
+"""
 
 
 def extract_svg(text: str, tag: str = "answer") -> tuple[str | None, str | None]:
@@ -789,10 +985,12 @@ def svg_similarity(pred: np.ndarray, ref: np.ndarray, sigma: float = 1.0) -> flo
     return float(min(1.0, max(-1.0, 1.0 - mse)))
 
 
-_TARGETS: OrderedDict[tuple[str, int, int], np.ndarray] = OrderedDict()
+_TARGETS = _BoundedCache()
+MAX_TARGET_BYTES = 64 * 1024 * 1024  # a larger target image file is not read
 
 
 def _svg_target(sample: Sample) -> tuple[np.ndarray | None, str | None]:
+    """The sample's target image as grayscale, at most :data:`SCORE_PIXELS` (cached)."""
     source = sample.meta.get("image")
     if not isinstance(source, str):
         images = sample.media("image")
@@ -807,20 +1005,18 @@ def _svg_target(sample: Sample) -> tuple[np.ndarray | None, str | None]:
     except OSError:
         return None, "target image not found"
     key = (path, stat.st_mtime_ns, stat.st_size)
-    with _REFERENCE_LOCK:
-        cached = _TARGETS.get(key)
+    cached = _TARGETS.get(key)
     if cached is None:
+        if stat.st_size > MAX_TARGET_BYTES:
+            return None, "target image too large"
         try:
             data = Path(path).read_bytes()
         except OSError:
             return None, "target image not found"
-        cached = _decode_gray(data)
+        cached, problem = _decode_gray(data, fit=SCORE_PIXELS, formats=_TARGET_FORMATS)
         if cached is None:
-            return None, "bad target image"
-        with _REFERENCE_LOCK:
-            _TARGETS[key] = cached
-            while len(_TARGETS) > _CACHE_SIZE:
-                _TARGETS.popitem(last=False)
+            return None, "target image too large" if problem == "too large" else "bad target image"
+        _TARGETS.put(key, cached, cached.nbytes)
     if _is_blank(cached):
         return None, "blank target image"
     return cached, None
@@ -854,7 +1050,8 @@ def svg(
 
     * sim = clip(1 − MSE(z(blur(R)), z(blur(T))), −1, 1) (:func:`svg_similarity`): R the
       completion's SVG rendered by cairosvg *inside the sandbox* at the target's pixel size
-      (``output_width``/``output_height``), T the target image, both grayscale in [0, 1] with
+      (``output_width``/``output_height``; a target over :data:`SCORE_PIXELS` is scaled down
+      first), T the target image, both grayscale in [0, 1] with
       alpha composited on white, blur a Gaussian of ``blur_sigma`` px, z per-image
       zero-mean/unit-variance. Equals 2ρ − 1 (ρ: Pearson correlation) before clipping;
     * n = :func:`svg_tokens` of the completion's SVG, L = ``target_len``, else
@@ -874,7 +1071,7 @@ def svg(
     documents``, ``external resource``, ``invalid svg`` (cairosvg raised), the sandbox's
     reason (``timeout``, ``memory limit``, ...), ``blank render``, ``bad render``; data
     problems: ``no target image``, ``target image not local``, ``target image not found``,
-    ``bad target image``, ``blank target image``.
+    ``bad target image``, ``target image too large``, ``blank target image``.
 
     >>> import tempfile, os, cairosvg
     >>> doc = '<svg xmlns="http://www.w3.org/2000/svg" width="32" height="32"><rect x="4" y="4" width="12" height="12"/></svg>'
@@ -914,10 +1111,12 @@ def svg(
         size = json.dumps([int(target.shape[1]), int(target.shape[0])])
         jobs.append(
             SandboxJob(
-                _SVG_SCRIPT.replace("__SIZE__", repr(size)),
+                _SVG_SCRIPT.replace("__SIZE__", repr(size)).replace(
+                    "__EXTERNAL_EXIT__", str(_EXTERNAL_EXIT)
+                ),
                 timeout_s=timeout_s,
                 inputs={"in.svg": doc.encode("utf-8", "replace")},
-                outputs=("out.png",),
+                outputs={"out.png": MAX_PNG_BYTES},
                 preload=SVG_PRELOAD,
             )
         )
@@ -927,13 +1126,14 @@ def svg(
     for (i, doc, target), result in zip(pending, results):
         if not result.ok:
             reason = result.reason or "sandbox error"
-            if reason == "exception: ExternalResource":
+            if result.exit_code == _EXTERNAL_EXIT and reason == f"exit code {_EXTERNAL_EXIT}":
                 reason = "external resource"
-            elif reason.startswith("exception: ") or reason == "syntax error":
+            elif reason.startswith("exception: "):
                 reason = "invalid svg"
             scores[i] = Score(-1.0, reason=reason)
             continue
-        gray = _decode_gray(result.files.get("out.png", b""), (target.shape[1], target.shape[0]))
+        size = (target.shape[1], target.shape[0])
+        gray, _ = _decode_gray(result.files.get("out.png", b""), size, expect=size)
         if gray is None:
             scores[i] = Score(-1.0, reason="bad render")
             continue
