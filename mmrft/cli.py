@@ -32,15 +32,17 @@ from mmrft.plugins import (
     UnknownNameError,
     load_plugins,
 )
-from mmrft.rewards import NonFiniteRewardError
+from mmrft.rewards import RewardError
 from mmrft.typecheck import ConfigError, keyword_params_doc
 
+#: Printed as one line, exit status 2. RewardError: a verifier plugin raised, returned a value
+#: outside its range or NaN/inf, or overran its budget under reward.on_timeout=stop.
 USER_ERRORS = (
     ConfigError,
     DataError,
     UnknownNameError,
     PluginError,
-    NonFiniteRewardError,
+    RewardError,
     FileNotFoundError,
 )
 
@@ -110,11 +112,33 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, console: Console) -> int:
-    """Score lines ``{"completion", "target", "meta"}``; print one JSON line per input."""
+    """Score lines ``{"completion", "target", "meta"}``; print one JSON line per input.
+
+    The verifier runs under ``reward.timeout_s`` (default as in training) and
+    ``reward.on_timeout``, given among the parameters: over the budget every line scores the
+    verifier's minimum with reason ``timeout`` (``zero``) or the command stops (``stop``).
+    A verifier that raises or returns what its declaration rules out stops with one line
+    naming it and the samples (exit status 2).
+    """
+    from mmrft.config import RewardConfig
+    from mmrft.rewards import WeightedReward
+
     load_plugins(args.plugin)
     spec = VERIFIERS.get(args.name)
     params = dict(parse_override(o) for o in args.params)
-    bound = spec.bind(params)
+    budget = {"timeout_s": RewardConfig.timeout_s, "on_timeout": RewardConfig.on_timeout}
+    for key in [k for k in params if k.startswith("reward.")]:
+        name, value = key.removeprefix("reward."), params.pop(key)
+        if name == "timeout_s" and isinstance(value, (int, float)) and value >= 0:
+            budget[name] = float(value)
+        elif name == "on_timeout" and value in ("zero", "stop"):
+            budget[name] = value
+        else:
+            raise ConfigError(
+                f"{key}: mmrft verify takes reward.timeout_s (seconds ≥ 0) and "
+                f"reward.on_timeout (zero | stop), got {value!r}"
+            )
+    reward = WeightedReward([(spec.bind(params), 1.0)], **budget)
     completions, samples = [], []
     path = Path(args.file)
     if not path.is_file():
@@ -142,7 +166,8 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
                 meta=record.get("meta") or {},
             )
         )
-    for sample, score in zip(samples, bound(completions, samples)):
+    scores = reward.score_one(args.name, completions, samples, context=f"in {path}")
+    for sample, score in zip(samples, scores):
         if score is None:
             line = {"id": sample.id, "score": None, "reason": "not applicable", "parts": {}}
         else:
@@ -219,7 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="score completions from a JSONL file with one verifier")
     p.add_argument("name", help="verifier name (`mmrft list verifiers`)")
     p.add_argument("file", help='JSONL lines {"completion", "target", "meta"}')
-    p.add_argument("params", nargs="*", help="verifier parameters as key=value")
+    p.add_argument(
+        "params",
+        nargs="*",
+        help="verifier parameters as key=value; reward.timeout_s=S and reward.on_timeout="
+        "zero|stop set the time budget (default 300 s, zero)",
+    )
     p.add_argument(
         "--plugin", action="append", default=[], help="plugin file.py or module to import"
     )

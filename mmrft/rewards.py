@@ -13,16 +13,33 @@ output: malformed output scores ``low`` with a short ``reason``. Parameters are 
 with type hints; :meth:`VerifierSpec.bind` type-checks them and then calls the verifier once
 on an empty batch, so a verifier that validates its parameter *values* at the top of its body
 fails at start-up rather than mid-run.
+
+A plugin that breaks the contract mid-run stops scoring with a :class:`RewardError` whose
+message is one line naming the verifier, the step (from the caller's ``context``) and the
+samples, and which carries them as attributes for ``failure.json`` (:func:`write_failure`):
+
+* :class:`VerifierError`: the verifier raised, returned the wrong number of results, a result
+  that is not a number, or a value outside its declared ``[low, high]`` (beyond a relative
+  tolerance of 1e-6, within which it is clipped);
+* :class:`NonFiniteRewardError`: a score, a sub-score or the weighted total is NaN or ±inf;
+* :class:`VerifierTimeoutError`: over ``reward.timeout_s`` under ``reward.on_timeout: stop``.
+
+``mmrft`` prints such an error as one line and exits with status 2.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import numbers
+import os
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mmrft.data import Sample
@@ -48,12 +65,80 @@ class Score:
     parts: dict[str, float] = field(default_factory=dict)
 
 
-class NonFiniteRewardError(RuntimeError):
-    """A verifier returned NaN or inf; the message names the verifier and the sample."""
+class RewardError(RuntimeError):
+    """Scoring stopped because a verifier broke its contract; the message is one line.
+
+    Attributes:
+        verifier: the verifier's name (``"reward"`` for the weighted total).
+        sample_ids: the samples concerned (the offending one, or the whole batch), in order.
+        step: the training step, read from the caller's ``context`` (``"at step 12"``, which
+            the message names too), else ``None``.
+        value: the offending value, when there is one.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        verifier: str,
+        sample_ids: Sequence[str] = (),
+        context: str = "",
+        value: float | None = None,
+    ) -> None:
+        self.verifier = verifier
+        self.sample_ids = list(dict.fromkeys(sample_ids))
+        self.context = context
+        self.step = _step_of(context)
+        self.value = value
+        super().__init__(" ".join(message.split()))  # one line, whatever the plugin's message
+
+    def failure(self) -> dict[str, Any]:
+        """The ``failure.json`` record: step, reason, verifier, samples."""
+        return {
+            "step": self.step,
+            "reason": str(self),
+            "verifier": self.verifier,
+            "samples": self.sample_ids,
+        }
 
 
-class VerifierTimeoutError(RuntimeError):
+class VerifierError(RewardError):
+    """A verifier raised, or returned something its declaration rules out."""
+
+
+class NonFiniteRewardError(RewardError):
+    """A verifier (or the weighted total) gave NaN or inf for a sample."""
+
+
+class VerifierTimeoutError(RewardError):
     """A verifier call exceeded ``reward.timeout_s`` under ``reward.on_timeout: stop``."""
+
+
+def _step_of(context: str) -> int | None:
+    match = re.search(r"\bstep (\d+)", context or "")
+    return int(match.group(1)) if match else None
+
+
+def _ids(sample_ids: Sequence[str], most: int = 20) -> str:
+    """``a, b, c`` (the first ``most`` distinct ids, then how many more)."""
+    ids = list(dict.fromkeys(sample_ids))
+    text = ", ".join(ids[:most])
+    return text + (f" (+{len(ids) - most} more)" if len(ids) > most else "")
+
+
+def write_failure(run_dir: str | Path, error: RewardError, step: int | None = None) -> Path:
+    """Write ``run_dir/failure.json`` for a run stopped by ``error`` (``step`` overrides the
+    one read from its context), atomically; returns its path. Earlier checkpoints are left as
+    they are."""
+    record = error.failure()
+    if step is not None:
+        record["step"] = step
+    path = Path(run_dir) / "failure.json"
+    tmp = path.with_name(f".failure.json.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    log.error("run stopped at step %s: %s", record["step"], record["reason"])
+    return path
 
 
 def call_with_budget(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
@@ -135,6 +220,16 @@ def as_score(result: Score | float | None, low: float) -> Score | None:
     return Score(value, reason="minimum" if value <= low else None)
 
 
+#: Values this far outside ``[low, high]`` (relative to ``high - low``, at least 1) are clipped
+#: (floating-point noise); further out they are an error.
+RANGE_TOLERANCE = 1e-6
+
+
+def _first_line(exc: BaseException, most: int = 200) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= most else text[: most - 1] + "…"
+
+
 @dataclass(frozen=True)
 class BoundVerifier:
     """A verifier with checked parameters, called as ``bound(completions, samples)``."""
@@ -146,25 +241,77 @@ class BoundVerifier:
     def name(self) -> str:
         return self.spec.name
 
-    def __call__(self, completions: Sequence[str], samples: Sequence[Sample]) -> list[Score | None]:
+    def __call__(
+        self, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+    ) -> list[Score | None]:
+        """Score a batch and check what the verifier returned; a breach of the contract raises
+        a :class:`RewardError` naming this verifier, ``context`` (``"at step 12"``) and the
+        samples (see the module docstring)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
-        raw = self.spec.fn(list(completions), list(samples), **self.params)
-        if len(raw) != len(completions):
-            raise RuntimeError(
-                f"verifier '{self.name}' returned {len(raw)} results for {len(completions)} completions"
+        ids = [s.id for s in samples]
+        where = f" {context}" if context else ""
+        try:
+            raw = self.spec.fn(list(completions), list(samples), **self.params)
+            count = len(raw)
+        except Exception as exc:
+            raise VerifierError(
+                f"verifier '{self.name}' raised {type(exc).__name__}: {_first_line(exc)}"
+                f"{where} on samples {_ids(ids)}",
+                verifier=self.name,
+                sample_ids=ids,
+                context=context,
+            ) from exc
+        if count != len(completions):
+            raise VerifierError(
+                f"verifier '{self.name}' returned {count} results for {len(completions)} "
+                f"completions{where} on samples {_ids(ids)}",
+                verifier=self.name,
+                sample_ids=ids,
+                context=context,
             )
-        scores = [as_score(r, self.spec.low) for r in raw]
-        for score, sample in zip(scores, samples):
-            if score is None:
-                continue
-            if not math.isfinite(score.value):
-                raise NonFiniteRewardError(
-                    f"verifier '{self.name}' returned {score.value} for sample '{sample.id}'"
-                )
-            if score.value <= self.spec.low and score.reason is None:
-                score.reason = "minimum"
-        return scores
+        return [self._checked(r, sample, context) for r, sample in zip(raw, samples)]
+
+    def _checked(self, result: Any, sample: Sample, context: str) -> Score | None:
+        """One result as a fresh :class:`Score` inside ``[low, high]``, or a RewardError."""
+        if result is None:
+            return None
+        low, high = self.spec.low, self.spec.high
+        value = result.value if isinstance(result, Score) else result
+        parts = dict(result.parts) if isinstance(result, Score) else {}
+        reason = result.reason if isinstance(result, Score) else None
+        where = f" {context}" if context else ""
+
+        def fail(kind: type[RewardError], what: str, number: float | None = None) -> RewardError:
+            return kind(
+                f"verifier '{self.name}' returned {what} for sample '{sample.id}'{where}",
+                verifier=self.name,
+                sample_ids=[sample.id],
+                context=context,
+                value=number,
+            )
+
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise fail(VerifierError, f"a {type(value).__name__}, not a number,")
+        if reason is not None and not isinstance(reason, str):
+            raise fail(VerifierError, f"a {type(reason).__name__} as reason")
+        value = float(value)
+        if not math.isfinite(value):
+            raise fail(NonFiniteRewardError, str(value), value)
+        tolerance = RANGE_TOLERANCE * max(1.0, high - low)
+        if not low - tolerance <= value <= high + tolerance:
+            raise fail(
+                VerifierError, f"{value:g}, outside its declared range [{low:g}, {high:g}],", value
+            )
+        for name, part in parts.items():
+            if isinstance(part, bool) or not isinstance(part, numbers.Real):
+                raise fail(VerifierError, f"sub-score '{name}' = {part!r}, not a number,")
+            if not math.isfinite(part):
+                raise fail(NonFiniteRewardError, f"sub-score '{name}' = {part}", float(part))
+        value = min(high, max(low, value))
+        if value <= low and reason is None:
+            reason = "minimum"
+        return Score(value, reason=reason, parts={k: float(v) for k, v in parts.items()})
 
 
 @dataclass
@@ -225,7 +372,8 @@ class WeightedReward:
     def __call__(
         self, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
     ) -> RewardBreakdown:
-        """Score a batch. ``context`` (e.g. ``"step 12"``) goes into timeout messages."""
+        """Score a batch. ``context`` (e.g. ``"at step 12"``) goes into every error and timeout
+        message. A NaN or inf total (weights times scores overflowing) is an error too."""
         total = [0.0] * len(completions)
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
@@ -238,6 +386,16 @@ class WeightedReward:
                 total[i] += weight * score.value
                 if score.reason:
                     reasons[f"{bound.name}/{score.reason}"] += 1
+        for value, sample in zip(total, samples):
+            if not math.isfinite(value):
+                raise NonFiniteRewardError(
+                    f"the weighted reward is {value} for sample '{sample.id}'"
+                    f"{f' {context}' if context else ''} (weights × scores overflow)",
+                    verifier="reward",
+                    sample_ids=[sample.id],
+                    context=context,
+                    value=value,
+                )
         return RewardBreakdown(total=total, scores=by_name, reasons=reasons)
 
     def bound(self, name: str) -> BoundVerifier:
@@ -268,15 +426,17 @@ class WeightedReward:
     ) -> list[Score | None]:
         try:
             return call_with_budget(
-                lambda: bound(completions, samples), self.timeout_s, f"verifier '{bound.name}'"
+                lambda: bound(completions, samples, context),
+                self.timeout_s,
+                f"verifier '{bound.name}'",
             )
-        except TimeoutError as exc:
+        except TimeoutError as exc:  # the budget's own: a verifier's exceptions are wrapped
             ids = sorted({s.id for s in samples})
-            message = (
-                f"{exc} {context} on {len(samples)} completions of samples {', '.join(ids[:20])}"
-            )
+            message = f"{exc} {context} on {len(samples)} completions of samples {_ids(ids)}"
             if self.on_timeout == "stop":
-                raise VerifierTimeoutError(message) from None
+                raise VerifierTimeoutError(
+                    message, verifier=bound.name, sample_ids=ids, context=context
+                ) from None
             log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
             return [Score(bound.spec.low, reason="timeout") for _ in completions]
 

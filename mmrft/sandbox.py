@@ -426,13 +426,16 @@ class SandboxPool:
         return list(self._executor.map(self.run, items))
 
     def close(self) -> None:
-        """Stop every server. Idempotent."""
+        """Stop every server at once, jobs in flight included (they end as ``sandbox error``;
+        queued jobs are cancelled), so that closing never waits for a job's timeout.
+        Idempotent."""
         self._closed = True
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             servers, self._servers = list(self._servers), set()
         for server in servers:
             server.close()
+        self._executor.shutdown(wait=True)
 
     def __enter__(self) -> SandboxPool:
         return self
@@ -469,6 +472,9 @@ class SandboxPool:
                     return _result(_failure("sandbox error", f"server failed to start: {exc}"))
                 with self._lock:
                     self._servers.add(server)
+                if self._closed:  # closed while this one started: close() did not see it
+                    server.close()
+                    return _result(_failure("sandbox error", "the pool was closed"))
             return fn(server)
         finally:
             self._idle.put(server)
@@ -666,7 +672,8 @@ class _Server:
             else:
                 error = "server exited"
             if not isinstance(reply, dict):
-                log.error("sandbox server failed (%s); restarting it", error)
+                if self._finalizer.alive:  # not stopped on purpose by its pool's close()
+                    log.error("sandbox server failed (%s); restarting it", error)
                 self.close()
                 return _result(_failure("sandbox error", error))
         finally:
