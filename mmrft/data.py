@@ -195,8 +195,11 @@ def read_records(
 ) -> tuple[list[Sample], ReadStats]:
     """Read a JSONL file with ``parse(record, base_dir, where) -> Sample``.
 
-    ``check(sample)`` may raise DataError (a missing or corrupt image, say). With
-    ``on_error="skip"`` such lines are skipped and counted; otherwise the error propagates.
+    ``check(sample)`` may raise DataError (a missing or corrupt image, say); its message gets
+    the line's ``file:line`` in front when it does not name it already, so an error always
+    names both the dataset line and the media file. With ``on_error="skip"`` such lines are
+    skipped and counted (by the check's own reason, e.g. ``image file not found``); otherwise
+    the error propagates.
     """
     path = Path(path)
     stats = ReadStats(str(path))
@@ -213,10 +216,14 @@ def read_records(
             if check is not None:
                 check(sample)
         except DataError as exc:
-            if on_error != "skip":
+            message = str(exc)
+            if on_error == "skip":
+                # the reason without "file:line: " (a line's error) or "path: " (a media check's)
+                stats.skip(message.split(": ", 1)[-1].split(" (")[0], where)
+                continue
+            if message.startswith(where):
                 raise
-            stats.skip(str(exc).split(": ", 1)[-1].split(" (")[0], where)
-            continue
+            raise DataError(f"{where}: {message}") from None  # a media check names the file only
         seen.add(sample.id)
         samples.append(sample)
         stats.kept += 1

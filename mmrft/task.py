@@ -18,17 +18,20 @@ box tasks, ``{box_instruction}`` (the model family's coordinate convention).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from mmrft.data import OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
 from mmrft.plugins import TASKS
 from mmrft.typecheck import ConfigError, bind_keyword_params
 
 if TYPE_CHECKING:
     from mmrft.family import ModelFamily
+
+log = logging.getLogger(__name__)
 
 ThinkMode = Literal["required", "optional", "none"]
 
@@ -209,6 +212,35 @@ def task(name: str) -> Callable[[type[Task]], type[Task]]:
         return cls
 
     return register
+
+
+def read_split(
+    task: Task,
+    family: ModelFamily,
+    path: str | Path,
+    *,
+    fmt: str = "mmrft",
+    on_error: OnError = "raise",
+    limit: int | None = None,
+) -> list[Sample]:
+    """Read a dataset split, check every line and its media, and annotate the samples.
+
+    Each line is parsed by the task and each local media file checked by the model family
+    (:meth:`ModelFamily.check_media`: images decoded, videos probed, audio decoded by the
+    audio families), so a missing or corrupt file stops the read with one message naming the
+    dataset's ``file:line`` and the media path (``data.on_error="skip"``: skipped and
+    counted). Only the family adapter is needed (``mmrft.policy.resolve_family``), not the
+    model: call this before loading any weights, so that a data error costs seconds, not a
+    model load. ``limit`` keeps the first samples; no usable sample is a DataError.
+    """
+    samples, stats = task.read(path, fmt=fmt, on_error=on_error, check=family.check_media)
+    log.info(stats.summary())
+    if not samples:
+        raise DataError(f"{path}: no usable samples ({stats.summary()})")
+    samples = samples[:limit] if limit else samples
+    for sample in samples:
+        family.annotate(sample)
+    return samples
 
 
 def build_task(name: str, params: dict[str, Any] | None = None) -> Task:
