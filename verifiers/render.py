@@ -266,9 +266,9 @@ def _decode_gray(
     most ``fit`` pixels when given; or ``(None, reason)``.
 
     Memory and time are bounded before anything is decoded: only ``formats`` are tried (a
-    render is a PNG, so no other decoder ever sees model output), the header's size must be at
-    most :data:`MAX_PIXELS` (``"too large"``) and equal ``expect`` when given (``"wrong
-    size"``); a file that does not decode is ``"bad render"``. The full-size image lives only
+    render is a PNG, so no other decoder ever sees model output), the header's size must equal
+    ``expect`` when given (``"wrong size"``) and be at most :data:`MAX_PIXELS` (``"too
+    large"``); a file that does not decode is ``"bad render"``. The full-size image lives only
     as 8-bit RGBA, RGB and L planes; floats exist at the output size.
     """
     from PIL import Image
@@ -276,11 +276,16 @@ def _decode_gray(
     try:
         with Image.open(io.BytesIO(data), formats=list(formats)) as image:
             width, height = image.size
-            if width * height > MAX_PIXELS or min(width, height) < 1:
-                return None, "too large"
             if expect is not None and (width, height) != tuple(expect):
                 return None, "wrong size"
+            if width * height > MAX_PIXELS or min(width, height) < 1:
+                return None, "too large"
             rgba = image.convert("RGBA")
+    except Image.DecompressionBombError:  # PIL's own bound, far above ours, refused the header
+        return None, "wrong size" if expect is not None else "too large"
+    except Exception:  # any decoder failure is a "bad render"
+        return None, "bad render"
+    try:
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         rgb = Image.alpha_composite(white, rgba).convert("RGB")
         del rgba, white
