@@ -1,5 +1,10 @@
 """mmrft.sandbox: well-behaved code works, hostile code is contained and leaves nothing behind.
 
+Issue 12 (the parent's side): reasons the code tries to forge on the status pipe are ignored,
+outputs over their caps are never read, the code sees no file but its interpreter's (private
+root, or Landlock read rules), and nothing outlives a caller killed with SIGKILL, whose
+directories the next process's pool removes.
+
 Every hostile job prints its working directory first; after the job the test checks that the
 directory is gone, that no process forked from a sandbox server (matched by the HOME in its
 environment block, which daemons keep after reparenting) or started in the workdir survives,
@@ -8,6 +13,7 @@ and that nothing was written outside.
 
 from __future__ import annotations
 
+import glob
 import io
 import json
 import os
@@ -15,7 +21,9 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -515,3 +523,166 @@ def test_unprivileged_caller_uses_a_user_namespace(tmp_path):
     assert out["bomb"][0] in ("exception: BlockingIOError", "timeout")
     assert out["daemon"][0] == "timeout" and out["net"][0].startswith("exception:")
     assert not os.path.exists(escape) and out["left"] == []
+
+
+# --------------------------------------------------------------------------- issue 12: the parent
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        ("os.write(3, b'memory limit\\n'); os._exit(1)", "exit code 1"),
+        ("os.write(3, b'timeout\\n'); sys.exit(1)", "exit code 1"),
+        ("os.write(3, b'file too large\\n'); os._exit(1)", "exit code 1"),
+        ("os.write(3, b'syntax error\\n'); raise ValueError", "exit code 1"),  # two lines
+        ("os.write(3, b'exception: NotABuiltin\\n'); os._exit(1)", "exit code 1"),
+        ("os.write(3, b'exception: ' + b'E' * 500 + b'\\n'); os._exit(1)", "exit code 1"),
+        ("os.write(3, b'exception: ValueError\\n'); os._exit(2)", "exit code 2"),
+        # the one claim it can make is what raising that builtin exception gives anyway
+        ("os.write(3, b'exception: KeyError\\n'); os._exit(1)", "exception: KeyError"),
+        ("class Mine(KeyError): pass\nraise Mine('x')", "exception: KeyError"),
+        ("raise type('X' * 300, (Exception,), {})()", "exception: Exception"),
+        ("import errno\nraise OSError(errno.EFBIG, 'File too large')", "exception: OSError"),
+        ("compile('(', 'x', 'exec')", "exception: SyntaxError"),  # ran, then raised
+    ],
+)
+def test_reasons_come_from_the_supervisor_not_the_code(pool, code, reason):
+    result = _run(pool, code, timeout_s=5)
+    assert (result.ok, result.reason) == (False, reason)
+
+
+def test_forged_reasons_corpus(pool):
+    code = (REPO / "tests" / "hostile" / "forge_reason.py").read_text()
+    assert _run(pool, code, timeout_s=5).reason == "exit code 1"
+
+
+def test_output_caps_are_checked_before_reading(pool):
+    code = "open('small', 'wb').write(b'x' * 500); open('big', 'wb').write(b'x' * 5000)"
+    result = _run(pool, code, outputs={"small": 1000})
+    assert result.ok and result.files == {"small": b"x" * 500}
+    result = _run(pool, code, outputs={"small": 1000, "big": 1000})
+    assert (result.ok, result.reason) == (False, "file too large")
+    assert "big" not in result.files
+    with pytest.raises(ValueError):
+        SandboxJob("pass", outputs={"a": 0})
+    assert SandboxJob("pass", max_file_mb=1, outputs={"a": 10**9}).outputs == {"a": 1 << 20}
+
+
+LOOK = """
+    import json, os
+    out = {{}}
+    for path in {paths!r}:
+        try:
+            with open(path, "rb") as fh:
+                out[path] = "read " + str(len(fh.read(100)))
+        except OSError as exc:
+            out[path] = type(exc).__name__
+    try:
+        out["/"] = sorted(os.listdir("/"))
+    except OSError as exc:
+        out["/"] = type(exc).__name__
+    import numpy  # the interpreter's libraries stay readable
+    print("LOOK " + json.dumps(out))
+"""
+
+
+@needs_root
+@pytest.mark.parametrize("disable", [(), ("mountns",)], ids=["private-root", "landlock"])
+def test_the_code_sees_no_file_but_its_interpreter(pool, tmp_path, disable):
+    if disable and not LANDLOCK:
+        pytest.skip("without a mount namespace only Landlock hides files")
+    secret = tmp_path / "answer.jsonl"
+    secret.write_text('{"target": "the answer"}\n')
+    os.chmod(tmp_path, 0o755)
+    os.chmod(secret, 0o644)  # readable by anyone: only the sandbox hides it
+    dataset = REPO / "assets" / "benchmarks" / "charts" / "code_test.jsonl"
+    readme, stdlib = REPO / "README.md", Path(os.__file__)
+    paths = [str(secret), str(dataset), str(readme), "/etc/hostname", str(stdlib)]
+    result = _run(pool, LOOK.format(paths=paths), disable=disable)
+    assert result.ok, result.stderr
+    seen = json.loads(next(x for x in result.stdout.splitlines() if x.startswith("LOOK "))[5:])
+    hidden = {str(secret), str(dataset), str(readme), "/etc/hostname"}
+    assert all(not seen[p].startswith("read") for p in hidden), seen
+    assert seen[str(stdlib)].startswith("read")
+    if disable:  # Landlock: the paths exist but may not be read; "/" may not be listed
+        assert result.isolation["reads"].startswith("landlock") and seen["/"] == "PermissionError"
+    else:  # the private root: they do not exist at all
+        assert all(seen[p] == "FileNotFoundError" for p in hidden), seen
+        assert result.isolation["reads"].startswith("private root")
+        assert set(seen["/"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc",
+                                  "sbin", "tmp", "usr", "var", *Path(sys.prefix).parts[1:2],
+                                  *Path(sys.base_prefix).parts[1:2]}  # fmt: skip
+
+
+KILLED_CALLER = """
+import sys, threading, time
+sys.path.insert(0, {repo!r})
+from mmrft.sandbox import SandboxPool
+pool = SandboxPool(2)
+pool.start()
+for code in {codes!r}:
+    threading.Thread(target=pool.run, args=(code,), kwargs={{"timeout_s": 120}}, daemon=True).start()
+print("STARTED", flush=True)
+time.sleep(600)
+"""
+
+BURN = "while True:\n    pass\n"
+DETACH = (
+    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+    "        while True: time.sleep(1)\n    os._exit(0)\nwhile True:\n    pass\n"
+)
+
+
+def _owned_by(pid: int, tag: str) -> list[str]:
+    """Live processes whose HOME is one of the sandbox directories of process ``pid`` (named
+    with ``tag``, its pid and start time): its servers, supervisors, jobs and whatever the
+    code started keep it."""
+    prefixes = tuple(
+        os.path.join(tempfile.gettempdir(), f"mmrft-sandbox-{kind}{tag}")
+        for kind in ("", "server-")
+    )
+    return _survivors(prefixes, {pid})
+
+
+@needs_root
+def test_nothing_survives_a_killed_caller_and_its_directories_are_removed_later(tmp_path):
+    script = tmp_path / "caller.py"
+    script.write_text(KILLED_CALLER.format(repo=str(REPO), codes=[BURN, DETACH]))
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert caller.stdout.readline().strip() == "STARTED"
+        tag = f"{caller.pid}.{sandbox._start_time(caller.pid)}-"
+        deadline = time.monotonic() + 60
+        while len(_owned_by(caller.pid, tag)) < 9 and time.monotonic() < deadline:
+            time.sleep(0.1)  # 2 servers, 2 supervisors, 2 inits, the codes and the detached one
+        running = _owned_by(caller.pid, tag)
+        assert len(running) >= 9, running
+    finally:
+        caller.kill()
+        caller.wait()
+    deadline = time.monotonic() + 10
+    while _owned_by(caller.pid, tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _owned_by(caller.pid, tag) == [], "a process outlived its killed caller"
+    left = glob.glob(os.path.join(tempfile.gettempdir(), f"mmrft-sandbox-*{tag}*"))
+    assert left, "expected the killed caller's directories to be left behind"
+    # The next process that starts a pool removes them (and nobody else's).
+    mine = glob.glob(os.path.join(tempfile.gettempdir(), f"mmrft-sandbox-*{os.getpid()}.*"))
+    subprocess.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+         "from mmrft.sandbox import SandboxPool\nSandboxPool(1).close()"],
+        check=True, timeout=60,
+    )  # fmt: skip
+    assert not [p for p in left if os.path.exists(p)]
+    assert all(os.path.exists(p) for p in mine)
+
+
+def test_closing_a_pool_does_not_wait_for_its_jobs():
+    with SandboxPool(1) as pool:
+        pool.start()
+        worker = threading.Thread(target=pool.run, args=(BURN,), kwargs={"timeout_s": 60})
+        worker.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+    worker.join(30)
+    assert not worker.is_alive() and time.monotonic() - start < 10
