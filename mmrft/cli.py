@@ -298,8 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except USER_ERRORS as exc:
         Console(stderr=True).print(
-            f"[bold red]error:[/bold red] {exc}", highlight=False, soft_wrap=True
-        )
+            f"[bold red]error:[/bold red] {escape(str(exc))}", highlight=False, soft_wrap=True
+        )  # escaped: a plugin's message or a sample id may hold [brackets]
         return 2
 
 
