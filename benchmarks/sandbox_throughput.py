@@ -6,7 +6,9 @@ machine and prints the wall times and ratios; no asserts:
 * naive: ``subprocess.run([python, "-c", code])`` one after another (no isolation at all);
 * pool, cold: ``SandboxPool(preload=("matplotlib.pyplot",))`` created, servers started and
   the 8 jobs run, i.e. what the first reward call of a run pays;
-* pool, warm: the same pool scoring the next group (every later reward call).
+* pool, warm: the same pool scoring the next group (every later reward call);
+
+and the sandbox's own cost per job (an empty program), with and without the private root.
 
 Usage: ``python benchmarks/sandbox_throughput.py [--group 8] [--workers N] [--repeat 3]``
 """
@@ -73,6 +75,20 @@ def pooled(group: int, workers: int | None, repeat: int) -> tuple[float, list[fl
         return cold, warm, {"workers": pool.workers, "isolation": results[0].isolation}
 
 
+def overhead(disable: tuple[str, ...], n: int = 20) -> float:
+    """Median wall time of an empty job on a warm one-worker pool: the sandbox's own cost (three
+    forks, namespaces, the private root's mounts, Landlock, the result's trip back)."""
+    with SandboxPool(1) as pool:
+        pool.run("pass")
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            result = pool.run(SandboxJob("pass", disable=disable))
+            times.append(time.perf_counter() - start)
+            assert result.ok, result.reason
+        return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -96,6 +112,11 @@ def main() -> None:
     print(f"  speed-up warm: {n / w:.1f}x   cold: {n / cold:.1f}x")
     print(
         f"  sandbox isolation: namespaces={iso['namespaces']} writes={iso['writes']} landlock_abi={iso['landlock_abi']}"
+    )
+    print(f"  reads: {iso.get('reads')}")
+    full, no_root = overhead(()), overhead(("mountns",))
+    print(
+        f"  empty job, warm: {1000 * full:.0f} ms ({1000 * no_root:.0f} ms without the private root)"
     )
 
 

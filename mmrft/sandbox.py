@@ -110,12 +110,13 @@ Decision: a fork server per worker, not a fresh interpreter per job (measured, 2
     A fresh interpreter pays start-up + ``import matplotlib.pyplot`` (0.6-1.0 s) before it
     draws anything; a child forked from a server that preloaded matplotlib (and drew one
     warm-up figure, then ``gc.freeze()``) starts drawing at once. The sandbox itself adds
-    ~40-60 ms per job (three forks, namespaces, mounts, Landlock, result transfer). So the pool
-    keeps one warm fork server per worker and forks a fresh, fully restricted child per job;
-    state never leaks between jobs because each child is a copy of the pristine server.
-    ``benchmarks/sandbox_throughput.py`` (a group of 8 two-panel charts): naive sequential
-    ``subprocess.run`` 8.8 s, ``SandboxPool(2)`` warm 1.35 s (6.5×, ≈ ceil(8/2) × one render),
-    cold including server start 2.9 s; with other jobs loading the VM 15-17 s vs 1.9-2.5 s.
+    ~30 ms per job (three forks, namespaces, the private root's ~20 mounts and ``pivot_root``
+    ~10 ms of it, Landlock, result transfer). So the pool keeps one warm fork server per worker
+    and forks a fresh, fully restricted child per job; state never leaks between jobs because
+    each child is a copy of the pristine server. ``benchmarks/sandbox_throughput.py`` (a group
+    of 8 two-panel charts, 2-core VM): naive sequential ``subprocess.run`` 4.4 s,
+    ``SandboxPool(2)`` warm 0.81 s (5.4×, ≈ ceil(8/2) × one render), cold including server
+    start 1.5 s; earlier, with other jobs loading the VM, 15-17 s vs 1.9-2.5 s.
     One-shot ``run_python`` costs ~0.15 s + the code, or ~1 s with matplotlib preloaded: it
     starts and stops a server around the call, paying the import each time.
 
