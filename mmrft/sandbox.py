@@ -159,7 +159,6 @@ import time
 import traceback
 import weakref
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
@@ -387,6 +386,11 @@ class SandboxPool:
     whose ``preload`` differs from its worker's server restarts that server. A server that
     stops answering is killed with its whole process group and replaced at the next job.
     Thread-safe; use as a context manager or call :meth:`close`.
+
+    :meth:`map` runs each job in a daemon thread that waits for an idle server (not a
+    ``ThreadPoolExecutor``, whose threads the interpreter joins at exit before any ``atexit``
+    handler could stop the servers: a caller that gave up on a job, e.g. after its verifier's
+    time budget, would wait for the job's own timeout to exit).
     """
 
     def __init__(self, workers: int | None = None, *, preload: Sequence[str] = ()) -> None:
@@ -397,7 +401,6 @@ class SandboxPool:
             self._idle.put(None)
         self._servers: set[_Server] = set()
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix="mmrft-sandbox")
         self._closed = False
         key = f"{os.getpid()}:{tempfile.gettempdir()}"
         if key not in _cleaned:
@@ -406,11 +409,7 @@ class SandboxPool:
 
     def start(self) -> None:
         """Start every worker's server now (in parallel) instead of at its first job."""
-        list(
-            self._executor.map(
-                lambda _: self._with_server(self.preload, lambda s: None), range(self.workers)
-            )
-        )
+        self._in_threads([lambda: self._with_server(self.preload, lambda s: None)] * self.workers)
 
     def run(self, job: SandboxJob | str, **kwargs: Any) -> SandboxResult:
         """Run one job (a :class:`SandboxJob`, or code plus :func:`run_python` keywords)."""
@@ -424,19 +423,40 @@ class SandboxPool:
         items = [
             job if isinstance(job, SandboxJob) else self._as_job(dict(job), {}) for job in jobs
         ]
-        return list(self._executor.map(self.run, items))
+        return self._in_threads([lambda job=job: self.run(job) for job in items])
+
+    def _in_threads(self, calls: Sequence[Any]) -> list[Any]:
+        """Each call in a daemon thread (at most ``workers`` hold a server at a time); the
+        results in order, or the first exception."""
+        results: list[Any] = [None] * len(calls)
+        errors: list[BaseException] = []
+
+        def work(i: int) -> None:
+            try:
+                results[i] = calls[i]()
+            except BaseException as exc:  # handed to the caller
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=work, args=(i,), name="mmrft-sandbox", daemon=True)
+            for i in range(len(calls))
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+        return results
 
     def close(self) -> None:
-        """Stop every server at once, jobs in flight included (they end as ``sandbox error``;
-        queued jobs are cancelled), so that closing never waits for a job's timeout.
-        Idempotent."""
+        """Stop every server at once, jobs in flight included (they end as ``sandbox error``),
+        so that closing never waits for a job's timeout. Idempotent."""
         self._closed = True
-        self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             servers, self._servers = list(self._servers), set()
         for server in servers:
             server.close()
-        self._executor.shutdown(wait=True)
 
     def __enter__(self) -> SandboxPool:
         return self

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 from pathlib import Path
 
@@ -105,6 +106,19 @@ def test_hostile_reports_and_outputs_score_zero_in_bounded_time_and_memory(bar, 
     assert scores["honest"]["score"] >= 0.99
     got = {name: (scores[name]["score"], scores[name]["reason"]) for name in EXPECTED}
     assert got == {name: (0.0, reason) for name, reason in EXPECTED.items()}
+
+
+def test_verify_returns_within_its_budget_when_a_render_does_not(bar, tmp_path):
+    """A render that would run for a minute: ``mmrft verify`` scores it ``timeout`` after its
+    2 s budget and the process exits at once, its sandbox processes with it."""
+    lines = [{"id": "loop", "completion": answer("while True:\n    pass\n"), "target": bar.target}]
+    start = time.monotonic()
+    scores, stats, _ = verify_in_subprocess(
+        lines, tmp_path, "timeout_s=60", "reward.timeout_s=2", limit_s=2
+    )
+    elapsed = time.monotonic() - start  # until the process exited, not just until it printed
+    assert (scores["loop"]["score"], scores["loop"]["reason"]) == (0.0, "timeout")
+    assert stats["seconds"] < 2 + GRACE_S and elapsed < 2 + GRACE_S, (stats, elapsed)
 
 
 def test_report_parser_rejects_forgeries_quickly():
