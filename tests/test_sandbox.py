@@ -522,6 +522,7 @@ def test_unprivileged_caller_uses_a_user_namespace(tmp_path):
     assert out["escape"][0] in ("exception: PermissionError", "exception: OSError")
     assert out["bomb"][0] in ("exception: BlockingIOError", "timeout")
     assert out["daemon"][0] == "timeout" and out["net"][0].startswith("exception:")
+    assert iso["reads"].startswith("private root"), iso  # built inside the user namespace
     assert not os.path.exists(escape) and out["left"] == []
 
 
