@@ -25,8 +25,6 @@ from mmrft.rewards import (
     write_failure,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-
 PLUGIN = '''
 import math, time
 from mmrft import Score, verifier

@@ -322,10 +322,6 @@ class _BoundedCache:
             self._items.move_to_end(key)
             return item[0]
 
-    def __contains__(self, key: Any) -> bool:
-        with self._lock:
-            return key in self._items
-
     def put(self, key: Any, value: Any, nbytes: int) -> None:
         with self._lock:
             old = self._items.pop(key, None)
