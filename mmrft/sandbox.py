@@ -561,8 +561,10 @@ _cleaned: set[str] = set()
 def remove_stale_dirs(directory: str | None = None) -> list[str]:
     """Remove the sandbox directories (``mmrft-sandbox-<pid>.<start>-*``) left in ``directory``
     (default: the temporary directory) by processes that no longer run, e.g. a trainer killed
-    with SIGKILL. Directories of live processes are kept. Returns the paths removed. Called once
-    per process and directory by the first :class:`SandboxPool`."""
+    with SIGKILL. Directories of live processes and of other users are kept; processes that
+    share a temporary directory are assumed to share a PID namespace (a container sharing
+    ``/tmp`` with another would see the other's owners as gone). Returns the paths removed.
+    Called once per process and directory by the first :class:`SandboxPool`."""
     directory = directory or tempfile.gettempdir()
     removed = []
     try:
@@ -577,9 +579,11 @@ def remove_stale_dirs(directory: str | None = None) -> list[str]:
         if pid == os.getpid() or _start_time(pid) == start:
             continue  # its owner still runs
         path = os.path.join(directory, entry)
-        if os.path.isdir(path) and not os.path.islink(path):
-            _remove_tree(path)
-            removed.append(path)
+        with contextlib.suppress(OSError):
+            info = os.lstat(path)
+            if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid():  # ours, not a link
+                _remove_tree(path)
+                removed.append(path)
     if removed:
         log.info("removed %d sandbox directories left by stopped processes", len(removed))
     return removed
