@@ -119,6 +119,11 @@ def _step_of(context: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _sample_id(sample: Any) -> str:
+    """A sample's id for messages (a caller may pass placeholders without one)."""
+    return str(getattr(sample, "id", sample))
+
+
 def _ids(sample_ids: Sequence[str], most: int = 20) -> str:
     """``a, b, c`` (the first ``most`` distinct ids, then how many more)."""
     ids = list(dict.fromkeys(sample_ids))
@@ -249,7 +254,7 @@ class BoundVerifier:
         samples (see the module docstring)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
-        ids = [s.id for s in samples]
+        ids = [_sample_id(s) for s in samples]
         where = f" {context}" if context else ""
         try:
             raw = self.spec.fn(list(completions), list(samples), **self.params)
@@ -284,9 +289,9 @@ class BoundVerifier:
 
         def fail(kind: type[RewardError], what: str, number: float | None = None) -> RewardError:
             return kind(
-                f"verifier '{self.name}' returned {what} for sample '{sample.id}'{where}",
+                f"verifier '{self.name}' returned {what} for sample '{_sample_id(sample)}'{where}",
                 verifier=self.name,
-                sample_ids=[sample.id],
+                sample_ids=[_sample_id(sample)],
                 context=context,
                 value=number,
             )
@@ -389,10 +394,10 @@ class WeightedReward:
         for value, sample in zip(total, samples):
             if not math.isfinite(value):
                 raise NonFiniteRewardError(
-                    f"the weighted reward is {value} for sample '{sample.id}'"
+                    f"the weighted reward is {value} for sample '{_sample_id(sample)}'"
                     f"{f' {context}' if context else ''} (weights × scores overflow)",
                     verifier="reward",
-                    sample_ids=[sample.id],
+                    sample_ids=[_sample_id(sample)],
                     context=context,
                     value=value,
                 )
@@ -431,7 +436,7 @@ class WeightedReward:
                 f"verifier '{bound.name}'",
             )
         except TimeoutError as exc:  # the budget's own: a verifier's exceptions are wrapped
-            ids = sorted({s.id for s in samples})
+            ids = sorted({_sample_id(s) for s in samples})
             message = f"{exc} {context} on {len(samples)} completions of samples {_ids(ids)}"
             if self.on_timeout == "stop":
                 raise VerifierTimeoutError(

@@ -46,12 +46,15 @@ EXPECTED = {
     "forge_reason.py": "exit code 1",
 }
 
+# Peak RSS from VmHWM, the high-water mark of this process's own memory since it started:
+# ru_maxrss would also count the parent's, which Linux carries across fork and exec.
 MEASURE = """
-import json, resource, sys, time
+import json, sys, time
 from mmrft.cli import main
 start = time.monotonic()
 status = main(sys.argv[1:])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 print(json.dumps({"status": status, "seconds": time.monotonic() - start, "peak_mb": peak}),
       file=sys.stderr)
 """
