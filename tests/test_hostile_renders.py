@@ -151,6 +151,27 @@ def test_report_parser_rejects_forgeries_quickly():
     assert render.count_f1({"bar": 10**12}, {"bar": 1}) < 1e-11
 
 
+def test_images_are_decoded_at_a_bounded_size():
+    """Item 2 without a sandbox run: refusals come from the header, before any decoding."""
+    import io
+
+    from mmrft.verifiers import render
+    from PIL import Image
+
+    def png(size: tuple[int, int]) -> bytes:
+        buffer = io.BytesIO()
+        Image.new("L", size, 128).save(buffer, format="PNG")
+        return buffer.getvalue()
+
+    wide = png((2000, 1000))
+    gray, _ = render._decode_gray(wide, fit=render.SCORE_PIXELS)
+    assert gray.shape == (724, 1448) and gray.dtype.name == "float32"  # 1 MP, aspect kept
+    assert render._decode_gray(wide, expect=(160, 120)) == (None, "wrong size")
+    assert render._decode_gray(png((4000, 3000))) == (None, "too large")
+    eps = b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n"
+    assert render._decode_gray(eps) == (None, "bad render")  # never handed to Ghostscript
+
+
 # -- answer-seeking code (item 3) -----------------------------------------------------------
 
 
