@@ -22,6 +22,7 @@ from mmrft.config import (
     help_table,
     load_config,
     parse_override,
+    resolve_path,
 )
 from mmrft.data import DataError, Sample
 from mmrft.plugins import (
@@ -74,9 +75,9 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from mmrft.evaluate import evaluate, print_table, write_eval
     from mmrft.plugins import load_plugins as load
-    from mmrft.policy import load_policy
-    from mmrft.task import build_task
-    from mmrft.trainer import load_split, pick_device, run_name, seed_everything
+    from mmrft.policy import load_policy, resolve_family
+    from mmrft.task import build_task, read_split
+    from mmrft.trainer import pick_device, run_name, seed_everything
 
     # `model=PATH` is shorthand for `model.path=PATH`.
     overrides = [
@@ -89,8 +90,18 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     if not cfg.data.test:
         raise ConfigError("data.test: evaluation needs a test file")
     task = build_task(cfg.task.name, cfg.task.params)
-    policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False)
-    samples = load_split(task, policy, cfg, cfg.data.test, cfg.data.max_test_samples)
+    # the data (lines and media) is checked before any weights are loaded
+    family = resolve_family(cfg.model)
+    family.load_processor(str(resolve_path(cfg.model.path)))
+    samples = read_split(
+        task,
+        family,
+        resolve_path(cfg.data.test),
+        fmt=cfg.data.format,
+        on_error=cfg.data.on_error,
+        limit=cfg.data.max_test_samples,
+    )
+    policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     result = evaluate(
         policy,
         task,
@@ -204,9 +215,10 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.models.tiny import build_all
+    from mmrft.models.tiny import bench_model, build_all
 
-    for path in build_all(Path(args.out)):
+    paths = [bench_model(Path(args.out), rebuild=True)] if args.bench else build_all(Path(args.out))
+    for path in paths:
         console.print(f"wrote {path}")
     return 0
 
@@ -266,6 +278,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("make-tiny", help="build the tiny test models into assets/models")
     p.add_argument("--out", default=str(REPO_ROOT / "assets"), help="assets directory")
+    p.add_argument(
+        "--bench",
+        action="store_true",
+        help="build only the ~41 M-parameter benchmark model (models/bench-qwen2_5_vl, not committed)",
+    )
     p.set_defaults(fn=cmd_make_tiny)
 
     p = sub.add_parser(

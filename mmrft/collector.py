@@ -79,8 +79,9 @@ class StepBatch:
             so dropping groups hides nothing).
         counts: ``rollout/generated``, ``rollout/kept``, ``rollout/discarded``,
             ``rollout/tries``, and the auxiliary rollouts' metrics.
-        timings: ``time/rollout_s`` (generation, auxiliary rollouts included) and
-            ``time/reward_s`` (verifiers and shaping).
+        timings: ``time/rollout_s`` (generation, auxiliary rollouts included), its breakdown
+            where the engine measures one (``time/rollout_encode_s``, ``…_prefill_s``,
+            ``…_decode_s``) and ``time/reward_s`` (verifiers and shaping).
     """
 
     samples: list[Sample]
@@ -368,7 +369,11 @@ class Collector:
         self.auxiliaries = auxiliaries or []
         rollout = cfg.rollout
         self.sampling = Sampling(
-            rollout.max_new_tokens, rollout.temperature, rollout.top_p, rollout.top_k
+            rollout.max_new_tokens,
+            rollout.temperature,
+            rollout.top_p,
+            rollout.top_k,
+            ignore_eos=rollout.ignore_eos,
         )
 
     def collect(self, step: int) -> StepBatch:
@@ -432,7 +437,11 @@ class Collector:
             generated_samples=generated_samples,
             scored=RewardBreakdown.concat(breakdowns),
             counts=counts,
-            timings={"time/rollout_s": generated.seconds, "time/reward_s": reward_seconds},
+            timings={
+                "time/rollout_s": generated.seconds,
+                **{f"time/rollout_{k}": v for k, v in generated.timings.items()},
+                "time/reward_s": reward_seconds,
+            },
         )
 
     def _round(self, step: int, P: int) -> tuple[Round, float]:

@@ -174,7 +174,22 @@ class RolloutConfig:
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling; 0 disables.")
     max_new_tokens: int = _f(512, "Maximum completion length in tokens.")
-    batch_size: int = _f(64, "Completions generated per generate() call.")
+    batch_size: int = _f(
+        64,
+        "Completions decoded together (and, group-shared, prompts prefilled together): the rollout's memory is set by it, not by group_size.",
+    )
+    group_shared: bool = _f(
+        True,
+        "One encoding per group: each prompt's media and layers run once for its G completions, in generation (prefill once, decode the G continuations from its KV cache) and in every training forward (the completions packed behind one copy of the prompt); log-probs and gradients equal the per-completion path's. false = the per-completion path (every peer's method). Needs attention 'sdpa' or 'eager'.",
+    )
+    micro_group: int = _f(
+        8,
+        "Completions of one group per packed training row (Infinite Sampling's micro groups, arXiv:2506.22950): a larger group is forwarded in rounds, each with its own copy of the prompt, so activation memory does not grow with group_size; 0 = the whole group in one row.",
+    )
+    ignore_eos: bool = _f(
+        False,
+        "Never end a completion early: end-of-turn tokens are not sampled, so every completion is max_new_tokens long (for benchmarks; vLLM's ignore_eos, transformers' min_new_tokens).",
+    )
     timeout_s: float = _f(
         0.0,
         "Time budget of one generate() call (seconds; transformers max_time); completions cut by it count as truncated; 0 = none.",
@@ -419,6 +434,7 @@ def check_config(cfg: RunConfig) -> None:
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
     need(cfg.rollout.batch_size > 0, "rollout.batch_size", "must be > 0")
+    need(cfg.rollout.micro_group >= 0, "rollout.micro_group", "must be ≥ 0 (0 = the whole group)")
     need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
     need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")
     need(cfg.train.steps >= 0, "train.steps", "must be ≥ 0")

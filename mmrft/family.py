@@ -178,6 +178,16 @@ class ModelFamily:
                 out[grid_key] = torch.cat([r[grid_key] for r in present])
         return out
 
+    def rope_positions(self, model: Any, row: dict[str, Any]) -> Any:
+        """Rotary positions of a prepared prompt row's tokens, ``[D, Lp]`` (long): ``D = 1``
+        for 1-D RoPE (``0 … Lp − 1``, this default), ``D = 3`` for multimodal RoPE (temporal,
+        height, width). A completion token ``t`` of the prompt continues at
+        ``positions.max() + 1 + t`` on every axis (:mod:`mmrft.group`), so these are the
+        positions generation and the training forward give the prompt."""
+        import torch
+
+        return torch.arange(len(row["input_ids"]), dtype=torch.long)[None]
+
     def annotate(self, sample: Sample) -> None:
         """Store ``box_frame`` and, for the first image, ``input_size`` in ``sample.meta``."""
         sample.meta["box_frame"] = self.box_frame

@@ -95,9 +95,15 @@ def resolve_family(cfg: ModelConfig) -> ModelFamily:
         raise ConfigError(f"model.family: {exc}; set model.family explicitly") from None
 
 
-def load_policy(cfg: ModelConfig, device: torch.device, trainable: bool = True) -> Policy:
-    """Load model + processor; apply vision freezing, gradient checkpointing and LoRA."""
-    family = resolve_family(cfg)
+def load_policy(
+    cfg: ModelConfig,
+    device: torch.device,
+    trainable: bool = True,
+    family: ModelFamily | None = None,
+) -> Policy:
+    """Load model + processor; apply vision freezing, gradient checkpointing and LoRA.
+    ``family``: an adapter already built for ``cfg`` (e.g. to read the data first)."""
+    family = family or resolve_family(cfg)
     path = str(resolve_path(cfg.path))
     processor = family.load_processor(path)
     model = family.load_model(path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)

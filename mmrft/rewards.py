@@ -29,11 +29,9 @@ samples, and which carries them as attributes for ``failure.json`` (:func:`write
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import numbers
-import os
 import re
 import threading
 from collections import Counter
@@ -135,15 +133,12 @@ def write_failure(run_dir: str | Path, error: RewardError, step: int | None = No
     """Write ``run_dir/failure.json`` for a run stopped by ``error`` (``step`` overrides the
     one read from its context), atomically; returns its path. Earlier checkpoints are left as
     they are."""
+    from mmrft.runlog import write_failure_record
+
     record = error.failure()
     if step is not None:
         record["step"] = step
-    path = Path(run_dir) / "failure.json"
-    tmp = path.with_name(f".failure.json.{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
-    log.error("run stopped at step %s: %s", record["step"], record["reason"])
-    return path
+    return write_failure_record(run_dir, record)
 
 
 def call_with_budget(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:

@@ -89,6 +89,7 @@ COUNT_METRICS = (
     "rollout/kept",
     "rollout/discarded",
     "rollout/temporal_generated",
+    "throughput/",
     "train/reasons/",
 )
 
@@ -160,6 +161,19 @@ class GracefulStop:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def write_failure_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write ``run_dir/failure.json`` (what stopped the run: ``step``, ``reason``, ``samples``,
+    …) atomically, log it as an error, and return its path; checkpoints are left as they are."""
+    import os
+
+    path = Path(run_dir) / "failure.json"
+    tmp = path.with_name(f".failure.json.{os.getpid()}")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, path)
+    log.error("run stopped at step %s: %s", record.get("step"), record.get("reason"))
+    return path
 
 
 def attach_file_log(path: Path) -> None:

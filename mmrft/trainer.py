@@ -56,12 +56,14 @@ from mmrft.checkpoint import (
 )
 from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
 from mmrft.config import RunConfig, check_config, resolve_path, to_dict, to_yaml
-from mmrft.data import DataError, Sample
+from mmrft.data import Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
+from mmrft.family import ModelFamily
+from mmrft.group import check_attention, rollout_logps
 from mmrft.plugins import load_plugins
-from mmrft.policy import Policy, completion_logps, load_policy, save_pretrained
+from mmrft.policy import Policy, completion_logps, load_policy, resolve_family, save_pretrained
 from mmrft.report import report_runs
-from mmrft.rewards import WeightedReward, build_reward
+from mmrft.rewards import RewardError, WeightedReward, build_reward, write_failure
 from mmrft.rollout import Engine, Rollouts, build_engine
 from mmrft.runlog import (
     GracefulStop,
@@ -70,8 +72,9 @@ from mmrft.runlog import (
     attach_file_log,
     media_counters,
     merge_rank_metrics,
+    write_failure_record,
 )
-from mmrft.task import Task, build_task
+from mmrft.task import Task, build_task, read_split
 from mmrft.tracking import build_trackers
 from mmrft.typecheck import ConfigError
 
@@ -101,23 +104,29 @@ def run_name(cfg: RunConfig) -> str:
     return cfg.name or f"{cfg.task.name}__{Path(cfg.model.path).name}__{cfg.train.seed}"
 
 
-def load_split(
-    task: Task, policy: Policy, cfg: RunConfig, path: str, limit: int | None
-) -> list[Sample]:
-    """Read a split, check its media, annotate it with the model family's frames."""
-    samples, stats = task.read(
-        resolve_path(path),
-        fmt=cfg.data.format,
-        on_error=cfg.data.on_error,
-        check=policy.family.check_media,
+def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sample], list[Sample]]:
+    """The train and test splits, every line and media file checked (errors name the dataset's
+    ``file:line`` and the media path), annotated with the family's frames: all before any
+    weights are loaded. The family's processor is loaded first (no weights): the audio
+    families bound clip lengths by its window."""
+    family.load_processor(str(resolve_path(cfg.model.path)))
+
+    def split(path: str | None, limit: int | None) -> list[Sample]:
+        if not path:
+            return []
+        return read_split(
+            task,
+            family,
+            resolve_path(path),
+            fmt=cfg.data.format,
+            on_error=cfg.data.on_error,
+            limit=limit,
+        )
+
+    return (
+        split(cfg.data.train, cfg.data.max_train_samples),
+        split(cfg.data.test, cfg.data.max_test_samples),
     )
-    log.info(stats.summary())
-    if not samples:
-        raise DataError(f"{path}: no usable samples ({stats.summary()})")
-    samples = samples[:limit] if limit else samples
-    for sample in samples:
-        policy.family.annotate(sample)
-    return samples
 
 
 def lr_lambda(cfg: RunConfig):
@@ -249,7 +258,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
             for step in range(start_step + 1, cfg.train.steps + 1):
                 t0 = time.perf_counter()
                 heartbeat.phase(f"rollout and verifiers, step {step}")
-                batch = run.collector.collect(step)
+                batch = collect(run, step)
                 advantage = advantages(run, batch, step, heartbeat)
                 t_update = time.perf_counter()
                 heartbeat.phase(f"update, step {step}")
@@ -331,7 +340,9 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         + " + ".join(f"{w:g}·{v.name}[{v.spec.low:g},{v.spec.high:g}]" for v, w in reward.verifiers)
         + f"  ∈ [{low:g}, {high:g}]"
     )
-    policy = load_policy(cfg.model, device)
+    family = resolve_family(cfg.model)
+    train_samples, test_samples = read_data(cfg, task, family)
+    policy = load_policy(cfg.model, device, family=family)
     distributed.broadcast_parameters(policy.model)
     distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
@@ -342,17 +353,18 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
             frozen=True,
             deepspeed_config=deepspeed_config(cfg, world, training=False),
         )
-    train_samples = (
-        load_split(task, policy, cfg, cfg.data.train, cfg.data.max_train_samples)
-        if cfg.data.train
-        else []
+    if cfg.rollout.group_shared:
+        try:
+            check_attention(policy.model)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    engine = build_engine(
+        cfg.rollout.engine,
+        policy,
+        cfg.rollout.batch_size,
+        cfg.rollout.timeout_s,
+        cfg.rollout.group_shared,
     )
-    test_samples = (
-        load_split(task, policy, cfg, cfg.data.test, cfg.data.max_test_samples)
-        if cfg.data.test
-        else []
-    )
-    engine = build_engine(cfg.rollout.engine, policy, cfg.rollout.batch_size, cfg.rollout.timeout_s)
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
@@ -456,6 +468,18 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     return summary
 
 
+def collect(run: Run, step: int) -> StepBatch:
+    """The step's batch from the collector. A verifier that breaks its contract (raises,
+    returns a value outside its range, NaN, over its budget under ``on_timeout: stop``) stops
+    the run with ``failure.json`` naming the step, the verifier and the samples."""
+    try:
+        return run.collector.collect(step)
+    except RewardError as exc:
+        if run.rank == 0:
+            write_failure(run.run_dir, exc, step)
+        raise
+
+
 def advantages(run: Run, batch: StepBatch, step: int, heartbeat: Heartbeat) -> torch.Tensor:
     """A_i of the kept completions from their group's rewards (``algorithm.advantage``), after
     subtracting β·KL(π_θ ‖ π_ref) per completion when ``algorithm.kl_mode`` is ``reward``."""
@@ -500,9 +524,12 @@ def log_step(
     completions (every ``train.completions_every``); returns the mean reward."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     rollouts, scored = batch.generated, batch.scored
+    times = {k: v for k, v in stats.items() if k.startswith("time/")}
+    generated_tokens = sum(len(c) for c in rollouts.completion_ids)
+    trained_tokens = sum(len(c) for c in batch.rollouts.completion_ids)
     metrics = {
         **scored.metrics("train/reward"),
-        **{f"train/{k}": v for k, v in stats.items()},
+        **{f"train/{k}": v for k, v in stats.items() if k not in times},
         **{f"rollout/{k}": v for k, v in group_stats(torch.tensor(scored.total), G).items()},
         **batch.counts,
         "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
@@ -510,7 +537,12 @@ def log_step(
         "train/lr": run.scheduler.get_last_lr()[0],
         "train/epoch": run.stream.position / max(len(run.train_samples), 1),
         **batch.timings,
+        **times,
         **timings,
+        # completion tokens generated per second of rollout, trained per second of update
+        "throughput/rollout_tokens_per_s": generated_tokens
+        / max(batch.timings.get("time/rollout_s", 0.0), 1e-9),
+        "throughput/train_tokens_per_s": trained_tokens / max(timings["time/update_s"], 1e-9),
     }
     metrics.update({f"train/reasons/{k}": float(n) for k, n in scored.reasons.items()})
     metrics.update(media_counters())
@@ -616,37 +648,33 @@ def _update(
     padding = _padding_passes(policy, len(chunks))
 
     def forward(
-        chunk: list[int], with_grad: bool
+        model: Policy, chunk: list[int], with_grad: bool
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        rows = [rollouts.prompt_rows[i] for i in chunk]
-        ids = [rollouts.completion_ids[i] for i in chunk]
         with torch.set_grad_enabled(with_grad):
-            return completion_logps(policy, rows, ids, with_entropy=with_grad)
+            return training_forward(model, rollouts, chunk, cfg, with_entropy=with_grad)
 
+    clock = Clock(policy.device)
     stored_old: list[torch.Tensor | None] = [None] * len(chunks)
     stored_ref: list[torch.Tensor | None] = [None] * len(chunks)
     for k, chunk in enumerate(chunks):
         if algo.updates_per_batch > 1:
-            stored_old[k] = forward(chunk, with_grad=False)[0]
+            stored_old[k] = forward(policy, chunk, with_grad=False)[0]
         if reference is not None and algo.kl_mode == "loss":
-            with torch.no_grad():
-                rows = [rollouts.prompt_rows[i] for i in chunk]
-                stored_ref[k] = completion_logps(
-                    reference, rows, [rollouts.completion_ids[i] for i in chunk]
-                )[0]
+            stored_ref[k] = forward(reference, chunk, with_grad=False)[0]
     for _ in range(padding):  # the same no-grad passes, in the same order, as other ranks
         with torch.no_grad():
             if algo.updates_per_batch > 1:
-                _padding_pass(policy, rollouts)
+                _padding_pass(policy, rollouts, cfg)
             if reference is not None and algo.kl_mode == "loss":
-                _padding_pass(reference, rollouts)
+                _padding_pass(reference, rollouts, cfg)
+    clock.lap("no_grad_forward_s")
 
     totals: Counter = Counter()
     weight = 0.0
     grad_norms = []
     for _ in range(algo.updates_per_batch):
         for k, chunk in enumerate(chunks):
-            logps, mask, entropy = forward(chunk, with_grad=True)
+            logps, mask, entropy = forward(policy, chunk, with_grad=True)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
             loss, stats = grpo_loss(
                 logps,
@@ -677,7 +705,8 @@ def _update(
             for key, value in stats.items():
                 totals[key] += float(value) * tokens
         for _ in range(padding):
-            distributed.backward(policy.model, _padding_pass(policy, rollouts))
+            distributed.backward(policy.model, _padding_pass(policy, rollouts, cfg))
+        clock.lap("forward_backward_s")
 
         def check_norm(norm: float) -> None:
             if not math.isfinite(norm):
@@ -690,11 +719,48 @@ def _update(
             distributed.clip_and_step(policy.model, optimizer, cfg.optim.max_grad_norm, check_norm)
         )
         scheduler.step()
+        clock.lap("optimizer_s")
     out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
     out["loss"] = totals["loss"]
     out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
     out["active_frac"] = len(active) / max(n, 1)
+    out.update({f"time/{k}": v for k, v in clock.totals.items()})
     return out
+
+
+def training_forward(
+    policy: Policy, rollouts: Rollouts, indices: list[int], cfg: RunConfig, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """log-probs (mask, entropy) of the completions ``indices``: group-shared packed rows
+    (``rollout.group_shared``, at most ``rollout.micro_group`` completions per prompt pass) or
+    one sequence per completion."""
+    return rollout_logps(
+        policy,
+        rollouts,
+        indices,
+        group_shared=cfg.rollout.group_shared,
+        micro_group=cfg.rollout.micro_group,
+        with_entropy=with_entropy,
+    )
+
+
+class Clock:
+    """Seconds between laps, summed per name (CUDA work synchronised before each reading)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.totals[name] = self.totals.get(name, 0.0) + now - self.last
+        self.last = now
 
 
 def _sequence_kl(
@@ -706,17 +772,15 @@ def _sequence_kl(
         micro_batches(list(range(len(rollouts.completion_ids))), cfg.train.micro_batch_size)
     )
     for chunk in chunks:
-        rows = [rollouts.prompt_rows[i] for i in chunk]
-        ids = [rollouts.completion_ids[i] for i in chunk]
         with torch.no_grad():
-            logps, mask, _ = completion_logps(policy, rows, ids)
-            ref_logps, _, _ = completion_logps(reference, rows, ids)
+            logps, mask, _ = training_forward(policy, rollouts, chunk, cfg, with_entropy=False)
+            ref_logps, _, _ = training_forward(reference, rollouts, chunk, cfg, with_entropy=False)
         per_token = kl_penalty(logps, ref_logps, cfg.algorithm.kl_estimator) * mask
         out.append(per_token.sum(dim=1).cpu())
     for _ in range(_padding_passes(policy, len(chunks))):
         with torch.no_grad():
-            _padding_pass(policy, rollouts)
-            _padding_pass(reference, rollouts)
+            _padding_pass(policy, rollouts, cfg)
+            _padding_pass(reference, rollouts, cfg)
     return torch.cat(out) if out else torch.zeros(0)
 
 
@@ -731,14 +795,12 @@ def _padding_passes(policy: Policy, real: int) -> int:
     return int(distributed.max_scalar(float(real))) - real
 
 
-def _padding_pass(policy: Policy, rollouts: Rollouts) -> torch.Tensor:
+def _padding_pass(policy: Policy, rollouts: Rollouts, cfg: RunConfig) -> torch.Tensor:
     """A forward whose loss is exactly 0 (so is its gradient). FSDP: two padding tokens, the
     cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py): the rank's first
     completion again, with its media, × 0."""
     if distributed.same_graph_required(policy.model) and rollouts.completion_ids:
-        logps, _, _ = completion_logps(
-            policy, rollouts.prompt_rows[:1], rollouts.completion_ids[:1]
-        )
+        logps, _, _ = training_forward(policy, rollouts, [0], cfg, with_entropy=False)
         return logps.sum() * 0.0
     return distributed.padding_loss(policy.model, policy.pad_token_id)
 
@@ -766,8 +828,7 @@ def deepspeed_config(cfg: RunConfig, world: int, training: bool = True) -> dict[
 def _write_failure(run_dir: Path, step: int, reason: str, samples: list[Sample]) -> None:
     """``failure.json``: what stopped the run, at which step, on which samples."""
     record = {"step": step, "reason": reason, "samples": sorted({s.id for s in samples})}
-    (run_dir / "failure.json").write_text(json.dumps(record, indent=2) + "\n")
-    log.error("run stopped at step %d: %s", step, reason)
+    write_failure_record(run_dir, record)
 
 
 def _restore_rng(state: dict[str, Any], cfg: RunConfig, rank: int, world: int) -> None:

@@ -88,7 +88,6 @@ def test_train_names_the_bad_line_and_image_and_exits_2(broken, tmp_path, capsys
     assert "Traceback" not in err
 
 
-@pytest.mark.skip(reason="needs trainer wiring: read_split() before load_policy()")
 def test_train_reports_bad_data_before_loading_the_model(broken, tmp_path, capsys, monkeypatch):
     import mmrft.trainer
 

@@ -286,7 +286,6 @@ def test_train_stops_with_exit_2_and_one_line_when_a_verifier_raises(tmp_path, c
     assert not (tmp_path / "plugin" / "checkpoints" / "step-000002").exists()
 
 
-@pytest.mark.skip(reason="needs trainer wiring: write_failure() when a RewardError stops a step")
 @pytest.mark.parametrize("name", ["test_raises", "test_nan"])
 def test_train_writes_failure_json_with_the_step_and_samples(tmp_path, capsys, plugin, name):
     assert main(train_args(tmp_path, plugin, f"[{{name: {name}}}]")) == 2

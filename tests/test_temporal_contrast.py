@@ -38,10 +38,9 @@ class StubEngine:
         for _ in conversations:
             texts = self.answers.pop(0)
             assert len(texts) == n
-            out.texts += texts
-            out.prompt_rows += [{}] * n
-            out.completion_ids += [[0]] * n
-            out.truncated += [False] * n
+            out.prompts.append({})
+            for text in texts:
+                out.add(len(out.prompts) - 1, [0], text, False)
         return out
 
 

@@ -638,6 +638,27 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
             raise AttributeError(f"{type(base).__name__} has no visual / audio_tower")
         return torch.nn.ModuleList([visual, audio])
 
+    def rope_positions(self, model: Any, row: dict[str, Any]) -> Any:
+        """``[3, Lp]`` TMRoPE positions of a prompt row from the thinker's ``get_rope_index``
+        (images and videos as Qwen2.5-VL, audio tokens along the temporal axis, by each clip's
+        feature length)."""
+        import torch
+
+        ids = row["input_ids"][None]
+        media: dict[str, Any] = {
+            "image_grid_thw": row.get("image_grid_thw"),
+            "video_grid_thw": row.get("video_grid_thw"),
+            "second_per_grids": row.get("video_second_per_grid"),
+        }
+        media = {k: v for k, v in media.items() if v is not None and len(v)}
+        if row.get("feature_attention_mask") is not None and len(row["feature_attention_mask"]):
+            media["audio_seqlens"] = row["feature_attention_mask"].sum(-1)
+        with torch.no_grad():
+            positions, _ = qwen_vl.rope_module(model).get_rope_index(
+                ids, attention_mask=torch.ones_like(ids), use_audio_in_video=False, **media
+            )
+        return positions[:, 0].long()
+
     def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
         raise NotImplementedError("Qwen2.5-Omni computes its positions from input_ids")
 

@@ -502,6 +502,34 @@ class QwenVLFamily(ModelFamily):
     def check_media(self, sample: Sample) -> None:
         check_media(sample)
 
+    def rope_positions(self, model: Any, row: dict[str, Any]) -> Any:
+        """``[3, Lp]`` mRoPE positions (temporal, height, width) of a prompt row, from the
+        model's own ``get_rope_index`` on the unpadded row: text tokens advance all three
+        axes together, a media placeholder run gets its grid's (t, h, w) positions (Qwen2.5-VL:
+        t scaled by ``second_per_grid_ts``)."""
+        import torch
+
+        ids = row["input_ids"][None]
+        owner = rope_module(model)
+        types = row.get("mm_token_type_ids")
+        if types is None:  # rows prepared without it: the same types from the token ids
+            config = owner.config
+            types = _token_types(
+                ids,
+                getattr(config, "image_token_id", None),
+                getattr(config, "video_token_id", None),
+            )
+        else:
+            types = types[None]
+        media = {
+            key: row[key]
+            for key in ("image_grid_thw", "video_grid_thw", "second_per_grid_ts")
+            if key in row and len(row[key])
+        }
+        with torch.no_grad():
+            positions, _ = owner.get_rope_index(ids, types, **media)
+        return positions[:, 0].long()
+
     def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
         """``[B, L]`` modality types of ``input_ids``: 0 text, 1 image token, 2 video token."""
         tokenizer = getattr(processor, "tokenizer", processor)
@@ -538,6 +566,14 @@ def vision_tower(model: Any) -> Any:
         if visual is not None:
             return visual
     raise AttributeError(f"{type(base).__name__} has no vision tower ('model.visual' or 'visual')")
+
+
+def rope_module(model: Any) -> Any:
+    """The (possibly wrapped) model's module that owns ``get_rope_index``."""
+    for module in model.modules():
+        if hasattr(module, "get_rope_index"):
+            return module
+    raise AttributeError(f"{type(model).__name__} has no module with get_rope_index")
 
 
 def install_mm_token_type_hook(model: Any) -> None:

@@ -589,16 +589,42 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
     return config
 
 
-def build_config(family: str, tokenizer: Any) -> Any:
-    """The real config class with tiny sizes; ``vocab_size`` = ``len(tokenizer)``."""
+# The "bench" size (``mmrft make-tiny --bench``): a random-init Qwen2.5-VL of about 41 M
+# parameters for the performance benchmarks (benchmarks/vs_trl.py): text 512 wide, 8 layers,
+# 8 heads of 64 (vLLM's CPU attention and real kernels want head_dim ≥ 32; the tiny models'
+# is 16), vision tower 256 wide and 8 deep. Too large to commit (165 MB); built on demand.
+BENCH_TEXT = {
+    **TEXT,
+    "hidden_size": 512,
+    "intermediate_size": 1792,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 8,
+    "rope_parameters": {**TEXT["rope_parameters"], "mrope_section": [8, 12, 12]},
+}
+BENCH_VISION = {
+    "depth": 8,
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_heads": 4,
+    "fullatt_block_indexes": [3, 7],
+}
+
+
+def build_config(family: str, tokenizer: Any, bench: bool = False) -> Any:
+    """The real config class with tiny sizes (``bench``: the benchmark sizes, Qwen2.5-VL
+    only); ``vocab_size`` = ``len(tokenizer)``."""
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     if family in AUDIO_FAMILIES:
         return build_audio_config(family, tokenizer)
+    if bench and family != "qwen2_5_vl":
+        raise ValueError("the bench size exists for qwen2_5_vl only")
+    sizes = BENCH_TEXT if bench else TEXT
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
     text = {
-        **TEXT,
-        "rope_parameters": dict(TEXT["rope_parameters"]),
+        **sizes,
+        "rope_parameters": dict(sizes["rope_parameters"]),
         "vocab_size": len(tokenizer),
         "bos_token_id": ids["<|endoftext|>"],
         "eos_token_id": ids["<|im_end|>"],
@@ -617,13 +643,14 @@ def build_config(family: str, tokenizer: Any) -> Any:
             "hidden_size": 32,
             "intermediate_size": 64,
             "num_heads": 2,
-            "out_hidden_size": TEXT["hidden_size"],
+            "out_hidden_size": sizes["hidden_size"],
             "fullatt_block_indexes": [1],
             "window_size": 112,
             "tokens_per_second": 2,
             "patch_size": 14,
             "spatial_merge_size": 2,
             "temporal_patch_size": 2,
+            **(BENCH_VISION if bench else {}),
         }
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
     else:
@@ -665,8 +692,9 @@ def reinit_fan_in(model: Any, seed: int) -> None:
                 param.normal_(0.0, INIT_STD, generator=generator)
 
 
-def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
-    """Write a tiny ``family`` checkpoint (model, tokenizer, processor) to ``out_dir``.
+def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -> Path:
+    """Write a tiny ``family`` checkpoint (model, tokenizer, processor) to ``out_dir``
+    (``bench``: the benchmark sizes, see :data:`BENCH_TEXT`).
 
     ``out_dir`` is replaced. Returns ``out_dir``. Same ``seed`` → same bytes.
     """
@@ -684,7 +712,7 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
     out_dir = Path(out_dir)
     tokenizer = train_tokenizer(family)
     processor = build_processor(family, tokenizer)
-    config = build_config(family, tokenizer)
+    config = build_config(family, tokenizer, bench=bench)
     cls = {
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
         "qwen2_vl": Qwen2VLForConditionalGeneration,
@@ -716,6 +744,17 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out_dir
+
+
+BENCH_MODEL = "bench-qwen2_5_vl"
+
+
+def bench_model(assets_dir: Path, rebuild: bool = False) -> Path:
+    """``assets_dir/models/bench-qwen2_5_vl``, built on first use (not committed)."""
+    folder = Path(assets_dir) / "models" / BENCH_MODEL
+    if rebuild or not (folder / "config.json").is_file():
+        build_tiny("qwen2_5_vl", folder, bench=True)
+    return folder
 
 
 def build_all(assets_dir: Path) -> list[Path]:

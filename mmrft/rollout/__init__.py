@@ -25,8 +25,14 @@ __all__ = [
 ]
 
 
-def build_engine(name: str, policy: Policy, batch_size: int, timeout_s: float = 0.0) -> Engine:
+def build_engine(
+    name: str,
+    policy: Policy,
+    batch_size: int,
+    timeout_s: float = 0.0,
+    group_shared: bool = True,
+) -> Engine:
     """The engine named by ``rollout.engine``."""
     if name == "hf":
-        return HFEngine(policy, batch_size, timeout_s)
+        return HFEngine(policy, batch_size, timeout_s, group_shared)
     raise ValueError(f"rollout.engine: unknown engine '{name}' (known: {', '.join(ENGINES)})")

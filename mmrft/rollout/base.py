@@ -25,6 +25,8 @@ class Sampling:
         top_p: nucleus sampling mass in (0, 1]; 1 = off.
         top_k: keep the k most likely tokens; 0 = off.
         greedy: argmax decoding (evaluation).
+        ignore_eos: end-of-turn tokens are never sampled: every completion is
+            ``max_new_tokens`` long (benchmarks).
     """
 
     max_new_tokens: int
@@ -32,6 +34,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     greedy: bool = False
+    ignore_eos: bool = False
 
 
 @dataclass
@@ -39,40 +42,80 @@ class Rollouts:
     """``len(conversations) × n`` completions, group-contiguous.
 
     Attributes:
-        prompt_rows: the prepared prompt of each completion (``ModelFamily.split_rows`` output:
-            token ids and media tensors), so the training forward sees exactly the tokens and
-            pixels the sampler saw.
+        prompts: prepared prompt rows (``ModelFamily.split_rows`` output: token ids and media
+            tensors), so the training forward sees exactly the tokens and pixels the sampler
+            saw. A group-shared engine keeps one row per conversation; the per-completion path
+            one row per completion.
+        prompt_index: for each completion, the index of its row in ``prompts``.
         completion_ids: generated ids per completion, through the first end-of-turn token.
         texts: decoded completions without special tokens.
         truncated: True where the length limit cut the completion (no end-of-turn token).
-        logprobs: the sampler's log-probability of each completion token, when the engine
-            reports them (``None`` otherwise); the trainer compares them with its own.
+        logprobs: the sampler's log-probability of each completion token under the model
+            (log-softmax of the raw logits: no temperature, no filtering, the quantity the
+            training forward computes), when the engine reports them; ``None`` otherwise.
         seconds: wall-clock generation time.
+        timings: a breakdown of ``seconds`` where the engine measures one
+            (``encode_s`` media encoders, ``prefill_s`` prompt passes without the encoders,
+            ``decode_s`` token-by-token decoding).
     """
 
-    prompt_rows: list[dict[str, Any]] = field(default_factory=list)
+    prompts: list[dict[str, Any]] = field(default_factory=list)
+    prompt_index: list[int] = field(default_factory=list)
     completion_ids: list[list[int]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     logprobs: list[list[float]] | None = None
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def prompt_rows(self) -> list[dict[str, Any]]:
+        """The prepared prompt of every completion (rows shared within a group)."""
+        return [self.prompts[i] for i in self.prompt_index]
+
+    def add(
+        self,
+        prompt: int,
+        ids: list[int],
+        text: str,
+        truncated: bool,
+        logprobs: list[float] | None = None,
+    ) -> None:
+        """Append one completion of ``prompts[prompt]``."""
+        if not self.completion_ids:
+            self.logprobs = [] if logprobs is not None else None
+        self.prompt_index.append(prompt)
+        self.completion_ids.append(ids)
+        self.texts.append(text)
+        self.truncated.append(truncated)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs.append(logprobs)
+        else:
+            self.logprobs = None
 
     def select(self, indices: list[int]) -> Rollouts:
-        """The completions at ``indices``, in that order."""
+        """The completions at ``indices``, in that order (with only the prompts they use)."""
+        remap: dict[int, int] = {}
+        for i in indices:
+            remap.setdefault(self.prompt_index[i], len(remap))
         return Rollouts(
-            [self.prompt_rows[i] for i in indices],
-            [self.completion_ids[i] for i in indices],
-            [self.texts[i] for i in indices],
-            [self.truncated[i] for i in indices],
-            None if self.logprobs is None else [self.logprobs[i] for i in indices],
-            self.seconds,
+            prompts=[self.prompts[p] for p in remap],
+            prompt_index=[remap[self.prompt_index[i]] for i in indices],
+            completion_ids=[self.completion_ids[i] for i in indices],
+            texts=[self.texts[i] for i in indices],
+            truncated=[self.truncated[i] for i in indices],
+            logprobs=None if self.logprobs is None else [self.logprobs[i] for i in indices],
+            seconds=self.seconds,
+            timings=dict(self.timings),
         )
 
     def extend(self, other: Rollouts) -> None:
-        """Append ``other``'s completions (and add its seconds). Sampler log-probs are kept
-        only when both sides have them."""
+        """Append ``other``'s completions and prompts (and add its seconds and timings).
+        Sampler log-probs are kept only when both sides have them."""
         had_any = bool(self.completion_ids)
-        self.prompt_rows += other.prompt_rows
+        offset = len(self.prompts)
+        self.prompts += other.prompts
+        self.prompt_index += [offset + i for i in other.prompt_index]
         self.completion_ids += other.completion_ids
         self.texts += other.texts
         self.truncated += other.truncated
@@ -81,6 +124,8 @@ class Rollouts:
         else:
             self.logprobs = None
         self.seconds += other.seconds
+        for key, value in other.timings.items():
+            self.timings[key] = self.timings.get(key, 0.0) + value
 
 
 class Engine(Protocol):

@@ -1,13 +1,29 @@
-"""The ``hf`` engine: transformers ``generate`` on the policy itself (CPU and GPU, KV cache on).
+"""The ``hf`` engine: generation with the policy's own transformers model (CPU and GPU).
 
-Completions are generated in chunks of ``rollout.batch_size``. Each conversation is repeated
-``n`` times so a group's completions sit next to each other. The engine samples from the
-policy's own parameters, so there are no weights to push after an optimizer step.
+Two paths, chosen by ``rollout.group_shared``:
+
+* **group-shared** (default): the conversations are prepared in one processor call; each
+  prompt is prefilled once (media encoder and prompt layers, left-padded batches of at most
+  ``rollout.batch_size`` prompts) and its KV cache kept; the ``n`` completions of a prompt are
+  then decoded from copies of that cache, in rounds of at most ``rollout.batch_size``
+  completions. Positions are the family's (:meth:`mmrft.family.ModelFamily.rope_positions`):
+  completion token ``t`` sits at ``max(prompt positions) + 1 + t``, exactly as in the training
+  forward. Sampling is ours (temperature, then top-k, then top-p, as transformers' warpers
+  are ordered), so the sampler's log-probs come for free; rows that stop leave the batch.
+* **per-completion**: every conversation repeated ``n`` times and run through transformers
+  ``generate`` in chunks of ``rollout.batch_size`` (the prompt and its media are processed
+  ``n`` times, the method of every peer); kept as the reference and behind the switch.
+
+Both never sample a media placeholder token, and both stop a completion at the first
+end-of-turn token. The engine samples from the policy's own parameters, so there are no
+weights to push after an optimizer step.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,54 +33,251 @@ from mmrft.rollout.base import Rollouts, Sampling, cut_at_stop, stop_token_ids
 
 
 class HFEngine:
-    """Generation with transformers ``generate`` on the policy itself (no weight sync needed)."""
+    """Generation on the policy itself (no weight sync needed); see the module docstring.
+
+    Args:
+        batch_size: prompts prefilled together and completions decoded together (a round).
+        timeout_s: time budget of one ``generate`` call; completions cut by it are truncated.
+        group_shared: one prompt prefill per group (False: the per-completion path).
+    """
 
     name = "hf"
 
-    def __init__(self, policy: Policy, batch_size: int, timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        batch_size: int,
+        timeout_s: float = 0.0,
+        group_shared: bool = True,
+    ) -> None:
         self.policy = policy
         self.batch_size = batch_size
         self.timeout_s = timeout_s
+        self.group_shared = group_shared
         self.stop_ids = stop_token_ids(policy)
         # A model must never write a media placeholder: the training forward would then count
         # more image tokens than images ("Image features and image tokens do not match").
         self.suppress_ids = policy.family.suppress_token_ids(policy.processor)
 
     def sync_weights(self) -> None:
-        """Nothing to do: ``generate`` runs on the policy's own parameters."""
+        """Nothing to do: generation runs on the policy's own parameters."""
 
     @torch.no_grad()
     def generate(
         self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
     ) -> Rollouts:
-        policy = self.policy
+        model = self.policy.model
         start = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        try:
+            if self.group_shared:
+                out = self._generate_shared(conversations, n, sampling, start)
+            else:
+                out = self._generate_per_completion(conversations, n, sampling)
+        finally:
+            model.train(was_training)
+        out.seconds = time.perf_counter() - start
+        return out
+
+    # -- group-shared ------------------------------------------------------------------------
+    def _generate_shared(
+        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling, start: float
+    ) -> Rollouts:
+        policy, family = self.policy, self.policy.family
+        out = Rollouts()
+        encode = [0.0]
+        t0 = time.perf_counter()
+        with _timed(family.vision_tower(policy.model), encode):
+            batch = family.prepare(policy.processor, conversations, add_generation_prompt=True)
+            out.prompts = family.split_rows(batch, policy.processor)
+            positions = [family.rope_positions(policy.model, row) for row in out.prompts]
+            first_logits, prefix = [], []
+            for begin in range(0, len(out.prompts), self.batch_size):
+                chunk = list(range(begin, min(begin + self.batch_size, len(out.prompts))))
+                logits, caches = self._prefill(
+                    [out.prompts[k] for k in chunk], [positions[k] for k in chunk]
+                )
+                first_logits += logits
+                prefix += caches
+        t1 = time.perf_counter()
+        jobs = [k for k in range(len(out.prompts)) for _ in range(n)]  # group-contiguous
+        for begin in range(0, len(jobs), self.batch_size):
+            members = jobs[begin : begin + self.batch_size]
+            for k, (ids, logprobs, truncated) in zip(
+                members, self._decode(members, first_logits, prefix, positions, sampling, start)
+            ):
+                text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+                out.add(k, ids, text, truncated, logprobs)
+        t2 = time.perf_counter()
+        out.timings = {"encode_s": encode[0], "prefill_s": t1 - t0 - encode[0], "decode_s": t2 - t1}
+        return out
+
+    def _prefill(
+        self, rows: list[dict[str, Any]], positions: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
+        """One left-padded forward of ``rows`` with their media; per prompt the logits of its
+        next token (float32, ``[V]``) and its KV cache without padding (per layer ``(keys,
+        values)``, each ``[heads, Lp, head_dim]``)."""
+        policy, family = self.policy, self.policy.family
+        collated = family.collate_rows(rows, policy.pad_token_id)
+        input_ids = collated.pop("input_ids")
+        attention_mask = collated.pop("attention_mask")
+        for key in family.token_keys:
+            collated.pop(key, None)
+        lengths = [len(r["input_ids"]) for r in rows]
+        width, axes = input_ids.shape[1], positions[0].shape[0]
+        position_ids = torch.zeros((axes, len(rows), width), dtype=torch.long)
+        for i, (prompt_positions, lp) in enumerate(zip(positions, lengths)):
+            position_ids[:, i, width - lp :] = prompt_positions
+        device = policy.device
+        inputs = {k: v.to(device) for k, v in collated.items() if isinstance(v, torch.Tensor)}
+        for key in family.media_keys:
+            if key in inputs:
+                inputs[key] = inputs[key].to(policy.model.dtype)
+        out = policy.model(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            position_ids=(position_ids[0] if axes == 1 else position_ids).to(device),
+            use_cache=True,
+            logits_to_keep=1,
+            **inputs,
+        )
+        layers = _cache_layers(out.past_key_values)
+        logits = [out.logits[i, -1].float() for i in range(len(rows))]
+        caches = [
+            [(k[i, :, width - lp :], v[i, :, width - lp :]) for k, v in layers]
+            for i, lp in enumerate(lengths)
+        ]
+        return logits, caches
+
+    def _decode(
+        self,
+        members: list[int],
+        first_logits: list[torch.Tensor],
+        prefix: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        positions: list[torch.Tensor],
+        sampling: Sampling,
+        start: float,
+    ) -> list[tuple[list[int], list[float], bool]]:
+        """Decode one completion per entry of ``members`` (prompt indices) from copies of the
+        prompts' caches; ``(ids, sampler log-probs, truncated)`` per member."""
+        from transformers import DynamicCache
+
+        policy = self.policy
+        model, device = policy.model, policy.device
+        R = len(members)
+        width = max(prefix[k][0][0].shape[1] for k in members)
+        cache = DynamicCache()
+        for layer in range(len(prefix[members[0]])):
+            keys, values = [], []
+            for k in members:
+                key, value = prefix[k][layer]
+                pad = width - key.shape[1]
+                keys.append(torch.nn.functional.pad(key, (0, 0, pad, 0)))
+                values.append(torch.nn.functional.pad(value, (0, 0, pad, 0)))
+            cache.update(torch.stack(keys), torch.stack(values), layer)
+        attention = torch.zeros((R, width), dtype=torch.long, device=device)
+        for i, k in enumerate(members):
+            attention[i, width - prefix[k][0][0].shape[1] :] = 1
+        axes = positions[members[0]].shape[0]
+        after = torch.tensor([int(positions[k].max()) + 1 for k in members], device=device)
+        logits = torch.stack([first_logits[k] for k in members])
+        ids: list[list[int]] = [[] for _ in range(R)]
+        logps: list[list[float]] = [[] for _ in range(R)]
+        done = [False] * R
+        alive = torch.arange(R, device=device)  # the rows of `members` still in the batch
+        for t in range(sampling.max_new_tokens):
+            tokens, token_logps = self._sample(logits, sampling)
+            rows = alive.tolist()
+            for row, token, logp in zip(rows, tokens.tolist(), token_logps.tolist()):
+                if not done[row]:  # a finished row waiting to leave the batch gets nothing
+                    ids[row].append(token)
+                    logps[row].append(logp)
+                    done[row] = token in self.stop_ids
+            if t + 1 == sampling.max_new_tokens or all(done):
+                break
+            if self.timeout_s and time.perf_counter() - start > self.timeout_s:
+                break
+            finished = torch.tensor([done[row] for row in rows], device=device)
+            if int(finished.sum()) * 4 >= len(rows):  # leave the batch: fewer rows to run
+                keep = (~finished).nonzero().flatten()
+                cache.batch_select_indices(keep)
+                alive, tokens = alive[keep], tokens[keep]
+                attention, after = attention[keep], after[keep]
+            else:  # finished rows run on padding until enough of them leave together
+                tokens = tokens.masked_fill(finished, policy.pad_token_id)
+            attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
+            step_positions = (after + t)[None, :, None].expand(axes, -1, -1)
+            out = model(
+                input_ids=tokens[:, None],
+                attention_mask=attention,
+                position_ids=step_positions[0] if axes == 1 else step_positions,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            logits = out.logits[:, -1].float()
+        return [(ids[r], logps[r], not done[r]) for r in range(R)]
+
+    def _sample(
+        self, logits: torch.Tensor, sampling: Sampling
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next tokens ``[B]`` and their log-probability under the raw logits ``[B, V]``.
+
+        Suppressed tokens (and with ``ignore_eos`` the stop tokens) get −inf; greedy takes the argmax; otherwise logits / temperature,
+        then top-k, then top-p (keep the smallest set of most likely tokens whose probability
+        reaches ``top_p``, at least one), then one multinomial draw per row.
+        """
+        raw = torch.log_softmax(logits, dim=-1)
+        scores = logits.clone()
+        suppress = self.suppress_ids + (self.stop_ids if sampling.ignore_eos else [])
+        if suppress:
+            scores[:, suppress] = float("-inf")
+        if sampling.greedy:
+            tokens = scores.argmax(dim=-1)
+        else:
+            scores = scores / sampling.temperature
+            if sampling.top_k and sampling.top_k < scores.shape[-1]:
+                kth = torch.topk(scores, sampling.top_k, dim=-1).values[:, -1:]
+                scores = scores.masked_fill(scores < kth, float("-inf"))
+            if sampling.top_p < 1.0:
+                ordered, index = torch.sort(scores, dim=-1)
+                cumulative = ordered.softmax(dim=-1).cumsum(dim=-1)
+                remove = cumulative <= 1.0 - sampling.top_p
+                remove[:, -1] = False
+                scores = scores.masked_fill(remove.scatter(1, index, remove), float("-inf"))
+            tokens = torch.multinomial(scores.softmax(dim=-1), 1)[:, 0]
+        return tokens, raw.gather(1, tokens[:, None])[:, 0]
+
+    # -- per-completion ----------------------------------------------------------------------
+    def _generate_per_completion(
+        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+    ) -> Rollouts:
+        policy = self.policy
         expanded = [conv for conv in conversations for _ in range(n)]
         out = Rollouts()
-        was_training = policy.model.training
-        policy.model.eval()
-        try:
-            for begin in range(0, len(expanded), self.batch_size):
-                chunk = expanded[begin : begin + self.batch_size]
-                batch = policy.family.prepare(policy.processor, chunk, add_generation_prompt=True)
-                rows = policy.family.split_rows(batch, policy.processor)
-                inputs = {
-                    k: v.to(policy.device) for k, v in batch.items() if isinstance(v, torch.Tensor)
-                }
-                for key in policy.family.media_keys:
-                    if key in inputs:
-                        inputs[key] = inputs[key].to(policy.model.dtype)
-                generated = policy.model.generate(**inputs, **self._generate_kwargs(sampling))
-                new_tokens = generated[:, inputs["input_ids"].shape[1] :].tolist()
-                for row, ids in zip(rows, new_tokens):
-                    ids, truncated = cut_at_stop(ids, self.stop_ids)
-                    out.prompt_rows.append(row)
-                    out.completion_ids.append(ids)
-                    out.truncated.append(truncated)
-                    out.texts.append(policy.tokenizer.decode(ids, skip_special_tokens=True))
-        finally:
-            policy.model.train(was_training)
-        out.seconds = time.perf_counter() - start
+        for begin in range(0, len(expanded), self.batch_size):
+            chunk = expanded[begin : begin + self.batch_size]
+            batch = policy.family.prepare(policy.processor, chunk, add_generation_prompt=True)
+            rows = policy.family.split_rows(batch, policy.processor)
+            inputs = {
+                k: v.to(policy.device) for k, v in batch.items() if isinstance(v, torch.Tensor)
+            }
+            for key in policy.family.media_keys:
+                if key in inputs:
+                    inputs[key] = inputs[key].to(policy.model.dtype)
+            generated = policy.model.generate(**inputs, **self._generate_kwargs(sampling))
+            new_tokens = generated[:, inputs["input_ids"].shape[1] :].tolist()
+            for row, ids in zip(rows, new_tokens):
+                ids, truncated = cut_at_stop(ids, self.stop_ids)
+                out.prompts.append(row)
+                out.add(
+                    len(out.prompts) - 1,
+                    ids,
+                    policy.tokenizer.decode(ids, skip_special_tokens=True),
+                    truncated,
+                )
         return out
 
     def _generate_kwargs(self, sampling: Sampling) -> dict[str, Any]:
@@ -83,6 +296,8 @@ class HFEngine:
             kwargs["suppress_tokens"] = self.suppress_ids
         if self.timeout_s:  # generation stops here; the completions count as truncated
             kwargs["max_time"] = self.timeout_s
+        if sampling.ignore_eos:  # end-of-turn tokens are masked until the length limit
+            kwargs["min_new_tokens"] = sampling.max_new_tokens
         if sampling.greedy:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
@@ -93,3 +308,36 @@ class HFEngine:
                 top_k=sampling.top_k,
             )
         return kwargs
+
+
+def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``(keys, values)`` of every layer of a transformers cache, each ``[B, heads, L, dim]``."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+@contextmanager
+def _timed(modules: Any, total: list[float]) -> Iterator[None]:
+    """Add the wall-clock seconds spent inside ``modules``' forwards to ``total[0]`` (a
+    ``ModuleList`` stands for its members; CUDA work is synchronised at both ends)."""
+    members = list(modules) if isinstance(modules, torch.nn.ModuleList) else [modules]
+    started: list[float] = []
+
+    def sync() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def before(module: Any, args: Any) -> None:
+        sync()
+        started.append(time.perf_counter())
+
+    def after(module: Any, args: Any, output: Any) -> None:
+        sync()
+        total[0] += time.perf_counter() - started.pop()
+
+    handles = [m.register_forward_pre_hook(before) for m in members]
+    handles += [m.register_forward_hook(after) for m in members]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -1,0 +1,302 @@
+"""Group-shared compute (mmrft/group.py, the group-shared hf engine): exact against the
+per-completion path, for every family with a tiny model and every modality it takes.
+
+Training forward: log-probs within 1e-5 and parameter gradients within 1e-4 (relative to the
+gradient's scale) of the per-completion forward, with completions of very different lengths,
+with LoRA, gradient checkpointing, a frozen vision tower and micro-group rounds. Generation:
+greedy completions token-identical to transformers ``generate``, and the sampler's log-probs
+equal to the training forward's."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrft.config import load_config
+from mmrft.group import check_attention, group_logps, pack, rollout_logps, rounds
+from mmrft.policy import completion_logps, load_policy
+from mmrft.rollout import HFEngine, Rollouts, Sampling
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "assets" / "benchmarks"
+IMAGES = sorted((BENCH / "shapes_colour" / "images").glob("*.png"))[:3]
+AUDIO = sorted((BENCH / "audio_beeps" / "audio").iterdir())[:2]
+VIDEOS = sorted((BENCH / "video_direction" / "videos").iterdir())[:2]
+MODELS = {
+    "qwen2_vl": "tiny-qwen2_vl",
+    "qwen2_5_vl": "tiny-qwen2_5_vl",
+    "qwen2_audio": "tiny-qwen2_audio",
+    "qwen2_5_omni": "tiny-qwen2_5_omni",
+}
+# (family, modality): each family with every modality it takes
+CASES = [
+    ("qwen2_vl", "image"),
+    ("qwen2_vl", "video"),
+    ("qwen2_5_vl", "image"),
+    ("qwen2_5_vl", "images"),
+    ("qwen2_5_vl", "video"),
+    ("qwen2_audio", "audio"),
+    ("qwen2_5_omni", "image"),
+    ("qwen2_5_omni", "video"),
+    ("qwen2_5_omni", "audio"),
+    ("qwen2_5_omni", "mixed"),
+]
+# two prompts; completions of very different lengths (1 to 30 tokens)
+LENGTHS = [1, 7, 30, 3, 12, 2]
+PROMPT_INDEX = [0, 0, 0, 1, 1, 1]
+
+
+def load(family: str, *overrides: str):
+    cfg = load_config(
+        None,
+        [f"model.path={REPO / 'assets' / 'models' / MODELS[family]}", "train.steps=0", *overrides],
+    )
+    return load_policy(cfg.model, torch.device("cpu"))
+
+
+def part(kind: str, path: Path) -> dict:
+    return {"type": kind, kind: str(path)}
+
+
+def conversations(modality: str) -> list[list[dict]]:
+    per_prompt = {
+        "image": [[part("image", IMAGES[0])], [part("image", IMAGES[1])]],
+        "images": [
+            [part("image", IMAGES[0])],
+            [part("image", IMAGES[1]), part("image", IMAGES[2])],
+        ],
+        "video": [[part("video", VIDEOS[0])], [part("video", VIDEOS[1])]],
+        "audio": [[part("audio", AUDIO[0])], [part("audio", AUDIO[1])]],
+        "mixed": [
+            [part("image", IMAGES[0]), part("audio", AUDIO[0])],
+            [part("video", VIDEOS[1]), part("audio", AUDIO[1])],
+        ],
+    }[modality]
+    questions = ["What is it?", "Describe what you see and hear, in one long sentence."]
+    return [
+        [{"role": "user", "content": [*parts, {"type": "text", "text": q}]}]
+        for parts, q in zip(per_prompt, questions)
+    ]
+
+
+def prompts_of(policy, modality: str) -> list[dict]:
+    batch = policy.family.prepare(policy.processor, conversations(modality))
+    return policy.family.split_rows(batch, policy.processor)
+
+
+def completions(policy, seed: int = 0) -> list[list[int]]:
+    """Token ids of ordinary vocabulary entries (no special or media tokens)."""
+    rng = random.Random(seed)
+    special = set(policy.tokenizer.all_special_ids) | set(
+        policy.family.suppress_token_ids(policy.processor)
+    )
+    vocab = [i for i in range(min(len(policy.tokenizer), 400)) if i not in special]
+    return [[rng.choice(vocab) for _ in range(n)] for n in LENGTHS]
+
+
+def logps_and_grads(policy, prompts, comps, shared: bool, micro_group: int = 0):
+    """Per-token log-probs and the gradients of Σ_i w_i Σ_t logp_it (fixed random weights)."""
+    policy.model.zero_grad(set_to_none=True)
+    if shared:
+        logps, mask, _ = group_logps(policy, prompts, PROMPT_INDEX, comps, micro_group)
+    else:
+        logps, mask, _ = completion_logps(policy, [prompts[i] for i in PROMPT_INDEX], comps)
+    weights = torch.linspace(-1.0, 1.5, len(comps))[:, None]
+    (logps * mask * weights).sum().backward()
+    grads = {
+        name: p.grad.detach().clone()
+        for name, p in policy.model.named_parameters()
+        if p.requires_grad and p.grad is not None
+    }
+    return logps.detach(), mask, grads
+
+
+def assert_same(reference, shared) -> None:
+    logps_a, mask_a, grads_a = reference
+    logps_b, mask_b, grads_b = shared
+    assert torch.equal(mask_a, mask_b)
+    assert float(((logps_a - logps_b) * mask_a).abs().max()) <= 1e-5
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    nonzero = 0
+    for name, g in grads_a.items():
+        scale = float(g.abs().max())
+        if scale == 0.0:
+            assert float(grads_b[name].abs().max()) == 0.0, name
+            continue
+        nonzero += 1
+        assert float((g - grads_b[name]).abs().max()) <= 1e-4 * scale, name
+    assert nonzero >= len(grads_a) // 2  # most parameters (LoRA's A matrices get 0 at init)
+
+
+@pytest.mark.parametrize(("family", "modality"), CASES)
+def test_logps_and_gradients_equal_the_per_completion_path(family: str, modality: str) -> None:
+    policy = load(family)
+    prompts = prompts_of(policy, modality)
+    comps = completions(policy)
+    reference = logps_and_grads(policy, prompts, comps, shared=False)
+    assert_same(reference, logps_and_grads(policy, prompts, comps, shared=True))
+    vision = {f"{n}" for n, p in policy.model.named_parameters() if "visual" in n or "audio" in n}
+    assert vision & reference[2].keys(), "the media encoder gets gradients through the prompt"
+
+
+@pytest.mark.parametrize(
+    ("variant", "overrides"),
+    [
+        ("lora", ["model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0"]),
+        ("gradient checkpointing", ["model.gradient_checkpointing=true"]),
+        ("frozen vision tower", ["model.freeze_vision=true"]),
+        ("eager attention", ["model.attn_implementation=eager"]),
+    ],
+)
+@pytest.mark.parametrize("modality", ["image", "video"])
+def test_training_options_keep_the_group_path_exact(variant, overrides, modality) -> None:
+    policy = load("qwen2_5_vl", *overrides)
+    prompts = prompts_of(policy, modality)
+    comps = completions(policy, seed=1)
+    reference = logps_and_grads(policy, prompts, comps, shared=False)
+    shared = logps_and_grads(policy, prompts, comps, shared=True)
+    assert_same(reference, shared)
+    if variant == "frozen vision tower":
+        assert not any("visual" in name for name in shared[2])
+
+
+def test_micro_group_rounds_are_exact_and_repeat_the_prompt() -> None:
+    policy = load("qwen2_5_omni")
+    prompts = prompts_of(policy, "mixed")
+    comps = completions(policy, seed=2)
+    reference = logps_and_grads(policy, prompts, comps, shared=False)
+    assert_same(reference, logps_and_grads(policy, prompts, comps, shared=True, micro_group=2))
+    assert rounds(PROMPT_INDEX, 2) == [[0, 1], [2], [3, 4], [5]]
+
+
+def test_rounds_group_by_prompt_in_order_of_appearance() -> None:
+    assert rounds([3, 1, 3, 1, 3], 0) == [[0, 2, 4], [1, 3]]
+    assert rounds([3, 1, 3, 1, 3], 2) == [[0, 2], [4], [1, 3]]
+    assert rounds([], 4) == []
+
+
+def test_packed_row_layout_by_hand() -> None:
+    """One 3-token prompt (1-D positions) with completions [a, b] and [c]."""
+    policy = load("qwen2_audio")
+    prompt = {"input_ids": torch.tensor([5, 6, 7])}
+    inputs, rows, cols, ids, mask, keep = pack(
+        policy.family, policy.model, [prompt], [[[11, 12], [13]]], pad_token_id=0
+    )
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 11, 12, 13]]
+    # both completions continue at position 3
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 4, 3]]
+    allowed = inputs["attention_mask"][0, 0].int().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 1, 0, 0],  # a: prompt + itself
+        [1, 1, 1, 1, 1, 0],  # b: prompt + a + itself
+        [1, 1, 1, 0, 0, 1],  # c: prompt + itself, not a or b
+    ]
+    # logits kept from position 2 (the last prompt token, predicting a and c) to the end
+    assert keep == 4
+    assert ids.tolist() == [[11, 12], [13, 0]] and mask.tolist() == [[1, 1], [1, 0]]
+    assert rows.tolist() == [[0, 0], [0, 0]]
+    assert cols.tolist() == [[0, 1], [0, 0]]  # a at 2, b at 3 (after a); c at 2
+
+
+def test_flash_attention_is_refused_with_the_key_to_change() -> None:
+    policy = load("qwen2_5_vl")
+    for module in policy.model.modules():
+        config = getattr(module, "config", None)
+        if config is not None:
+            config._attn_implementation = "flash_attention_2"
+    with pytest.raises(ValueError, match=r"model.attn_implementation.*rollout.group_shared=false"):
+        check_attention(policy.model)
+
+
+@pytest.mark.parametrize(("family", "modality"), CASES)
+def test_greedy_generation_equals_transformers_generate(family: str, modality: str) -> None:
+    policy = load(family)
+    greedy = Sampling(20, greedy=True)
+    reference = HFEngine(policy, 8, group_shared=False).generate(conversations(modality), 1, greedy)
+    shared = HFEngine(policy, 8).generate(conversations(modality), 1, greedy)
+    assert shared.completion_ids == reference.completion_ids
+    assert shared.truncated == reference.truncated and shared.texts == reference.texts
+    assert len(shared.prompts) == 2 and set(shared.timings) == {"encode_s", "prefill_s", "decode_s"}
+
+
+@pytest.mark.parametrize(("family", "modality"), [c for c in CASES if c[1] != "images"])
+def test_sampler_logprobs_equal_the_training_forward(family: str, modality: str) -> None:
+    policy = load(family)
+    torch.manual_seed(0)
+    # rounds of 3 completions: groups split across rounds, prompts prefilled in 2 chunks
+    engine = HFEngine(policy, batch_size=3)
+    out = engine.generate(conversations(modality), 4, Sampling(12, top_p=0.95, top_k=40))
+    assert len(out.prompts) == 2 and out.prompt_index == [0, 0, 0, 0, 1, 1, 1, 1]
+    logps, mask, _ = rollout_logps(policy, out, list(range(8)), group_shared=True)
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+    assert all(len(c) == 12 or not t for c, t in zip(out.completion_ids, out.truncated))
+
+
+def test_stopped_completions_end_with_the_stop_token_and_leave_the_batch() -> None:
+    policy = load("qwen2_5_vl")
+    engine = HFEngine(policy, 16)
+    torch.manual_seed(3)
+    free = engine.generate(conversations("image"), 8, Sampling(30))
+    counts: dict[int, int] = {}
+    for ids in free.completion_ids:
+        for token in ids:
+            counts[token] = counts.get(token, 0) + 1
+    # the most frequent tokens now end a turn: rows stop at different steps and leave the batch
+    engine.stop_ids = [*engine.stop_ids, *sorted(counts, key=counts.get)[-3:]]
+    torch.manual_seed(3)
+    out = engine.generate(conversations("image"), 8, Sampling(30))
+    stopped = [c for c, t in zip(out.completion_ids, out.truncated) if not t]
+    assert stopped and all(c[-1] in engine.stop_ids for c in stopped)
+    assert all(not any(t in engine.stop_ids for t in c[:-1]) for c in out.completion_ids)
+    assert len({len(c) for c in out.completion_ids}) > 2
+    # the sampler's log-probs still equal the training forward's after rows left the batch
+    logps, mask, _ = rollout_logps(policy, out, list(range(16)), group_shared=True)
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+
+
+def test_rollouts_select_and_extend_keep_one_prompt_per_group() -> None:
+    a = Rollouts(prompts=[{"p": 0}, {"p": 1}])
+    for k in (0, 0, 1, 1):
+        a.add(k, [k], str(k), False, [0.0])
+    picked = a.select([2, 3, 0])
+    assert picked.prompts == [{"p": 1}, {"p": 0}] and picked.prompt_index == [0, 0, 1]
+    picked.extend(a)
+    assert picked.prompt_index == [0, 0, 1, 2, 2, 3, 3] and len(picked.prompts) == 4
+    assert picked.prompt_rows[3] == {"p": 0} and picked.logprobs is not None
+
+
+def test_group_backward_is_bitwise_repeatable_on_two_threads() -> None:
+    """The first-token logits of a row are read by each of its completions; their gradients
+    must add up in a fixed order (parallel atomics gave a different sum on every run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        policy = load("qwen2_5_vl")
+        prompts = prompts_of(policy, "image")
+        rng = random.Random(4)
+        # one row of 64 short completions: its first-token position is read 64 times, by
+        # entries on both threads' halves of the work
+        comps = [[rng.randrange(10, 400) for _ in range(3)] for _ in range(64)]
+        index = [0] * 64
+        seen = set()
+        for _ in range(8):
+            policy.model.zero_grad(set_to_none=True)
+            logps, mask, entropy = group_logps(policy, prompts, index, comps, with_entropy=True)
+            ((logps * mask).sum() + (entropy * mask).sum()).backward()
+            grads = torch.cat([p.grad.flatten() for p in policy.model.parameters()])
+            seen.add(grads.numpy().tobytes())
+        assert len(seen) == 1
+    finally:
+        torch.set_num_threads(threads)
