@@ -2,7 +2,7 @@
 
 Every function here reads model output and never raises on it: it returns the parsed value
 and ``None``, or ``None`` and a short reason that the run log counts (``"no answer tag"``,
-``"several options"``, ...). The rules are deliberately strict (REFERENCE.md, "Pitfalls"):
+``"several options"``, ...). The rules are deliberately strict (docs/reference.md, "Pitfalls"):
 
 * the answer is the content of exactly one ``<answer>…</answer>`` block; a missing or
   duplicated block is a failure, never a fall-back to the whole completion;

@@ -16,9 +16,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from mmrft.config import (
-    CONFIG_DIR,
     DEFAULT_CONFIG,
     REPO_ROOT,
+    config_names,
     help_table,
     load_config,
     parse_override,
@@ -195,8 +195,13 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     load_plugins(args.plugin)
     if args.what == "configs":
-        for path in sorted(CONFIG_DIR.glob("**/*.yaml")):
-            console.print(str(path.relative_to(REPO_ROOT)))
+        table = Table(title="configs (mmrft train NAME)")
+        table.add_column("name")
+        table.add_column("file", overflow="fold")
+        for name, path in sorted(config_names().items()):
+            where = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+            table.add_row(escape(name), escape(str(where)))
+        console.print(table)
         return 0
     registry = {"tasks": TASKS, "verifiers": VERIFIERS, "models": MODEL_FAMILIES}[args.what]
     table = Table(title=args.what)
@@ -207,11 +212,23 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
         obj = registry.get(name)
         fn = getattr(obj, "fn", obj)
         params = ", ".join(f"{k}: {t} = {d!r}" for k, (t, d) in keyword_params_doc(fn).items())
-        doc = (fn.__doc__ or "").strip().splitlines()
         extra = f" [{obj.low:g}, {obj.high:g}]" if hasattr(obj, "low") else ""
-        table.add_row(name, params, (doc[0] if doc else "") + extra)
+        # escaped: defaults and docstrings hold brackets ([a-z]+, [x1, y1, x2, y2]) that rich
+        # would read as markup and drop
+        table.add_row(escape(name), escape(params), escape(first_paragraph(fn.__doc__) + extra))
     console.print(table)
     return 0
+
+
+def first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a docstring on one line (a summary that runs over several lines
+    is kept whole)."""
+    lines = []
+    for line in (doc or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
 
 
 def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:

@@ -1,10 +1,11 @@
 """The typed run config: defaults ← preset ← YAML ← ``key=value`` overrides.
 
 Every field is documented once, here, in its ``help`` metadata; defaults come from the papers'
-recipes (REFERENCE.md) unless noted. An unknown key is an error that names it and suggests the
-closest valid key; a wrong type names the key and the expected type. ``mmrft train --help-config``
-prints this table. The resolved config is printed at start-up and saved as ``config.yaml`` in
-the run directory.
+recipes (docs/reference.md; the paper in the help text) unless noted. An unknown key is an
+error that names it and suggests the closest valid key; a wrong type names the key and the
+expected type. ``mmrft train --help-config`` prints this table. At start-up the keys that differ from the defaults are
+printed (:func:`config_diff`); the whole resolved config is saved as ``config.yaml`` in the run
+directory. Relative paths are anchored as :func:`load_config` says.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class ModelConfig:
 class DataConfig:
     train: str = _f(
         "",
-        "Training dataset file (JSONL). Relative paths resolve against the current directory, then the repository root.",
+        "Training dataset file (JSONL). A relative path means the config file's folder when written in a config file, the current directory when given on the command line.",
     )
     test: str = _f("", "Held-out dataset file used by evaluation.")
     format: str = _f(
@@ -228,7 +229,8 @@ class TemporalContrastConfig:
 @dataclass
 class AlgorithmConfig:
     preset: Literal["grpo", "dr_grpo", "dapo", "bnpo", "gspo"] | None = _f(
-        None, "Fill the fields below from a named recipe (see README); explicit keys still win."
+        None,
+        "Fill the fields below from a paper's recipe (see README); explicit keys still win. 'dapo' is the whole of DAPO: clip-higher, token-mean loss, dynamic sampling, overlong shaping over the last fifth of rollout.max_new_tokens, β = 0.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _f(
         "grpo",
@@ -364,7 +366,10 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     name: str = _f("", "Run name; empty = <task>__<model>__<seed>.")
-    output_dir: str = _f("runs", "Parent directory of run directories (run dir = output_dir/name).")
+    output_dir: str = _f(
+        "runs",
+        "Parent directory of run directories (run dir = output_dir/name); a relative path means the current directory.",
+    )
     device: Literal["auto", "cpu", "cuda"] = _f(
         "auto", "Where to train; 'auto' = cuda if available."
     )
@@ -519,32 +524,118 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
+def config_names() -> dict[str, Path]:
+    """The bundled run configs by the name ``mmrft train NAME`` takes: ``configs/NAME.yaml``,
+    then ``configs/recipes/NAME.yaml`` (a top-level config wins a clash). Launcher configs
+    (``configs/accelerate/``) are not run configs and are left out."""
+    names: dict[str, Path] = {}
+    for folder in (CONFIG_DIR, CONFIG_DIR / "recipes"):
+        for path in sorted(folder.glob("*.yaml")):
+            names.setdefault(path.stem, path)
+    return names
+
+
 def resolve_config_path(name: str | Path | None) -> Path:
-    """A config path as given, else ``configs/<name>.yaml`` of the repository."""
+    """A config file path as given (relative to the current directory), else a bundled config by
+    name: ``NAME``, ``NAME.yaml`` or ``recipes/NAME`` (:func:`config_names`). The hint of an
+    unknown name lists only names that load."""
     if name is None:
         return DEFAULT_CONFIG
-    path = Path(name)
+    path = Path(name).expanduser()
     if path.is_file():
         return path
-    for candidate in (CONFIG_DIR / name, CONFIG_DIR / f"{name}.yaml"):
-        if candidate.is_file():
-            return candidate
-    available = [p.stem for p in sorted(CONFIG_DIR.glob("**/*.yaml"))]
-    raise ConfigError(f"config '{name}' not found; {did_you_mean(str(path.stem), available)}")
+    names = config_names()
+    stem = str(name).removesuffix(".yaml").removesuffix(".yml")
+    for candidate in (stem, stem.removeprefix("configs/").removeprefix("recipes/")):
+        if candidate in names:
+            return names[candidate]
+    if path.suffix in (".yaml", ".yml") or path.parent != Path("."):
+        hint = f"no such file, and no bundled config of that name; {did_you_mean(path.stem, names)}"
+    else:
+        hint = did_you_mean(stem, names)
+    raise ConfigError(f"config '{name}' not found; {hint}")
+
+
+# Keys whose values are filesystem paths, anchored by :func:`load_config`: written in a config
+# file they are relative to that file's folder (the file says where its data is); given on the
+# command line, to the current directory. ``output_dir`` always means the current directory
+# (where this user wants runs), and so do plugin paths given on the command line.
+PATH_KEYS = ("model.path", "data.train", "data.test", "data.media_root")
+PATH_PARAM_SUFFIXES = ("_root", "_dir", "_path", "_file")
+"""``task.params`` whose names end like this are paths too (``image_root``, ``video_root``, ...)."""
+
+
+def _is_hub_id(value: str) -> bool:
+    """``org/name`` with nothing else: a Hugging Face hub id rather than a relative path."""
+    parts = value.split("/")
+    return len(parts) == 2 and all(parts) and not value.startswith((".", "~"))
+
+
+def anchor_path(value: str, base: Path, hub_id_ok: bool = False) -> str:
+    """``value`` made absolute against ``base`` when it is a relative local path (``~``
+    expanded); URLs, empty strings and, with ``hub_id_ok``, hub ids (``Qwen/Qwen2-VL-2B``) that
+    do not exist under ``base`` are kept as written."""
+    if not value or "://" in value:
+        return value
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    anchored = (base / path).resolve()
+    if hub_id_ok and _is_hub_id(value) and not anchored.exists():
+        return value
+    return str(anchored)
+
+
+def _anchor_tree(tree: dict[str, Any], base: Path) -> None:
+    """Anchor the path-valued keys of one config layer (a YAML file or the overrides) at
+    ``base``, in place."""
+    for dotted in PATH_KEYS:
+        *parents, key = dotted.split(".")
+        node: Any = tree
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        if isinstance(node, dict) and isinstance(node.get(key), str):
+            node[key] = anchor_path(node[key], base, hub_id_ok=dotted == "model.path")
+    params = (tree.get("task") or {}).get("params") if isinstance(tree.get("task"), dict) else None
+    if isinstance(params, dict):
+        for key, value in params.items():
+            if key.endswith(PATH_PARAM_SUFFIXES) and isinstance(value, str):
+                params[key] = anchor_path(value, base)
+    plugins = tree.get("plugins")
+    if isinstance(plugins, list):
+        tree["plugins"] = [
+            anchor_path(p, base)
+            if isinstance(p, str) and (p.endswith(".py") or "/" in p or "\\" in p)
+            else p
+            for p in plugins
+        ]
 
 
 def load_config(
     path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
 ) -> RunConfig:
-    """defaults ← algorithm preset ← YAML file ← ``key=value`` overrides, validated."""
+    """defaults ← algorithm preset ← YAML file ← ``key=value`` overrides, validated.
+
+    Paths (:data:`PATH_KEYS`, ``task.params.*_root`` and the like, plugin files) come out
+    absolute: relative ones in the YAML file against the file's folder, on the command line
+    against the current directory; ``output_dir`` against the current directory; the default
+    model (a bundled tiny model) against the package's checkout.
+    """
     tree: dict[str, Any] = {}
     if path is not None:
-        tree = yaml_load(resolve_config_path(path).read_text(encoding="utf-8")) or {}
+        file = resolve_config_path(path)
+        tree = yaml_load(file.read_text(encoding="utf-8")) or {}
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a config file must be a YAML mapping")
-    for item in overrides:
+        _anchor_tree(tree, file.resolve().parent)
+    for item in overrides:  # each replaces what it names, its paths anchored at the cwd
         key, value = parse_override(item)
-        _set_dotted(tree, key, value)
+        layer: dict[str, Any] = {}
+        _set_dotted(layer, key, value)
+        _anchor_tree(layer, Path.cwd())
+        for name in key.split("."):
+            layer = layer[name]
+        _set_dotted(tree, key, layer)
     preset = (tree.get("algorithm") or {}).get("preset")
     if preset is not None:
         from mmrft.algorithms import LOSS_PRESETS
@@ -553,10 +644,34 @@ def load_config(
             raise ConfigError(
                 f"algorithm.preset: unknown preset '{preset}'; {did_you_mean(str(preset), LOSS_PRESETS)}"
             )
-        tree["algorithm"] = {**LOSS_PRESETS[preset], **tree["algorithm"]}
+        max_new_tokens = (tree.get("rollout") or {}).get("max_new_tokens")
+        if not isinstance(max_new_tokens, int):
+            max_new_tokens = RolloutConfig.max_new_tokens
+        tree["algorithm"] = {**preset_fields(preset, max_new_tokens), **tree["algorithm"]}
     cfg = _from_dict(RunConfig, tree, "")
+    cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
+    if "path" not in (tree.get("model") or {}):
+        cfg.model.path = anchor_path(cfg.model.path, REPO_ROOT)
     check_config(cfg)
     return cfg
+
+
+def preset_fields(name: str, max_new_tokens: int) -> dict[str, Any]:
+    """The ``algorithm`` fields that ``algorithm.preset=name`` sets.
+
+    The loss settings are :data:`mmrft.algorithms.LOSS_PRESETS` (TRL's ``loss_type`` names).
+    ``dapo`` is the whole of DAPO (Yu et al. 2025, arXiv:2503.14476, §3): clip-higher and the
+    token-level loss, plus dynamic sampling (groups whose rewards are all equal are dropped and
+    refilled) and the soft overlong punishment with its cache zone at the paper's proportion
+    (L_cache = 4096 of L_max = 20480, i.e. the last fifth of ``rollout.max_new_tokens``), and
+    no KL term (β = 0). Explicit keys still win over all of these.
+    """
+    from mmrft.algorithms import LOSS_PRESETS
+
+    fields = dict(LOSS_PRESETS[name])
+    if name == "dapo":
+        fields.update(dynamic_sampling=True, overlong_buffer=max_new_tokens // 5, beta=0.0)
+    return fields
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -567,13 +682,27 @@ def to_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
 
 
+def config_diff(cfg: Any, default: Any = None) -> dict[str, Any]:
+    """The keys of ``cfg`` whose values differ from the defaults, as a nested mapping (what the
+    start-up print shows; ``config.yaml`` holds the whole config)."""
+    default = type(cfg)() if default is None else default
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cfg):
+        value, base = getattr(cfg, f.name), getattr(default, f.name)
+        if dataclasses.is_dataclass(value):
+            sub = config_diff(value, base)
+            if sub:
+                out[f.name] = sub
+        elif value != base:
+            out[f.name] = value
+    return out
+
+
 def resolve_path(path: str) -> Path:
-    """A data/model path: as given if it exists, else relative to the repository root."""
-    candidate = Path(path).expanduser()
-    if candidate.is_absolute() or candidate.exists():
-        return candidate
-    in_repo = REPO_ROOT / candidate
-    return in_repo if in_repo.exists() else candidate
+    """A data or model path as the config holds it (``~`` expanded). :func:`load_config` made
+    relative paths absolute; a relative one left (a config built in code) means the current
+    directory."""
+    return Path(path).expanduser()
 
 
 def help_table(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:

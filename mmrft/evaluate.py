@@ -2,7 +2,7 @@
 
 The evaluation parser is the task's ``evaluate_one`` (strict: answer tag required, one option,
 one box), never the training reward, and format failures are reported separately
-(``format_fail``) from wrong answers (REFERENCE.md pitfall 10).
+(``format_fail``) from wrong answers (docs/reference.md pitfall 10).
 
 Outputs: a table on screen, ``results.json`` (metrics) and ``predictions.jsonl`` (one line per
 sample: completion, parsed answer, score, reason, per-sample values).

@@ -2,7 +2,7 @@
 
 Both are plain numpy, deterministic, and take already-parsed predictions (a task's strict
 evaluation parser produces them; an unparsable answer is an empty prediction list or an IoU of
-0, and the task reports format failures separately, REFERENCE.md pitfall 10).
+0, and the task reports format failures separately, docs/reference.md pitfall 10).
 
 :func:`coco_map` reproduces ``pycocotools.cocoeval.COCOeval`` for boxes (area range "all", at
 most ``max_dets`` detections per image, no crowd regions) to floating-point precision;

@@ -314,11 +314,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
     device = pick_device(cfg.device)
     load_plugins(cfg.plugins)
 
-    run_dir = (
-        resolve_path(cfg.output_dir) / run_name(cfg)
-        if not Path(cfg.output_dir).is_absolute()
-        else Path(cfg.output_dir) / run_name(cfg)
-    )
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))

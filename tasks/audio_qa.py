@@ -9,7 +9,7 @@ prompt lists the options as a Python list and the answer is the option's text::
 
 An answer names one option by its text (normalised equality) or its letter
 (:func:`mmrft.answers.match_choice`); an answer naming several options (``rising or
-falling``, every option listed) scores 0, and substrings never count (REFERENCE.md pitfall 3:
+falling``, every option listed) scores 0, and substrings never count (docs/reference.md pitfall 3:
 Omni-R1's "contains the correct option" reward is hackable that way).
 
 **Think mode.** R1-AQA trains Qwen2-Audio-7B-Instruct *without* a think block: its prompt ends

@@ -2,7 +2,7 @@
 
 Each sample has its own problem type (``meta["problem_type"]``), read per sample everywhere:
 in the prompt, the reward (the accuracy verifier's ``auto`` mode) and the evaluation. Video-R1's
-reward reads the type of the *first* sample of a batch for the whole batch (REFERENCE.md
+reward reads the type of the *first* sample of a batch for the whole batch (docs/reference.md
 pitfall 8); here a batch may mix types freely.
 
 * ``"multiple choice"``: ``meta["choices"]`` lists the option texts in the data's order and the

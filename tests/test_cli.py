@@ -89,7 +89,7 @@ def test_list(capsys):
         ("tasks", "grounding"),
         ("verifiers", "iou"),
         ("models", "qwen2_5_vl"),
-        ("configs", "demo.yaml"),
+        ("configs", "configs/recipes/time_r1.yaml"),
     ]:
         assert main(["list", what]) == 0
         assert expected in capsys.readouterr().out
@@ -260,3 +260,34 @@ def test_verify_svg(tmp_path, capsys):
     out = verify_lines(tmp_path, capsys, "svg", lines, "length_weight=0.1")
     assert out[0]["score"] == pytest.approx(1.0, abs=1e-6) and out[0]["parts"]["sim"] > 0.99
     assert out[1]["score"] == -1.0 and out[1]["reason"]
+
+
+BRACKETS_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_brackets", low=0.0, high=1.0)
+def brackets(completions, samples, *, pattern: str = "[a-z]+"):
+    \"\"\"Scores a box [x1, y1, x2, y2] of an image [W, H] in [start, end].\"\"\"
+    return [0.0 for _ in completions]
+"""
+
+
+def test_brackets_survive_in_list_and_error_messages(tmp_path, capsys, monkeypatch):
+    """Rich reads [a-z]+ or [x1, y1, x2, y2] as markup and drops it unless it is escaped."""
+    monkeypatch.setenv("COLUMNS", "400")
+    plugin = tmp_path / "brackets.py"
+    plugin.write_text(BRACKETS_PLUGIN)
+    assert main(["list", "verifiers", "--plugin", str(plugin)]) == 0
+    out = capsys.readouterr().out
+    assert "pattern: str = '[a-z]+'" in out
+    assert "a box [x1, y1, x2, y2] of an image [W, H] in [start, end]" in out
+    bench = REPO / "assets/benchmarks/shapes_grounding"
+    bad = tmp_path / "bad.jsonl"
+    line = json.loads((bench / "train.jsonl").read_text().splitlines()[0])
+    line["messages"][0]["content"][0]["image"] = str(
+        bench / line["messages"][0]["content"][0]["image"]
+    )
+    bad.write_text(json.dumps({**line, "target": "left"}) + "\n")
+    assert main(["eval", "demo", "task.name=grounding", f"data.test={bad}"]) == 2
+    err = capsys.readouterr().err
+    assert "'target' must be a box [x1, y1, x2, y2] in pixels" in err

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,94 @@ def test_temporal_contrast_defaults_checks_and_recipe():
     recipe = load_config(REPO / "configs" / "recipes" / "video_r1.yaml").algorithm
     assert recipe.temporal_contrast.enabled
     assert (recipe.temporal_contrast.bonus, recipe.temporal_contrast.ratio) == (0.3, 0.8)
+
+
+# -- config names, paths, presets, the start-up diff (issue 13) -----------------------------------
+def test_bundled_configs_load_by_name_and_hints_name_only_loadable_configs():
+    from mmrft.config import config_names, resolve_config_path
+
+    recipes = sorted((REPO / "configs" / "recipes").glob("*.yaml"))
+    for path in recipes:
+        for name in (path.stem, f"{path.stem}.yaml", f"recipes/{path.stem}"):
+            assert resolve_config_path(name) == path
+    assert resolve_config_path("demo") == REPO / "configs" / "demo.yaml"
+    names = config_names()
+    assert "multi_gpu" not in names  # launcher configs are not run configs
+    with pytest.raises(ConfigError, match=r"config 'time_r2' not found; did you mean 'time_r1'"):
+        resolve_config_path("time_r2")
+    for wrong in ("recipes/chart_q", "deepspeed_zero3", "zzz"):  # near, a launcher config, far
+        with pytest.raises(ConfigError) as info:
+            resolve_config_path(wrong)
+        hint = str(info.value).rsplit(";", 1)[1]
+        hinted = set(re.findall(r"[a-z0-9_]+", hint)) - {"did", "you", "mean", "or", "valid"}
+        assert hinted and hinted <= set(names), hint
+    for name in names:
+        load_config(name)  # every name a hint may give loads
+
+
+def test_relative_paths_anchor_at_the_config_file_or_the_current_directory(tmp_path, monkeypatch):
+    """Written in a config file, data/model paths and task.params.*_root are relative to the file;
+    on the command line, to the current directory; output_dir always to the current directory;
+    hub ids stay as written."""
+    config_dir, work = tmp_path / "project" / "configs", tmp_path / "elsewhere"
+    config_dir.mkdir(parents=True)
+    work.mkdir()
+    path = config_dir / "mine.yaml"
+    path.write_text(
+        "model:\n  path: Qwen/Qwen2-VL-2B-Instruct\n"
+        "data:\n  train: ../data/train.jsonl\n  test: /abs/test.jsonl\n"
+        "task:\n  name: grounding\n  params: {image_root: ../images, think: none}\n"
+        "plugins: [my_rewards.py, some.module]\n"
+        "output_dir: out\n"
+    )
+    monkeypatch.chdir(work)
+    cfg = load_config(path)
+    project = (tmp_path / "project").resolve()
+    assert cfg.model.path == "Qwen/Qwen2-VL-2B-Instruct"
+    assert cfg.data.train == str(project / "data" / "train.jsonl")
+    assert cfg.data.test == "/abs/test.jsonl"
+    assert cfg.task.params == {"image_root": str(project / "images"), "think": "none"}
+    assert cfg.plugins == [str(config_dir.resolve() / "my_rewards.py"), "some.module"]
+    assert cfg.output_dir == str(work.resolve() / "out")
+    cfg = load_config(path, ["data.train=mine.jsonl", "task.params.image_root=img", "model.path=m"])
+    assert cfg.data.train == str(work.resolve() / "mine.jsonl")
+    assert cfg.task.params["image_root"] == str(work.resolve() / "img")
+    assert cfg.model.path == str(work.resolve() / "m")
+    # the default model is the bundled tiny one wherever the command runs
+    assert load_config(None, ["train.steps=0"]).model.path == str(
+        REPO / "assets" / "models" / "tiny-qwen2_5_vl"
+    )
+    # the demo runs from any directory: its paths are relative to configs/
+    demo = load_config("demo")
+    assert Path(demo.model.path).is_dir() and Path(demo.data.train).is_file()
+    assert demo.output_dir == str(work.resolve() / "runs")
+
+
+def test_dapo_preset_is_dapo():
+    """DAPO (arXiv:2503.14476): clip-higher, token-level loss, dynamic sampling, soft overlong
+    punishment over the last fifth of the length budget, no KL; explicit keys still win."""
+    algo = load_config(None, ["algorithm.preset=dapo", "train.steps=0"]).algorithm
+    assert (algo.clip_low, algo.clip_high, algo.agg_mode) == (0.2, 0.28, "token-mean")
+    assert algo.dynamic_sampling and algo.beta == 0.0
+    assert algo.overlong_buffer == RunConfig().rollout.max_new_tokens // 5
+    algo = load_config(
+        None,
+        [
+            "algorithm.preset=dapo",
+            "rollout.max_new_tokens=20480",
+            "algorithm.dynamic_sampling=false",
+            "train.steps=0",
+        ],
+    ).algorithm
+    assert algo.overlong_buffer == 4096 and not algo.dynamic_sampling
+
+
+def test_config_diff_shows_only_what_differs_from_the_defaults():
+    from mmrft.config import config_diff
+
+    cfg = load_config(None, ["train.steps=0", "rollout.group_size=4", "task.params={think: none}"])
+    diff = config_diff(cfg)
+    assert diff["rollout"] == {"group_size": 4}
+    assert diff["train"] == {"steps": 0}
+    assert diff["task"] == {"params": {"think": "none"}}
+    assert "optim" not in diff and "algorithm" not in diff

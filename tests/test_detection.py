@@ -254,7 +254,7 @@ def test_whole_image_box_scores_zero(mode, conf):
 
 def test_the_paper_sum_rewards_unconfident_junk_and_product_does_not():
     """The reason for the default: under the paper's sum a box at confidence 0 earns the whole
-    confidence term (REFERENCE.md pitfall 6)."""
+    confidence term (docs/reference.md pitfall 6)."""
     whole = vrft(([0, 0, 400, 400], 0.0))
     assert value(whole, SMALL, confidence_combine="sum") == pytest.approx(0.5)
     assert value(whole, SMALL) == 0.0

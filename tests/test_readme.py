@@ -22,3 +22,21 @@ def test_readme_python_examples_run():
     task = build_task("caption_word", {"think": "none"})
     record = task.evaluate_one("<answer>Red</answer>", Sample("x", [], target="red"))
     assert record.score == 1.0
+
+
+def test_cited_docs_are_in_the_repository():
+    """Comments cite docs/reference.md (and its pitfalls), never a file outside the repository."""
+    repo = Path(__file__).resolve().parents[1]
+    cited = set()
+    for folder in ("mmrft", "tasks", "verifiers", "configs", "tests", "scripts", "benchmarks"):
+        for path in (repo / folder).rglob("*"):
+            if path.suffix not in (".py", ".yaml", ".md") or path.name == "test_readme.py":
+                continue
+            text = path.read_text(encoding="utf-8")
+            assert "REFERENCE.md" not in text, path
+            cited |= set(re.findall(r"docs/[\w.-]+\.md", text))
+    assert "docs/reference.md" in cited
+    for doc in cited:
+        assert (repo / doc).is_file(), doc
+    pitfalls = re.findall(r"^(\d+)\. ", (repo / "docs/reference.md").read_text(), flags=re.M)
+    assert pitfalls == [str(n) for n in range(1, len(pitfalls) + 1)] and len(pitfalls) == 13

@@ -1,6 +1,6 @@
 """The detection verifier: a list of predicted boxes against a list of target boxes.
 
-Two scoring modes, after the papers (REFERENCE.md): Visual-RFT's greedy IoU + confidence reward
+Two scoring modes, after the papers (docs/reference.md): Visual-RFT's greedy IoU + confidence reward
 (``visual_rft``) and VLM-R1's OVD reward, AP × min(1, #gt / #pred) (``ap``). The parser,
 :func:`parse_detections`, is shared with detection tasks' evaluation.
 """
@@ -324,7 +324,7 @@ def detection(
         sum:               score = (iou_part + w · confidence_part) / (1 + w)
 
     with w = ``confidence_weight``. ``sum`` is the paper's reward iou_part + confidence_part
-    (range [0, 2], plus a separate format reward) divided by 1 + w to keep [0, 1] (REFERENCE.md
+    (range [0, 2], plus a separate format reward) divided by 1 + w to keep [0, 1] (docs/reference.md
     pitfall 7): with w = 1 it is exactly half the paper's sum, so the same GRPO advantages up to
     the std normalisation. But under ``sum`` a *wrong* box with confidence 0 earns
     confidence_part = 1, i.e. w / (1 + w) = 0.5: one whole-image box, or any spam, written with

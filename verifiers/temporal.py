@@ -1,6 +1,6 @@
 """The temporal-grounding verifier: one predicted interval against the target interval.
 
-TimeZero / Time-R1 (REFERENCE.md): the model answers "12.54 to 17.83" (seconds); the reward is
+TimeZero / Time-R1 (docs/reference.md): the model answers "12.54 to 17.83" (seconds); the reward is
 the temporal IoU, or Time-R1's tIoU × (1 − |Δs| / D)(1 − |Δe| / D). The parser,
 :func:`parse_interval`, is shared with temporal-grounding tasks' evaluation.
 """
