@@ -196,7 +196,7 @@ class TemporalGroundingTask(Task):
         meta: dict[str, Any] = {"duration": duration, "video_id": video_id}
         target = check_interval([start, end], duration, where, meta)
         query = f'When does the event "{sentence.strip().rstrip(".")}" happen?'
-        messages = user_turn("video", str(video), query, root, where)
+        messages = user_turn("video", f"{video_id}{self.video_ext}", query, root, where)
         line_number = where.rsplit(":", 1)[1]
         return Sample(id=f"{video_id}-{line_number}", messages=messages, target=target, meta=meta)
 
