@@ -76,6 +76,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from mmrft.evaluate import evaluate, print_table, write_eval
     from mmrft.plugins import load_plugins as load
     from mmrft.policy import load_policy, resolve_family
+    from mmrft.runlog import progress_bar
     from mmrft.task import build_task, read_split
     from mmrft.trainer import pick_device, run_name, seed_everything
 
@@ -102,13 +103,15 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         limit=cfg.data.max_test_samples,
     )
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
-    result = evaluate(
-        policy,
-        task,
-        samples,
-        cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-    )
+    with progress_bar(console, transient=True) as progress:
+        result = evaluate(
+            policy,
+            task,
+            samples,
+            cfg.eval.batch_size,
+            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            progress,
+        )
     out = (
         Path(args.out)
         if args.out

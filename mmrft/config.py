@@ -100,7 +100,8 @@ class AudioConfig:
 @dataclass
 class ModelConfig:
     path: str = _f(
-        "assets/models/tiny-qwen2_5_vl", "Checkpoint directory (save_pretrained layout)."
+        str(REPO_ROOT / "assets" / "models" / "tiny-qwen2_5_vl"),
+        "Checkpoint directory (save_pretrained layout) or a Hugging Face hub id; default: the bundled tiny Qwen2.5-VL.",
     )
     family: str = _f("auto", "Model family adapter; 'auto' reads config.json's model_type.")
     dtype: Literal["float32", "bfloat16", "float16"] = _f(
@@ -310,7 +311,13 @@ class TrainConfig:
         600.0,
         "Log a warning naming the phase (rollout, verifier, update, eval, checkpoint) and step when one lasts longer than this (seconds); 0 = off.",
     )
-    completions_every: int = _f(10, "Write sample completions with rewards every N steps.")
+    completions_every: int = _f(
+        10, "Write sample completions with their rendered prompt and rewards every N steps."
+    )
+    warn_no_signal_steps: int = _f(
+        10,
+        "Warn on the console when for this many steps in a row no group had reward variance (every advantage 0: nothing is learned), naming the most frequent reasons for minimum scores; repeated every as many steps while it lasts; 0 = off.",
+    )
     threads: int | None = _f(None, "torch CPU threads (None = torch's default).")
     sharding: Literal["none", "fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "deepspeed_zero3"] = (
         _f(
@@ -469,6 +476,7 @@ def check_config(cfg: RunConfig) -> None:
         "must be ≥ 1 (or null for rollout.group_size // 2)",
     )
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
+    need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
     need(
         cfg.train.sharding == "none" or not cfg.model.lora.enabled,
@@ -618,8 +626,7 @@ def load_config(
 
     Paths (:data:`PATH_KEYS`, ``task.params.*_root`` and the like, plugin files) come out
     absolute: relative ones in the YAML file against the file's folder, on the command line
-    against the current directory; ``output_dir`` against the current directory; the default
-    model (a bundled tiny model) against the package's checkout.
+    against the current directory; ``output_dir`` against the current directory.
     """
     tree: dict[str, Any] = {}
     if path is not None:
@@ -650,8 +657,6 @@ def load_config(
         tree["algorithm"] = {**preset_fields(preset, max_new_tokens), **tree["algorithm"]}
     cfg = _from_dict(RunConfig, tree, "")
     cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
-    if "path" not in (tree.get("model") or {}):
-        cfg.model.path = anchor_path(cfg.model.path, REPO_ROOT)
     check_config(cfg)
     return cfg
 
@@ -679,13 +684,18 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def to_yaml(cfg: Any) -> str:
-    return yaml.safe_dump(to_dict(cfg), sort_keys=False, allow_unicode=True)
+    """YAML of a config (or of a plain mapping such as :func:`config_diff`'s)."""
+    data = cfg if isinstance(cfg, dict) else to_dict(cfg)
+    return yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 def config_diff(cfg: Any, default: Any = None) -> dict[str, Any]:
     """The keys of ``cfg`` whose values differ from the defaults, as a nested mapping (what the
     start-up print shows; ``config.yaml`` holds the whole config)."""
-    default = type(cfg)() if default is None else default
+    if default is None:
+        default = type(cfg)()
+        if isinstance(default, RunConfig):  # as load_config anchors it
+            default.output_dir = anchor_path(default.output_dir, Path.cwd())
     out: dict[str, Any] = {}
     for f in dataclasses.fields(cfg):
         value, base = getattr(cfg, f.name), getattr(default, f.name)

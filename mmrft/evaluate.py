@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from mmrft.data import Sample
 from mmrft.policy import Policy
-from mmrft.rollout import HFEngine, Sampling
+from mmrft.rollout import HFEngine, Rollouts, Sampling
 from mmrft.task import EvalRecord, Task
 
 
@@ -40,13 +41,30 @@ class EvalResult:
 
 
 def evaluate(
-    policy: Policy, task: Task, samples: list[Sample], batch_size: int, max_new_tokens: int
+    policy: Policy,
+    task: Task,
+    samples: list[Sample],
+    batch_size: int,
+    max_new_tokens: int,
+    progress: Progress | None = None,
 ) -> EvalResult:
-    """Greedy-decode every sample once and score it with the task's strict evaluation."""
+    """Greedy-decode every sample once and score it with the task's strict evaluation.
+
+    Prompts go to the engine ``batch_size`` at a time (the batches the engine would form
+    itself, so the completions are the same), each batch advancing a bar on ``progress`` (a
+    live :func:`mmrft.runlog.progress_bar`) when one is given."""
     start = time.perf_counter()
     engine = HFEngine(policy, batch_size)
     conversations = [task.prompt(s, policy.family) for s in samples]
-    rollouts = engine.generate(conversations, n=1, sampling=Sampling(max_new_tokens, greedy=True))
+    sampling = Sampling(max_new_tokens, greedy=True)
+    bar = None if progress is None else progress.add_task("eval", total=len(samples), info="")
+    rollouts = Rollouts()
+    for begin in range(0, len(conversations), batch_size):
+        rollouts.extend(engine.generate(conversations[begin : begin + batch_size], 1, sampling))
+        if bar is not None:
+            progress.update(bar, completed=len(rollouts.texts))  # type: ignore[union-attr]
+    if bar is not None:
+        progress.remove_task(bar)  # type: ignore[union-attr]
     records = task.evaluate(rollouts.texts, samples)
     metrics = task.aggregate(records)
     metrics["primary"] = metrics.get(task.primary_metric, float("nan"))

@@ -1,7 +1,8 @@
-"""What a run writes and how it reports itself: ``metrics.jsonl`` and ``completions.jsonl``
-(:class:`RunLog`), the merged metrics of several processes, the file log, and two watchdogs:
-:class:`Heartbeat` (a hanging run says what it waits on) and :class:`GracefulStop` (Ctrl-C
-stops after the current step with an exact checkpoint)."""
+"""What a run writes and how it reports itself: ``metrics.jsonl``, ``completions.jsonl`` and
+``warm_start.jsonl`` (:class:`RunLog`), the merged metrics of several processes, the file log,
+the progress bars, and three watchdogs: :class:`Heartbeat` (a hanging run says what it waits
+on), :class:`NoSignalWatch` (a run whose groups carry no reward variance says so, and why) and
+:class:`GracefulStop` (Ctrl-C stops after the current step with an exact checkpoint)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ import logging
 import signal
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 from mmrft import distributed
 
@@ -32,6 +43,8 @@ class RunLog:
         """On resume: forget lines of steps after the checkpoint (they will be redone)."""
         if not self.enabled:
             return
+        if step < 0:  # a new run: the last run's warm start goes too
+            (self.run_dir / "warm_start.jsonl").unlink(missing_ok=True)
         for name in ("metrics.jsonl", "completions.jsonl"):
             path = self.run_dir / name
             if path.exists():
@@ -56,6 +69,15 @@ class RunLog:
         for tracker in self.trackers:
             tracker.log(step, values)
 
+    def warm_start(self, losses: list[float]) -> None:
+        """``warm_start.jsonl``: the supervised loss of every warm-start step (the report's
+        warm-start panel)."""
+        if not self.enabled or not losses:
+            return
+        with (self.run_dir / "warm_start.jsonl").open("w") as f:
+            for step, loss in enumerate(losses, start=1):
+                f.write(json.dumps({"step": step, "loss": float(loss)}) + "\n")
+
     def completions(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not self.enabled:
             return
@@ -68,6 +90,53 @@ class RunLog:
     def close(self) -> None:
         for tracker in self.trackers:
             tracker.close()
+
+
+class NoSignalWatch:
+    """Notices runs that learn nothing: after ``steps`` consecutive steps in which no group had
+    reward variance (``rollout/frac_zero_std`` = 1, so every advantage is 0), :meth:`update`
+    returns a warning naming the most frequent reasons for minimum scores over those steps
+    (``train/reasons/<verifier>/<reason>`` counts), and again every ``steps`` steps while it
+    lasts. A step with any variance starts the count again. ``steps = 0``: never."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.run = 0
+        self.reasons: Counter = Counter()
+
+    def update(self, frac_zero_std: float, reasons: dict[str, float]) -> str | None:
+        if not self.steps:
+            return None
+        if frac_zero_std < 1.0:
+            self.run = 0
+            self.reasons.clear()
+            return None
+        self.run += 1
+        self.reasons.update({k: float(v) for k, v in reasons.items()})
+        if self.run % self.steps:
+            return None
+        top = ", ".join(f"{reason} ×{n:g}" for reason, n in self.reasons.most_common(3))
+        return (
+            f"no group had reward variance in the last {self.run} steps: every advantage is 0 "
+            f"and nothing is learned; most frequent reasons: {top or 'none (equal nonzero rewards)'}"
+        )
+
+
+def progress_bar(console: Any, transient: bool = False) -> Progress:
+    """The progress display of RL steps, the warm start and evaluations: a description, the
+    bar, ``done/total``, a free ``info`` field (every task must be added with ``info=``), time
+    spent and left."""
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=transient,
+    )
 
 
 def media_counters() -> dict[str, float]:

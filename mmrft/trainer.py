@@ -36,6 +36,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import Progress
 
 from mmrft import distributed, zero
 from mmrft.algorithms import group_advantages, group_stats, grpo_loss, kl_penalty
@@ -55,23 +57,26 @@ from mmrft.checkpoint import (
     set_rng_state,
 )
 from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
-from mmrft.config import RunConfig, check_config, resolve_path, to_dict, to_yaml
+from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
 from mmrft.data import Sample
 from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
 from mmrft.group import check_attention, rollout_logps
 from mmrft.plugins import load_plugins
 from mmrft.policy import Policy, completion_logps, load_policy, resolve_family, save_pretrained
+from mmrft.prompt_view import row_prompt_text, show_prompt
 from mmrft.report import report_runs
 from mmrft.rewards import RewardError, WeightedReward, build_reward, write_failure
 from mmrft.rollout import Engine, Rollouts, build_engine
 from mmrft.runlog import (
     GracefulStop,
     Heartbeat,
+    NoSignalWatch,
     RunLog,
     attach_file_log,
     media_counters,
     merge_rank_metrics,
+    progress_bar,
     write_failure_record,
 )
 from mmrft.task import Task, build_task, read_split
@@ -156,8 +161,9 @@ def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
 
 def warm_start(
     policy: Policy, task: Task, samples: list[Sample], cfg: RunConfig, console: Console
-) -> None:
-    """Supervised steps on ``<answer>reference</answer>`` completions.
+) -> list[float]:
+    """Supervised steps on ``<answer>reference</answer>`` completions; returns the loss of
+    every step (shown on a progress bar as it runs).
 
     ``labels="random"`` pairs each prompt with the reference answer of another random sample:
     the model learns the answer *format* and the label distribution, but nothing about the
@@ -174,37 +180,43 @@ def warm_start(
     optimizer = torch.optim.AdamW(params, lr=ws.lr, weight_decay=0.0)
     end_of_turn = policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
     references = [task.reference_answer(s) for s in samples]
-    losses = []
+    losses: list[float] = []
     world, rank = distributed.world_size(), distributed.rank()
-    for step in range(ws.steps):
-        drawn = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
-        labels = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
-        share = slice(rank * ws.batch_size // world, (rank + 1) * ws.batch_size // world)
-        batch, labels = drawn[share], labels[share]
-        answers = [
-            references[j] if ws.labels == "random" else references[i] for i, j in zip(batch, labels)
-        ]
-        conversations = [task.prompt(samples[i], policy.family) for i in batch]
-        prepared = policy.family.prepare(
-            policy.processor, conversations, add_generation_prompt=True
-        )
-        rows = policy.family.split_rows(prepared, policy.processor)
-        completions = [
-            policy.tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False)
-            + [end_of_turn]
-            for a in answers
-        ]
-        logps, mask, _ = completion_logps(policy, rows, completions)
-        tokens = distributed.sum_scalar(float(mask.sum()))  # mean over every rank's tokens
-        loss = -(logps * mask).sum() / tokens
-        loss.backward()
-        distributed.sum_gradients(params)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(distributed.sum_scalar(loss.item()))
-        if (step + 1) % 20 == 0 or step + 1 == ws.steps:
-            console.print(f"warm start {step + 1}/{ws.steps}: loss {np.mean(losses[-20:]):.3f}")
+    with progress_bar(console) as progress:
+        bar = progress.add_task("warm start", total=ws.steps, info="")
+        for step in range(ws.steps):
+            drawn = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+            labels = [rng.randrange(len(samples)) for _ in range(ws.batch_size)]
+            share = slice(rank * ws.batch_size // world, (rank + 1) * ws.batch_size // world)
+            batch, labels = drawn[share], labels[share]
+            answers = [
+                references[j] if ws.labels == "random" else references[i]
+                for i, j in zip(batch, labels)
+            ]
+            conversations = [task.prompt(samples[i], policy.family) for i in batch]
+            prepared = policy.family.prepare(
+                policy.processor, conversations, add_generation_prompt=True
+            )
+            rows = policy.family.split_rows(prepared, policy.processor)
+            completions = [
+                policy.tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False)
+                + [end_of_turn]
+                for a in answers
+            ]
+            logps, mask, _ = completion_logps(policy, rows, completions)
+            tokens = distributed.sum_scalar(float(mask.sum()))  # mean over every rank's tokens
+            loss = -(logps * mask).sum() / tokens
+            loss.backward()
+            distributed.sum_gradients(params)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(distributed.sum_scalar(loss.item()))
+            recent = float(np.mean(losses[-20:]))
+            progress.update(bar, completed=step + 1, info=f"loss {recent:.3f}")
+            if (step + 1) % 20 == 0 or step + 1 == ws.steps:
+                log.info("warm start %d/%d: loss %.3f", step + 1, ws.steps, recent)
+    return losses
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +245,10 @@ class Run:
     stream: DataStream
     runlog: RunLog
     t_start: float
+    no_signal: NoSignalWatch
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
     resumed_from: Path | None = None
+    progress: Progress | None = None  # the RL loop's live progress display, while it runs
 
 
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
@@ -243,18 +257,9 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     try:
         start_step = begin(run)
         t_train = time.perf_counter()
-        progress = Progress(
-            TextColumn("[bold]step {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("left"),
-            TimeRemainingColumn(),
-            console=run.console,
-            transient=False,
-        )
+        progress = run.progress = progress_bar(run.console)
         with progress, GracefulStop() as stop, Heartbeat(cfg.train.heartbeat_s) as heartbeat:
-            bar = progress.add_task("rl", total=cfg.train.steps, completed=start_step, info="")
+            bar = progress.add_task("RL step", total=cfg.train.steps, completed=start_step, info="")
             for step in range(start_step + 1, cfg.train.steps + 1):
                 t0 = time.perf_counter()
                 heartbeat.phase(f"rollout and verifiers, step {step}")
@@ -282,6 +287,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                         f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
                     )
                     raise KeyboardInterrupt(stop.requested)
+        run.progress = None
         return finish(run, start_step, time.perf_counter() - t_train)
     finally:
         run.runlog.close()
@@ -320,8 +326,13 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         attach_file_log(run_dir / "train.log")
     distributed.barrier()
-    console.rule(f"[bold]mmrft train[/bold] → {run_dir}")
-    console.print(to_yaml(cfg), highlight=False)
+    console.rule(f"[bold]mmrft train[/bold] → {escape(str(run_dir))}")
+    console.print(
+        f"config, what differs from the defaults (all of it: {run_dir / 'config.yaml'}):\n"
+        + to_yaml(config_diff(cfg)).rstrip(),
+        highlight=False,
+        markup=False,
+    )
 
     task = build_task(cfg.task.name, cfg.task.params)
     reward = build_reward(
@@ -334,11 +345,18 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
     console.print(
         "reward = "
         + " + ".join(f"{w:g}·{v.name}[{v.spec.low:g},{v.spec.high:g}]" for v, w in reward.verifiers)
-        + f"  ∈ [{low:g}, {high:g}]"
+        + f"  ∈ [{low:g}, {high:g}]",
+        highlight=False,
+        markup=False,
     )
     family = resolve_family(cfg.model)
     train_samples, test_samples = read_data(cfg, task, family)
     policy = load_policy(cfg.model, device, family=family)
+    if rank == 0 and (train_samples or test_samples):  # what the model is shown, once
+        sample = (train_samples or test_samples)[0]
+        shown = show_prompt(policy, task.prompt(sample, family), sample.id)
+        console.print(shown, highlight=False, markup=False)
+        log.info(shown)
     distributed.broadcast_parameters(policy.model)
     distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
@@ -399,6 +417,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         stream=stream,
         runlog=runlog,
         t_start=t_start,
+        no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
     )
 
 
@@ -424,7 +443,8 @@ def begin(run: Run) -> int:
     else:
         run.runlog.truncate_after(-1)
         if cfg.warm_start.steps and run.train_samples:
-            warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
+            losses = warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
+            run.runlog.warm_start(losses)
         if cfg.eval.before and run.test_samples:
             run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
     # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
@@ -546,7 +566,13 @@ def log_step(
     if step % cfg.train.log_every == 0:
         run.runlog.metrics(step, metrics)
     if cfg.train.completions_every and step % cfg.train.completions_every == 0:
-        run.runlog.completions(step, _completion_rows(rollouts, batch.generated_samples, scored, G))
+        rows = _completion_rows(run.policy, rollouts, batch.generated_samples, scored, G)
+        run.runlog.completions(step, rows)
+    reasons = {k.removeprefix("train/reasons/"): v for k, v in metrics.items() if "/reasons/" in k}
+    warning = run.no_signal.update(metrics["rollout/frac_zero_std"], reasons)
+    if warning and run.rank == 0:
+        run.console.print(f"[yellow]warning:[/yellow] step {step}: {escape(warning)}")
+        log.warning("step %d: %s", step, warning)
     return metrics["train/reward"]
 
 
@@ -586,13 +612,17 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
     # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
     with distributed.gathered(run.policy.model):
         if distributed.is_main():
-            result: EvalResult = evaluate(
-                run.policy,
-                task,
-                run.test_samples,
-                cfg.eval.batch_size,
-                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            )
+            # a bar on the RL loop's display while it runs, else a display of its own
+            own = progress_bar(run.console, transient=True)
+            with nullcontext(run.progress) if run.progress else own as progress:
+                result: EvalResult = evaluate(
+                    run.policy,
+                    task,
+                    run.test_samples,
+                    cfg.eval.batch_size,
+                    cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                    progress,
+                )
             write_eval(result, directory, {"step": step})
             run.runlog.metrics(
                 step,
@@ -858,14 +888,19 @@ def _check_replicas(policy: Policy, when: str) -> None:
 
 
 def _completion_rows(
-    rollouts: Rollouts, samples: list[Sample], scored: Any, group_size: int
+    policy: Policy, rollouts: Rollouts, samples: list[Sample], scored: Any, group_size: int
 ) -> list[dict[str, Any]]:
-    """The first two groups of a step, with media referenced by path."""
+    """The first two groups of a step, with the rendered prompt (media placeholders
+    summarised, :func:`mmrft.prompt_view.row_prompt_text`; ``None`` when the engine kept no
+    prompt tokens) and media referenced by path."""
     rows = []
     for i in range(min(len(samples), 2 * group_size)):
+        k = rollouts.prompt_index[i] if i < len(rollouts.prompt_index) else None
+        prompt = rollouts.prompts[k] if k is not None and k < len(rollouts.prompts) else {}
         rows.append(
             {
                 "id": samples[i].id,
+                "prompt": row_prompt_text(policy, prompt) if "input_ids" in prompt else None,
                 "media": samples[i].media(),
                 "target": samples[i].target,
                 "completion": rollouts.texts[i],

@@ -348,3 +348,69 @@ def test_heartbeat_names_the_phase_it_waits_on(caplog):
         heartbeat.phase("verifier 'iou', step 7")
         time.sleep(0.7)
     assert "still in verifier 'iou', step 7 after" in caplog.text
+
+
+def test_start_up_shows_the_config_diff_and_a_rendered_prompt_and_warns_without_signal(tmp_path):
+    """Start-up prints only the keys that differ from the defaults and one rendered prompt with
+    its media; completions.jsonl rows carry the prompt text; the warm start is logged; steps in
+    which no group has reward variance (a random model scores 0 on format and accuracy) end in
+    a warning naming the reasons."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    out = StringIO()
+    cfg = tiny_config(
+        tmp_path,
+        "train.steps=4",
+        "warm_start.steps=2",
+        "warm_start.batch_size=2",
+        "train.warn_no_signal_steps=2",
+        "reward.verifiers=[{name: format}, {name: accuracy}]",
+        "eval.after=false",
+        "task.params.think=none",
+    )
+    summary = train(cfg, Console(file=out, width=200))
+    text = out.getvalue()
+    diff = text.split("config, what differs from the defaults", 1)[1].split("reward =", 1)[0]
+    assert "group_size: 4" in diff and "max_new_tokens: 6" in diff
+    assert "kl_estimator" not in diff and "heartbeat_s" not in diff  # defaults are not shown
+    assert "prompt of sample shapes_colour-train-" in text
+    assert "<|vision_start|><|image_pad|>×4<|vision_end|>What colour is the shape?" in text
+    assert "media:\n  image " in text and ".png: 56×56 px → 56×56 px, 4 tokens" in text
+    assert text.count("no group had reward variance in the last 2 steps") == 1
+    assert text.count("no group had reward variance in the last 4 steps") == 1
+    assert "most frequent reasons: format/" in text or "most frequent reasons: accuracy/" in text
+    run = Path(summary["run_dir"])
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert rows and all("<|image_pad|>×4<|vision_end|>What colour" in r["prompt"] for r in rows)
+    warm = [json.loads(line) for line in (run / "warm_start.jsonl").read_text().splitlines()]
+    assert [w["step"] for w in warm] == [1, 2] and all(w["loss"] > 0 for w in warm)
+
+
+def test_evaluation_advances_a_progress_bar_batch_by_batch():
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from mmrft.evaluate import evaluate
+    from mmrft.policy import load_policy, resolve_family
+    from mmrft.runlog import progress_bar
+    from mmrft.task import build_task, read_split
+
+    cfg = load_config("demo")
+    family = resolve_family(cfg.model)
+    family.load_processor(cfg.model.path)
+    task = build_task(cfg.task.name, cfg.task.params)
+    samples = read_split(task, family, cfg.data.test, limit=5)
+    policy = load_policy(cfg.model, torch.device("cpu"), trainable=False, family=family)
+    seen = []
+
+    class Spy(Progress):
+        def update(self, task_id, **kwargs):
+            seen.append(kwargs.get("completed"))
+            super().update(task_id, **kwargs)
+
+    with progress_bar(Console(quiet=True)) as base:
+        spy = Spy(*base.columns, console=base.console)
+        result = evaluate(policy, task, samples, 2, 4, progress=spy)
+    assert seen == [2, 4, 5] and len(result.records) == 5 and not spy.tasks
