@@ -101,6 +101,8 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         fmt=cfg.data.format,
         on_error=cfg.data.on_error,
         limit=cfg.data.max_test_samples,
+        fields=cfg.data.fields,
+        media_root=cfg.data.media_root or None,
     )
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     with progress_bar(console, transient=True) as progress:

@@ -135,7 +135,16 @@ class DataConfig:
     )
     test: str = _f("", "Held-out dataset file used by evaluation.")
     format: str = _f(
-        "mmrft", "Dataset format understood by the task ('mmrft' JSONL, 'refcoco', ...)."
+        "mmrft",
+        "Record layout: 'mmrft' (the project's records, or any flat layout through data.fields), 'conversations' (LLaVA / VLM-R1: from human / gpt), or one of the task's own formats ('refcoco', 'charades', 'video_r1', ...). 'mmrft' and 'conversations' are read from JSON lines, a JSON list, parquet, a Hugging Face datasets directory (save_to_disk) or a folder of such files.",
+    )
+    fields: dict[str, str] = _f(
+        {},
+        "Which key of a record holds what, for a layout that is not mmrft's: question, answer, image, video, audio (a path, a list of paths, or stored bytes), options (→ meta.choices), id; any other name copies that key into meta (e.g. {question: problem, answer: solution, image: image_path}). Dotted keys read nested objects; '<image>' placeholders are removed from the question; an answer in <answer> tags or written as JSON ('3', '[1, 2, 3, 4]') is unwrapped.",
+    )
+    media_root: str = _f(
+        "",
+        "Folder that relative media paths of the mmrft / conversations layouts are relative to; empty = the dataset file's folder.",
     )
     on_error: Literal["raise", "skip"] = _f(
         "raise",

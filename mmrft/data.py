@@ -11,23 +11,32 @@ sample per line::
      "target": "red",
      "meta": {"choices": ["red", "green", "blue", "yellow"]}}
 
-Media paths are relative to the JSONL file (absolute paths and URLs are kept as they are).
-``messages`` may also be a plain string, read as one user turn of text. Readers never skip a
-line silently: a malformed line raises :class:`DataError` naming file and line, or, with
-``on_error="skip"``, is skipped and counted in :class:`ReadStats`.
+Media paths are relative to the JSONL file, or to ``data.media_root`` (absolute paths and URLs
+are kept as they are). ``messages`` may also be a plain string, read as one user turn of text.
+Readers never skip a line silently: a malformed line raises :class:`DataError` naming file and
+line, or, with ``on_error="skip"``, is skipped and counted in :class:`ReadStats`.
+
+The records may sit in any container (:func:`iter_records`): JSON lines, a JSON list, parquet,
+a Hugging Face ``datasets`` directory, or a folder of such files. Records of another layout
+become project records through a field mapping (``data.fields``, :func:`map_fields`: which keys
+hold the question, the answer, the media, the options) or the LLaVA / VLM-R1
+``conversations`` layout (:func:`from_conversations`), so that a common dataset needs no code.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import itertools
 import json
 import logging
 import os
+import re
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -187,30 +196,179 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any, str]]:
                 yield number, DataError(f"{where}: not valid JSON ({exc.msg})"), where
 
 
-def read_records(
+def _skip_space(text: str, i: int) -> int:
+    while i < len(text) and text[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+class ListItem(NamedTuple):
+    """One item of a JSON list file: its 0-based position and its value."""
+
+    index: int
+    value: Any
+
+
+def iter_json_list(path: str | Path) -> Iterator[tuple[ListItem, str]]:
+    """Yield ``(ListItem(index, value), where)`` for each item of a file holding one JSON list;
+    ``where`` is ``"<path>:<line> (item <index>)"``, the line on which the item starts (several
+    items share a line in a list written without indentation, hence the index).
+
+    An item that is not valid JSON ends the list (JSON has no way to resynchronise inside an
+    array), so it raises DataError naming its line whatever ``on_error`` says; so do a missing
+    file and a file that is not a JSON list.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"dataset file not found: {path}")
+    text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    i = _skip_space(text, 0)
+    if i >= len(text) or text[i] != "[":
+        raise DataError(f"{path}: expected a JSON list of objects (a file starting with '[')")
+    i = _skip_space(text, i + 1)
+    line, counted = 1, 0
+    if i < len(text) and text[i] == "]":
+        return
+    for index in itertools.count():
+        line += text.count("\n", counted, i)
+        counted = i
+        try:
+            value, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
+        yield ListItem(index, value), f"{path}:{line} (item {index})"
+        i = _skip_space(text, end)
+        if i < len(text) and text[i] == ",":
+            i = _skip_space(text, i + 1)
+            continue
+        if i < len(text) and text[i] == "]":
+            return
+        line += text.count("\n", counted, i)
+        raise DataError(f"{path}:{line}: not valid JSON (expected ',' or ']' after an item)")
+
+
+def item_id(path: str | Path, item: ListItem) -> str:
+    """``<file stem>-<index>``: the id of a JSON-list item that has none of its own."""
+    return f"{Path(path).stem}-{item.index}"
+
+
+def _records_of_file(path: Path) -> Iterator[tuple[Any, str]]:
+    if path.suffix == ".parquet":
+        yield from _parquet_rows(path)
+    elif path.suffix == ".json" and _first_char(path) == "[":
+        for item, where in iter_json_list(path):
+            yield item.value, where
+    else:  # JSON lines (.jsonl, or a .json file holding one object per line)
+        for _, record, where in iter_jsonl(path):
+            yield record, where
+
+
+def _first_char(path: Path) -> str:
+    with path.open(encoding="utf-8") as f:
+        while True:
+            chunk = f.read(4096)
+            if not chunk:
+                return ""
+            stripped = chunk.lstrip()
+            if stripped:
+                return stripped[0]
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(
+            f"{path}: reading parquet needs pyarrow (pip install 'mmrft[data]')"
+        ) from None
+    try:
+        table = pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own error types for a bad file
+        raise DataError(f"{path}: not a readable parquet file ({exc})") from None
+    number = 0
+    for batch in table.iter_batches(batch_size=256):
+        for row in batch.to_pylist():
+            number += 1
+            yield row, f"{path} row {number}"
+
+
+def _hf_dataset_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    """Rows of a directory written by ``datasets``' ``save_to_disk``; image and audio columns as
+    their stored ``{"bytes", "path"}`` (never decoded here)."""
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(
+            f"{path}: a Hugging Face datasets directory needs datasets (pip install 'mmrft[data]')"
+        ) from None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        raise DataError(
+            f"{path}: holds the splits {', '.join(loaded)}; name one folder, e.g. {path / next(iter(loaded))}"
+        )
+    for name, feature in loaded.features.items():
+        if isinstance(feature, (datasets.Image, datasets.Audio)):
+            loaded = loaded.cast_column(name, type(feature)(decode=False))
+    for number, row in enumerate(loaded, start=1):
+        yield row, f"{path} row {number}"
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[Any, str]]:
+    """``(record, where)`` for every record of a dataset, whatever holds it: JSON lines
+    (``.jsonl``, or a ``.json`` file of one object per line), a ``.json`` file holding one list,
+    a ``.parquet`` file, a directory written by Hugging Face ``datasets`` (``save_to_disk``: a
+    ``state.json`` inside), or a directory of such files (a hub snapshot's ``data/*.parquet``),
+    read in name order. ``where`` names the file and the line (``file:12``), the list item
+    (``file:12 (item 3)``) or the row (``file row 12``). A record that is not valid JSON comes
+    as a DataError to raise or skip."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+            yield from _hf_dataset_rows(path)
+            return
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.suffix in (".parquet", ".jsonl", ".json") and p.is_file()
+        )
+        files = [p for p in files if p.name not in ("dataset_info.json", "state.json")]
+        if not files:
+            raise DataError(f"{path}: no .parquet, .jsonl or .json files in this directory")
+        for file in files:
+            yield from _records_of_file(file)
+        return
+    if not path.is_file():
+        raise DataError(f"dataset file not found: {path}")
+    yield from _records_of_file(path)
+
+
+def collect_samples(
     path: str | Path,
-    parse: Callable[[Any, Path, str], Sample],
+    items: Iterable[tuple[Any, str]],
+    parse: Callable[[Any, str], Sample],
     on_error: OnError = "raise",
     check: Callable[[Sample], None] | None = None,
 ) -> tuple[list[Sample], ReadStats]:
-    """Read a JSONL file with ``parse(record, base_dir, where) -> Sample``.
+    """Samples from ``(record, where)`` items: the raise / skip-and-count loop of every reader.
 
+    ``parse(record, where)`` builds a Sample or raises DataError naming ``where``; a record that
+    is itself a DataError (an unreadable line) is raised as is. Duplicate ids are errors.
     ``check(sample)`` may raise DataError (a missing or corrupt image, say); its message gets
-    the line's ``file:line`` in front when it does not name it already, so an error always
-    names both the dataset line and the media file. With ``on_error="skip"`` such lines are
-    skipped and counted (by the check's own reason, e.g. ``image file not found``); otherwise
-    the error propagates.
+    the item's ``where`` in front when it does not name it already, so an error always names
+    both the dataset item and the media file. With ``on_error="skip"`` failing items are
+    skipped and counted in the returned :class:`ReadStats` (by reason, e.g. ``image file not
+    found``); otherwise the first error propagates.
     """
-    path = Path(path)
     stats = ReadStats(str(path))
-    samples = []
+    samples: list[Sample] = []
     seen: set[str] = set()
-    for _, record, where in iter_jsonl(path):
+    for record, where in items:
         stats.read += 1
         try:
             if isinstance(record, DataError):
                 raise record
-            sample = parse(record, path.parent, where)
+            sample = parse(record, where)
             if sample.id in seen:
                 raise DataError(f"{where}: duplicate id '{sample.id}'")
             if check is not None:
@@ -218,7 +376,7 @@ def read_records(
         except DataError as exc:
             message = str(exc)
             if on_error == "skip":
-                # the reason without "file:line: " (a line's error) or "path: " (a media check's)
+                # the reason without "file:line: " (an item's error) or "path: " (a media check's)
                 stats.skip(message.split(": ", 1)[-1].split(" (")[0], where)
                 continue
             if message.startswith(where):
@@ -228,6 +386,36 @@ def read_records(
         samples.append(sample)
         stats.kept += 1
     return samples, stats
+
+
+def read_records(
+    path: str | Path,
+    parse: Callable[[Any, Path, str], Sample],
+    on_error: OnError = "raise",
+    check: Callable[[Sample], None] | None = None,
+    media_root: str | Path | None = None,
+) -> tuple[list[Sample], ReadStats]:
+    """Read a dataset in any container (:func:`iter_records`) with
+    ``parse(record, base, where) -> Sample``, through :func:`collect_samples`. ``base``, the
+    folder relative media paths are relative to, is ``media_root`` when given, else the
+    dataset file's folder (the directory itself for a dataset directory)."""
+    path = Path(path)
+    base = Path(media_root) if media_root else (path if path.is_dir() else path.parent)
+    return collect_samples(
+        path, iter_records(path), lambda r, where: parse(r, base, where), on_error, check
+    )
+
+
+def position(where: str) -> str:
+    """The line, item or row number that ends a ``where`` (the id of a record without one)."""
+    found = re.search(r"(\d+)\D*$", where)
+    return found.group(1) if found else where
+
+
+def default_id(where: str) -> str:
+    """``<file stem>-<line, item or row number>``: the id of a record that has none."""
+    file = re.sub(r"(:\d+( \(item \d+\))?| row \d+)$", "", where)
+    return f"{Path(file).stem}-{position(where)}"
 
 
 def parse_mmrft_record(record: Any, base: Path, where: str) -> Sample:
@@ -240,7 +428,7 @@ def parse_mmrft_record(record: Any, base: Path, where: str) -> Sample:
     meta = record.get("meta") or {}
     if not isinstance(meta, dict):
         raise DataError(f"{where}: 'meta' must be an object")
-    sample_id = str(record.get("id", where.rsplit(":", 1)[-1]))
+    sample_id = str(record["id"]) if record.get("id") is not None else position(where)
     return Sample(
         id=sample_id,
         messages=normalise_messages(record["messages"], base, where),
@@ -254,3 +442,185 @@ def read_mmrft_jsonl(
 ) -> tuple[list[Sample], ReadStats]:
     """Read the project's JSONL format."""
     return read_records(path, parse_mmrft_record, on_error=on_error, check=check)
+
+
+# ---------------------------------------------------------------------------------------------
+# Other layouts of a record: a field mapping, and LLaVA / VLM-R1 conversations
+
+LAYOUTS = ("mmrft", "conversations")
+"""Record layouts every task reads (``data.format``): the project's own (or any layout through
+``data.fields``) and ``conversations``."""
+
+FIELD_ROLES = ("id", "question", "answer", "image", "video", "audio", "options")
+"""What ``data.fields`` maps: which key of a record holds each. Any other name in the mapping
+copies its key into ``meta`` under that name (``category: subject`` → ``meta.category``)."""
+
+_PLACEHOLDER = re.compile(r"<(image|video|audio)>\n?")
+_TAGGED_ANSWER = re.compile(r"\s*<answer>(.*?)</answer>\s*", re.S)
+_JSON_LITERAL = re.compile(r"\s*(-?\d+(\.\d+)?([eE][-+]?\d+)?|\[.*\]|\{.*\})\s*", re.S)
+
+
+def answer_value(value: Any) -> Any:
+    """A ground truth as datasets write it, made a target: a text wrapped in
+    ``<answer>…</answer>`` (R1-V, Video-R1) is unwrapped, and a text that is a JSON number,
+    list or object (``"3"``, ``"[10, 20, 30, 40]"``) is parsed; anything else is kept."""
+    if not isinstance(value, str):
+        return value
+    tagged = _TAGGED_ANSWER.fullmatch(value)
+    text = (tagged.group(1) if tagged else value).strip()
+    if _JSON_LITERAL.fullmatch(text):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            pass
+    return text
+
+
+def media_cache_dir() -> Path:
+    """Where media stored inside a dataset (bytes in parquet / ``datasets`` columns) are written
+    as files: ``$MMRFT_CACHE/media``, default ``~/.cache/mmrft/media``."""
+    return Path(os.environ.get("MMRFT_CACHE", "~/.cache/mmrft")).expanduser() / "media"
+
+
+_MAGIC = ((b"\x89PNG", ".png"), (b"\xff\xd8", ".jpg"), (b"GIF8", ".gif"), (b"RIFF", ".wav"))
+
+
+def media_source(value: Any, base: Path, where: str) -> str:
+    """A media reference of a dataset record as a path or URL: a string (relative to ``base``),
+    or a ``{"path", "bytes"}`` record as ``datasets`` stores images and audio (the bytes are
+    written once into :func:`media_cache_dir`, named by their hash)."""
+    if isinstance(value, str) and value:
+        return _resolve_media(value, base)
+    if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
+        data, name = value.get("bytes"), value.get("path") or ""
+        if not data:
+            return _resolve_media(str(name), base)
+        suffix = Path(name).suffix or next((s for m, s in _MAGIC if data.startswith(m)), "")
+        if not suffix and data[4:8] == b"ftyp":
+            suffix = ".mp4"
+        target = media_cache_dir() / f"{hashlib.sha256(data).hexdigest()[:24]}{suffix or '.bin'}"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        return str(target)
+    raise DataError(f"{where}: a media value must be a path or {{bytes, path}}, got {value!r:.80}")
+
+
+def _lookup(record: dict[str, Any], key: str, where: str) -> Any:
+    """``record[key]``, where a dotted key reads into nested objects (``annotation.box``)."""
+    node: Any = record
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise DataError(f"{where}: no field '{key}' (data.fields)")
+        node = node[part]
+    return node
+
+
+def _user_record(
+    record_id: Any,
+    text: str,
+    media: list[tuple[str, Any]],
+    target: Any,
+    meta: dict,
+    base: Path,
+    where: str,
+) -> dict[str, Any]:
+    content = [
+        {"type": kind, kind: media_source(value, base, where)}
+        for kind, values in media
+        for value in (values if isinstance(values, list) else [values])
+    ]
+    content.append({"type": "text", "text": _PLACEHOLDER.sub("", text).strip()})
+    out = {"messages": [{"role": "user", "content": content}], "target": target, "meta": meta}
+    if record_id is not None:
+        out["id"] = str(record_id)
+    return out
+
+
+def check_fields(fields: dict[str, str]) -> None:
+    """``data.fields`` needs ``question`` and ``answer``; every value is a key name."""
+    missing = [role for role in ("question", "answer") if role not in fields]
+    if missing:
+        raise DataError(
+            f"data.fields: map {' and '.join(missing)} too (roles: {', '.join(FIELD_ROLES)})"
+        )
+    bad = [name for name, key in fields.items() if not isinstance(key, str) or not key]
+    if bad:
+        raise DataError(f"data.fields: {', '.join(bad)} must name a key of the records")
+
+
+def map_fields(record: Any, fields: dict[str, str], base: Path, where: str) -> dict[str, Any]:
+    """A record of any flat layout as a project record, through ``data.fields``
+    (:data:`FIELD_ROLES`): the media parts (paths, lists of paths, or stored bytes) then the
+    question (``<image>``-style placeholders removed) as one user turn, the answer as the target
+    (:func:`answer_value`), ``options`` as ``meta.choices``, other names as ``meta`` keys."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected an object")
+    question = _lookup(record, fields["question"], where)
+    if not isinstance(question, str):
+        raise DataError(f"{where}: '{fields['question']}' (the question) must be a string")
+    media = [(kind, _lookup(record, fields[kind], where)) for kind in MEDIA_TYPES if kind in fields]
+    meta = {
+        name: _lookup(record, key, where) for name, key in fields.items() if name not in FIELD_ROLES
+    }
+    if "options" in fields:
+        meta["choices"] = _lookup(record, fields["options"], where)
+    record_id = _lookup(record, fields["id"], where) if "id" in fields else record.get("id")
+    target = answer_value(_lookup(record, fields["answer"], where))
+    return _user_record(record_id, question, media, target, meta, base, where)
+
+
+_MEDIA_KEYS = {
+    "image": ("image", "images"),
+    "video": ("video", "videos"),
+    "audio": ("audio", "audios"),
+}
+
+
+def from_conversations(record: Any, base: Path, where: str) -> dict[str, Any]:
+    """A record of the LLaVA / VLM-R1 ``conversations`` layout as a project record::
+
+        {"id": 1, "image": "coco/train2014/COCO_train2014_000000000009.jpg",
+         "conversations": [{"from": "human", "value": "<image>Where is the red cup?"},
+                           {"from": "gpt", "value": "[61, 40, 212, 180]"}]}
+
+    The first human (or ``user``) turn is the question, the next gpt (or ``assistant``) turn
+    the answer (:func:`answer_value`); ``image``/``images``, ``video``/``videos`` and
+    ``audio``/``audios`` (a path or a list) are the media; a ``meta`` object is kept."""
+    if not isinstance(record, dict) or not isinstance(record.get("conversations"), list):
+        raise DataError(f"{where}: expected an object with a 'conversations' list")
+    turns = [t for t in record["conversations"] if isinstance(t, dict)]
+    asked = next((i for i, t in enumerate(turns) if t.get("from") in ("human", "user")), None)
+    answered = next(
+        (t for t in turns[(asked or 0) + 1 :] if t.get("from") in ("gpt", "assistant")), None
+    )
+    if asked is None or answered is None:
+        raise DataError(f"{where}: 'conversations' needs a human turn and a gpt turn after it")
+    question, answer = turns[asked].get("value"), answered.get("value")
+    if not isinstance(question, str) or answer is None:
+        raise DataError(f"{where}: the human and gpt turns need a 'value'")
+    media = [
+        (kind, record[key]) for kind, keys in _MEDIA_KEYS.items() for key in keys if record.get(key)
+    ]
+    meta = record.get("meta") if isinstance(record.get("meta"), dict) else {}
+    return _user_record(
+        record.get("id"), question, media, answer_value(answer), dict(meta), base, where
+    )
+
+
+def record_layout(
+    fmt: str, fields: dict[str, str] | None = None
+) -> Callable[[Any, Path, str], Any] | None:
+    """How a record of layout ``fmt`` (:data:`LAYOUTS`) becomes a project record:
+    :func:`map_fields` when ``fields`` is given, :func:`from_conversations`, or ``None`` (the
+    record is one already)."""
+    if fields:
+        if fmt != "mmrft":
+            raise DataError(
+                f"data.fields: a field mapping reads flat records; data.format is '{fmt}'"
+            )
+        check_fields(fields)
+        return lambda record, base, where: map_fields(record, fields, base, where)
+    return from_conversations if fmt == "conversations" else None

@@ -24,7 +24,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from mmrft.data import DataError, OnError, ReadStats, Sample, parse_mmrft_record, read_records
+from mmrft.data import (
+    LAYOUTS,
+    DataError,
+    OnError,
+    ReadStats,
+    Sample,
+    parse_mmrft_record,
+    read_records,
+    record_layout,
+)
 from mmrft.plugins import TASKS
 from mmrft.typecheck import ConfigError, bind_keyword_params
 
@@ -86,7 +95,9 @@ class Task:
         name: registry name (set by ``@task``).
         template: the prompt template (see the module docstring).
         primary_metric: the key of :attr:`EvalRecord.values` reported as *the* metric.
-        formats: dataset formats :meth:`read` understands (``"mmrft"`` is the project JSONL).
+        formats: the task's own dataset formats, read by :meth:`read_format`, besides the
+            layouts every task reads (:data:`mmrft.data.LAYOUTS`: ``"mmrft"``, the project
+            records or any layout through ``data.fields``, and ``"conversations"``).
     """
 
     name: ClassVar[str] = ""
@@ -116,15 +127,36 @@ class Task:
         fmt: str = "mmrft",
         on_error: OnError = "raise",
         check: Callable[[Sample], None] | None = None,
+        *,
+        fields: dict[str, str] | None = None,
+        media_root: str | Path | None = None,
     ) -> tuple[list[Sample], ReadStats]:
-        """Read a dataset file in format ``fmt`` (one of :attr:`formats`): the project JSONL,
-        each line through :meth:`parse_record`, or another format through :meth:`read_format`."""
+        """Read a dataset in format ``fmt``.
+
+        The layouts every task reads (``mmrft``, ``conversations``) come from any container
+        (:func:`mmrft.data.iter_records`: JSON lines, a JSON list, parquet, a ``datasets``
+        directory), each record made a project record (through ``fields`` when given) and
+        parsed by :meth:`parse_record`, media relative to ``media_root`` (default: the file's
+        folder). A task's own formats (:attr:`formats`) go to :meth:`read_format`."""
+        if fmt in LAYOUTS:
+            try:
+                layout = record_layout(fmt, fields)
+            except DataError as exc:
+                raise ConfigError(str(exc)) from None
+            parse = self.parse_record
+            if layout is not None:
+
+                def parse(record: Any, base: Path, where: str) -> Sample:
+                    return self.parse_record(layout(record, base, where), base, where)
+
+            return read_records(path, parse, on_error=on_error, check=check, media_root=media_root)
         if fmt not in self.formats:
+            known = ", ".join(dict.fromkeys([*LAYOUTS, *self.formats]))
+            raise ConfigError(f"data.format: task '{self.name}' reads {known}, not '{fmt}'")
+        if fields:
             raise ConfigError(
-                f"data.format: task '{self.name}' reads {', '.join(self.formats)}, not '{fmt}'"
+                f"data.fields: the mapping reads flat records (data.format mmrft), not '{fmt}'"
             )
-        if fmt == "mmrft":
-            return read_records(path, self.parse_record, on_error=on_error, check=check)
         return self.read_format(Path(path), fmt, on_error, check)
 
     def read_format(
@@ -222,6 +254,8 @@ def read_split(
     fmt: str = "mmrft",
     on_error: OnError = "raise",
     limit: int | None = None,
+    fields: dict[str, str] | None = None,
+    media_root: str | Path | None = None,
 ) -> list[Sample]:
     """Read a dataset split, check every line and its media, and annotate the samples.
 
@@ -231,9 +265,17 @@ def read_split(
     dataset's ``file:line`` and the media path (``data.on_error="skip"``: skipped and
     counted). Only the family adapter is needed (``mmrft.policy.resolve_family``), not the
     model: call this before loading any weights, so that a data error costs seconds, not a
-    model load. ``limit`` keeps the first samples; no usable sample is a DataError.
+    model load. ``limit`` keeps the first samples; no usable sample is a DataError. ``fields``
+    and ``media_root``: ``data.fields`` and ``data.media_root`` (:meth:`Task.read`).
     """
-    samples, stats = task.read(path, fmt=fmt, on_error=on_error, check=family.check_media)
+    samples, stats = task.read(
+        path,
+        fmt=fmt,
+        on_error=on_error,
+        check=family.check_media,
+        fields=fields,
+        media_root=media_root,
+    )
     log.info(stats.summary())
     if not samples:
         raise DataError(f"{path}: no usable samples ({stats.summary()})")

@@ -126,6 +126,8 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
             fmt=cfg.data.format,
             on_error=cfg.data.on_error,
             limit=limit,
+            fields=cfg.data.fields,
+            media_root=cfg.data.media_root or None,
         )
 
     return (

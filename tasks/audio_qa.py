@@ -59,10 +59,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmrft.tasks.video_qa import ListItem, collect_samples, iter_json_list, user_turn
+from mmrft.tasks.video_qa import user_turn
 
 from mmrft.answers import choice_index, extract_answer, match_choice
-from mmrft.data import DataError, OnError, ReadStats, Sample, read_records
+from mmrft.data import (
+    DataError,
+    ListItem,
+    OnError,
+    ReadStats,
+    Sample,
+    collect_samples,
+    iter_json_list,
+    read_records,
+)
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")

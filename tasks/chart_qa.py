@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmrft.tasks.video_qa import ListItem, collect_samples, item_id, iter_json_list, user_turn
+from mmrft.tasks.video_qa import user_turn
 
 from mmrft.answers import (
     choice_index,
@@ -47,7 +47,16 @@ from mmrft.answers import (
     normalise_text,
     parse_number,
 )
-from mmrft.data import DataError, OnError, ReadStats, Sample
+from mmrft.data import (
+    DataError,
+    ListItem,
+    OnError,
+    ReadStats,
+    Sample,
+    collect_samples,
+    item_id,
+    iter_json_list,
+)
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 

@@ -13,7 +13,8 @@ Dataset formats:
 * ``mmrft``: the project JSONL (:mod:`mmrft.data`) with the target as above.
   ``meta.image_size`` is read from the image header when the line does not give it.
 * ``refcoco``: VLM-R1's REC annotations (``rec_jsons_processed``: ``refcoco_train``,
-  ``refcocop_val``, ``refcocog_test``, ...), one JSON object per line::
+  ``refcocop_val``, ``refcocog_test``, ...), a JSON list as VLM-R1 ships them or one object per
+  line (any container of :func:`mmrft.data.iter_records`)::
 
       {"image": "COCO_train2014_000000xxxxxx.jpg", "problem": "...",
        "normal_caption": "the man on the left", "solution": [x1, y1, x2, y2],
@@ -23,8 +24,8 @@ Dataset formats:
   ``normal_caption`` is the expression and ``solution`` the box in original pixels.
   ``problem`` (VLM-R1's own prompt) and ``normalized_solution`` are not used: the prompt is this
   task's template. ``image_size`` is read from each image's header (size only, no pixels
-  decoded; cached per path). VLM-R1 ships these as ``.json`` arrays; convert them once with
-  ``jq -c '.[]' refcoco_val.json > refcoco_val.jsonl``.
+  decoded; cached per path). VLM-R1's newer ``conversations`` files (``from: human / gpt``)
+  are read by the layout every task has, ``data.format: conversations``.
 
 Metrics (:meth:`GroundingTask.evaluate_one`): ``acc@0.5`` (IoU ≥ 0.5, the RefCOCO metric,
 primary) and ``iou``.
@@ -47,6 +48,7 @@ from mmrft.data import (
     OnError,
     ReadStats,
     Sample,
+    default_id,
     normalise_messages,
     read_records,
 )
@@ -114,18 +116,6 @@ def _box_frame(sample: Sample) -> str:
     return frame
 
 
-def _refuse_json_array(path: Path) -> None:
-    """VLM-R1 ships ``.json`` arrays; this reader wants one object per line."""
-    if path.is_file():
-        with path.open(encoding="utf-8") as f:
-            start = f.read(256).lstrip()
-        if start.startswith("["):
-            raise DataError(
-                f"{path}: a JSON array; the refcoco format is JSON Lines, one object per line "
-                f"(convert once: jq -c '.[]' {path} > {path.with_suffix('.jsonl')})"
-            )
-
-
 @task("grounding")
 class GroundingTask(Task):
     """Referring-expression comprehension: the box of the object the expression names.
@@ -164,7 +154,6 @@ class GroundingTask(Task):
     ) -> tuple[list[Sample], ReadStats]:
         """Read ``path`` in this task's other formats (module docstring)."""
         if fmt == "refcoco":
-            _refuse_json_array(path)
             root = Path(self.image_root).expanduser() if self.image_root else path.parent
 
             def parse(record: Any, base: Path, where: str) -> Sample:
@@ -213,8 +202,7 @@ class GroundingTask(Task):
         image_path = messages[0]["content"][0]["image"]
         size = _read_image_size(image_path, where)
         target = _check_box(record["solution"], size, where, field="solution")
-        file, line = where.rsplit(":", 1)
-        sample_id = str(record.get("id", f"{Path(file).stem}-{line}"))
+        sample_id = str(record["id"]) if "id" in record else default_id(where)
         return Sample(id=sample_id, messages=messages, target=target, meta={"image_size": size})
 
     # -- rewards and metrics --------------------------------------------------------------------

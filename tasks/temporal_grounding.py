@@ -48,11 +48,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from mmrft.tasks.video_qa import collect_samples, user_turn
+from mmrft.tasks.video_qa import user_turn
 from mmrft.verifiers.temporal import parse_interval, temporal_iou
 
 from mmrft.answers import extract_answer
-from mmrft.data import DataError, OnError, ReadStats, Sample
+from mmrft.data import DataError, OnError, ReadStats, Sample, collect_samples
 from mmrft.metrics import temporal_recall
 from mmrft.task import EvalRecord, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError

@@ -43,20 +43,18 @@ Dataset formats:
   item's 0-based position; ``problem_id`` is not unique across Video-R1's sources, it is kept
   in ``meta["problem_id"]``).
 
-This module also holds the reader helpers the other media tasks share: :func:`iter_json_list`
-(a JSON list read item by item, each with its line number and position) and :func:`collect_samples` (the
-raise / skip-and-count loop of :func:`mmrft.data.read_records` over any item source).
+This module also holds :func:`user_turn`, the one-turn message builder the other media tasks
+share; the JSON-list reader and the raise / skip-and-count loop they use are
+:func:`mmrft.data.iter_json_list` and :func:`mmrft.data.collect_samples`.
 """
 
 from __future__ import annotations
 
-import itertools
-import json
 import re
 import string
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from mmrft.answers import (
     choice_index,
@@ -67,9 +65,13 @@ from mmrft.answers import (
 )
 from mmrft.data import (
     DataError,
+    ListItem,
     OnError,
     ReadStats,
     Sample,
+    collect_samples,
+    item_id,
+    iter_json_list,
     normalise_messages,
 )
 from mmrft.task import EvalRecord, Task, ThinkMode, task
@@ -82,102 +84,6 @@ _OPTION = re.compile(r"\s*([A-Z])\s*[.):]\s*(.*\S)\s*", re.DOTALL)
 
 
 # -- shared readers ----------------------------------------------------------------------------
-def collect_samples(
-    path: str | Path,
-    items: Iterable[tuple[Any, str]],
-    parse: Callable[[Any, str], Sample],
-    on_error: OnError = "raise",
-    check: Callable[[Sample], None] | None = None,
-) -> tuple[list[Sample], ReadStats]:
-    """Samples from ``(record, where)`` items, as :func:`mmrft.data.read_records` does for JSONL.
-
-    ``parse(record, where)`` builds a Sample or raises DataError naming ``where``; a record that
-    is itself a DataError (an unreadable item) is raised as is. Duplicate ids are errors.
-    ``check(sample)`` may raise DataError (missing media). With ``on_error="skip"`` failing
-    items are skipped and counted in the returned :class:`~mmrft.data.ReadStats` (by reason);
-    otherwise the first error propagates.
-    """
-    stats = ReadStats(str(path))
-    samples: list[Sample] = []
-    seen: set[str] = set()
-    for record, where in items:
-        stats.read += 1
-        try:
-            if isinstance(record, DataError):
-                raise record
-            sample = parse(record, where)
-            if sample.id in seen:
-                raise DataError(f"{where}: duplicate id '{sample.id}'")
-            if check is not None:
-                check(sample)
-        except DataError as exc:
-            if on_error != "skip":
-                raise
-            stats.skip(str(exc).split(": ", 1)[-1].split(" (")[0], where)
-            continue
-        seen.add(sample.id)
-        samples.append(sample)
-        stats.kept += 1
-    return samples, stats
-
-
-def _skip_space(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
-class ListItem(NamedTuple):
-    """One item of a JSON list file: its 0-based position and its value."""
-
-    index: int
-    value: Any
-
-
-def iter_json_list(path: str | Path) -> Iterator[tuple[ListItem, str]]:
-    """Yield ``(ListItem(index, value), where)`` for each item of a file holding one JSON list;
-    ``where`` is ``"<path>:<line> (item <index>)"``, the line on which the item starts (several
-    items share a line in a list written without indentation, hence the index).
-
-    An item that is not valid JSON ends the list (JSON has no way to resynchronise inside an
-    array), so it raises DataError naming its line whatever ``on_error`` says; so do a missing
-    file and a file that is not a JSON list.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"dataset file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    decoder = json.JSONDecoder()
-    i = _skip_space(text, 0)
-    if i >= len(text) or text[i] != "[":
-        raise DataError(f"{path}: expected a JSON list of objects (a file starting with '[')")
-    i = _skip_space(text, i + 1)
-    line, counted = 1, 0
-    if i < len(text) and text[i] == "]":
-        return
-    for index in itertools.count():
-        line += text.count("\n", counted, i)
-        counted = i
-        try:
-            value, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from None
-        yield ListItem(index, value), f"{path}:{line} (item {index})"
-        i = _skip_space(text, end)
-        if i < len(text) and text[i] == ",":
-            i = _skip_space(text, i + 1)
-            continue
-        if i < len(text) and text[i] == "]":
-            return
-        line += text.count("\n", counted, i)
-        raise DataError(f"{path}:{line}: not valid JSON (expected ',' or ']' after an item)")
-
-
-def item_id(path: str | Path, item: ListItem) -> str:
-    """``<file stem>-<index>``: the id of a JSON-list item that has none of its own."""
-    return f"{Path(path).stem}-{item.index}"
-
-
 def user_turn(kind: str, source: str, text: str, root: Path, where: str) -> list[dict[str, Any]]:
     """One user turn ``[media, text]`` with the media path resolved against ``root``."""
     return normalise_messages(

@@ -40,3 +40,13 @@ def test_cited_docs_are_in_the_repository():
         assert (repo / doc).is_file(), doc
     pitfalls = re.findall(r"^(\d+)\. ", (repo / "docs/reference.md").read_text(), flags=re.M)
     assert pitfalls == [str(n) for n in range(1, len(pitfalls) + 1)] and len(pitfalls) == 13
+
+
+def test_task_hooks_the_readme_names_exist():
+    from mmrft.task import Task
+
+    section = README.split("## Adding a task", 1)[1].split("\n## ", 1)[0]
+    hooks = set(re.findall(r"`(\w+)\(", section)) | {"formats"}
+    assert {"parse_record", "read_format", "formats"} <= hooks
+    for hook in hooks:
+        assert hasattr(Task, hook), hook

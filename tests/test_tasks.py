@@ -112,11 +112,12 @@ def test_refcoco_rejects_bad_boxes_and_json_arrays(tmp_path, coco):
     outside = write_lines(tmp_path / "b.jsonl", [refcoco_line(solution=[10, 20, 100, 40])])
     with pytest.raises(DataError, match="outside the 64×48 image"):
         task.read(outside, fmt="refcoco")
-    array = tmp_path / "refcoco_val.json"
-    array.write_text(json.dumps([refcoco_line()]))
-    with pytest.raises(DataError, match=r"JSON array.*jq -c"):
-        task.read(array, fmt="refcoco")
-    with pytest.raises(ConfigError, match="reads mmrft, refcoco"):
+    array = tmp_path / "refcoco_val.json"  # VLM-R1 ships JSON lists: read as they are
+    array.write_text(json.dumps([refcoco_line(), refcoco_line()], indent=1))
+    samples, _ = task.read(array, fmt="refcoco")
+    assert [s.id for s in samples] == ["refcoco_val-0", "refcoco_val-1"]
+    assert samples[0].target == [10.5, 20.0, 50.25, 40.0]
+    with pytest.raises(ConfigError, match="reads mmrft, conversations, refcoco"):
         task.read(array, fmt="coco")
 
 
