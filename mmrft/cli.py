@@ -121,7 +121,11 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     )
     write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
     print_table(
-        f"{task.name}: {cfg.model.path} on {cfg.data.test}", {"value": result.metrics}, console
+        f"{task.name}: {cfg.model.path} on {cfg.data.test}",
+        {"value": result.metrics},
+        console,
+        categories={"value": result.categories},
+        primary=task.primary_metric,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'predictions.jsonl'}")
     return 0

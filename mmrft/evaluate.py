@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
@@ -28,12 +29,16 @@ from mmrft.task import EvalRecord, Task
 
 @dataclass
 class EvalResult:
-    """Metrics (means over samples, plus ``format_fail``) and the per-sample records."""
+    """Metrics (means over samples, plus ``format_fail``), the per-sample records, and the
+    per-category metrics where the benchmark defines categories (:meth:`Task.categories`:
+    ``{key: {value: metrics with primary and samples}}``, e.g. MMAU's ``task`` sound / music
+    / speech and ``difficulty``)."""
 
     task: str
     metrics: dict[str, float]
     records: list[EvalRecord]
     seconds: float
+    categories: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     @property
     def primary(self) -> float:
@@ -69,7 +74,8 @@ def evaluate(
     metrics = task.aggregate(records)
     metrics["primary"] = metrics.get(task.primary_metric, float("nan"))
     metrics["truncated"] = sum(rollouts.truncated) / max(len(samples), 1)
-    return EvalResult(task.name, metrics, records, time.perf_counter() - start)
+    categories = task.categories(records, samples)
+    return EvalResult(task.name, metrics, records, time.perf_counter() - start, categories)
 
 
 def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None = None) -> None:
@@ -79,6 +85,7 @@ def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None
         "task": result.task,
         "metrics": result.metrics,
         "samples": len(result.records),
+        "categories": result.categories,
         **(extra or {}),
     }
     (directory / "results.json").write_text(json.dumps(payload, indent=2) + "\n")
@@ -88,17 +95,35 @@ def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None
 
 
 def print_table(
-    title: str, columns: dict[str, dict[str, float]], console: Console | None = None
+    title: str,
+    columns: dict[str, dict[str, float]],
+    console: Console | None = None,
+    categories: dict[str, dict[str, dict[str, dict[str, float]]]] | None = None,
+    primary: str = "primary",
 ) -> None:
-    """One row per metric, one column per evaluation (e.g. before / after)."""
+    """One row per metric, one column per evaluation (e.g. before / after); then, where the
+    benchmark has categories (``categories``: per column, :attr:`EvalResult.categories`), one
+    row per category value with its ``primary`` metric and its number of samples."""
     console = console or Console()
-    table = Table(title=title)
+    table = Table(title=escape(title))
     table.add_column("metric")
     for name in columns:
-        table.add_column(name, justify="right")
+        table.add_column(escape(name), justify="right")
     keys = sorted({k for metrics in columns.values() for k in metrics if k != "primary"})
     for key in keys:
         table.add_row(
-            key, *(f"{metrics.get(key, float('nan')):.3f}" for metrics in columns.values())
+            escape(key), *(f"{metrics.get(key, float('nan')):.3f}" for metrics in columns.values())
         )
+    by_column = [(categories or {}).get(name) or {} for name in columns]
+    splits = {key: None for cats in by_column for key in cats}
+    for key in splits:
+        table.add_section()
+        for value in sorted({v for cats in by_column for v in cats.get(key, {})}):
+            counts = {int(c[key][value]["samples"]) for c in by_column if value in c.get(key, {})}
+            label = f"{primary} · {key} = {value} (n={'/'.join(map(str, sorted(counts)))})"
+            cells = [
+                f"{c[key][value]['primary']:.3f}" if value in c.get(key, {}) else "—"
+                for c in by_column
+            ]
+            table.add_row(escape(label), *cells)
     console.print(table)

@@ -95,6 +95,8 @@ class Task:
         name: registry name (set by ``@task``).
         template: the prompt template (see the module docstring).
         primary_metric: the key of :attr:`EvalRecord.values` reported as *the* metric.
+        category_keys: ``meta`` keys whose values split the evaluation into categories
+            reported apart (:meth:`categories`); default ``("category",)``.
         formats: the task's own dataset formats, read by :meth:`read_format`, besides the
             layouts every task reads (:data:`mmrft.data.LAYOUTS`: ``"mmrft"``, the project
             records or any layout through ``data.fields``, and ``"conversations"``).
@@ -103,6 +105,7 @@ class Task:
     name: ClassVar[str] = ""
     template: ClassVar[str] = "{question}\n{format_instruction}"
     primary_metric: ClassVar[str] = "accuracy"
+    category_keys: ClassVar[tuple[str, ...]] = ("category",)
     formats: ClassVar[tuple[str, ...]] = ("mmrft",)
 
     def __init__(self, *, think: ThinkMode = "required", template: str | None = None) -> None:
@@ -226,6 +229,28 @@ class Task:
         keys = sorted({k for r in records for k in r.values})
         out = {k: sum(r.values.get(k, 0.0) for r in records) / len(records) for k in keys}
         out["format_fail"] = sum(r.reason is not None for r in records) / len(records)
+        return out
+
+    def categories(
+        self, records: list[EvalRecord], samples: list[Sample]
+    ) -> dict[str, dict[str, dict[str, float]]]:
+        """Per-category results, the way benchmarks with categories are reported: for each of
+        :attr:`category_keys` that some sample's ``meta`` holds, and each of its values, the
+        :meth:`aggregate` of that value's records with ``primary`` and ``samples`` (their
+        number) added. Samples without the key are left out of its split."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for key in self.category_keys:
+            groups: dict[str, list[EvalRecord]] = {}
+            for record, sample in zip(records, samples):
+                value = sample.meta.get(key)
+                if value is not None and not isinstance(value, (list, dict)):
+                    groups.setdefault(str(value), []).append(record)
+            if groups:
+                out[key] = {}
+                for value, members in sorted(groups.items()):
+                    metrics = self.aggregate(members)
+                    metrics["primary"] = metrics.get(self.primary_metric, float("nan"))
+                    out[key][value] = {**metrics, "samples": float(len(members))}
         return out
 
     def chance(self, samples: list[Sample]) -> float | None:

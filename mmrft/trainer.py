@@ -249,6 +249,8 @@ class Run:
     t_start: float
     no_signal: NoSignalWatch
     evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per-category results of each evaluation, by its directory name (before, after, step-N)
+    categories: dict[str, dict[str, Any]] = field(default_factory=dict)
     resumed_from: Path | None = None
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
 
@@ -436,6 +438,7 @@ def begin(run: Run) -> int:
         _restore_rng(state, cfg, run.rank, run.world)
         run.stream.position = state["data_position"]
         run.evals = state.get("evals", {})
+        run.categories = state.get("eval_categories", {})
         start_step = state["step"]
         run.runlog.truncate_after(start_step)
         run.resumed_from = checkpoint
@@ -467,7 +470,13 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     if cfg.train.steps > start_step or run.resumed_from is None:
         save(run, cfg.train.steps)
     if run.evals:
-        print_table(f"{task.name} on {cfg.data.test}", run.evals, run.console)
+        print_table(
+            f"{task.name} on {cfg.data.test}",
+            run.evals,
+            run.console,
+            categories={name: run.categories.get(name, {}) for name in run.evals},
+            primary=task.primary_metric,
+        )
     summary = {
         "run_dir": str(run.run_dir),
         "task": task.name,
@@ -591,6 +600,7 @@ def save(run: Run, step: int) -> None:
         "world_size": run.world,
         "data_position": run.stream.position,
         "evals": run.evals,
+        "eval_categories": run.categories,
         "config": to_dict(run.cfg),
     }
     # sharded: a collective, rank 0 gets the full weights (None: the model's own)
@@ -610,7 +620,7 @@ def save(run: Run, step: int) -> None:
 def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
     """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
     sampling stream moves); the metrics reach every rank."""
-    cfg, task, metrics = run.cfg, run.task, None
+    cfg, task, shared = run.cfg, run.task, None
     # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
     with distributed.gathered(run.policy.model):
         if distributed.is_main():
@@ -634,8 +644,9 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
                 f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
                 f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
             )
-            metrics = result.metrics
-    return distributed.broadcast_object(metrics)
+            shared = (result.metrics, result.categories)
+    metrics, run.categories[directory.name] = distributed.broadcast_object(shared)
+    return metrics
 
 
 # ---------------------------------------------------------------------------------------------

@@ -116,6 +116,8 @@ class AudioQATask(Task):
 
     template = "{question}\n{format_instruction}"
     primary_metric = "accuracy"
+    # MMAU reports accuracy per sound / music / speech ("task") and per difficulty
+    category_keys = ("task", "difficulty", "category")
     formats = ("mmrft", "r1_aqa", "mmau")
 
     def __init__(

@@ -153,6 +153,8 @@ class VideoQATask(Task):
 
     template = "{question}\n{format_instruction}"
     primary_metric = "accuracy"
+    # Video-R1 mixes problem types; its benchmarks report each source apart
+    category_keys = ("problem_type", "data_source", "category")
     formats = ("mmrft", "video_r1")
 
     def __init__(
