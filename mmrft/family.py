@@ -24,6 +24,7 @@ from mmrft.data import Sample
 from mmrft.plugins import MODEL_FAMILIES
 
 BoxFrame = Literal["norm1000", "input_pixels", "norm1", "pixels"]
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,13 @@ class ModelFamily:
         model_types: the ``config.model_type`` values of checkpoints this family loads.
         box_frame: the frame the family's boxes are written in (see the module docstring).
         box_instruction: the prompt phrase that asks for one box in that frame.
+        chat_template_kwargs: extra variables the chat template is rendered with.
     """
 
     name: ClassVar[str] = ""
     model_types: ClassVar[tuple[str, ...]] = ()
+    # Extra variables of the chat template (Qwen3.5: enable_thinking).
+    chat_template_kwargs: ClassVar[dict[str, Any]] = {}
     box_frame: ClassVar[BoxFrame] = "input_pixels"
     box_instruction: ClassVar[str] = ""
 
@@ -65,6 +69,36 @@ class ModelFamily:
     def load_processor(self, path: str) -> Any:
         raise NotImplementedError
 
+    def load_checkpoint(
+        self,
+        path: str,
+        dtype: str,
+        attn_implementation: str | None,
+        class_name: str = "AutoModelForImageTextToText",
+    ) -> Any:
+        """``transformers.<class_name>.from_pretrained(path)`` in ``dtype`` (a name of
+        :data:`DTYPES`), after checking that the checkpoint's ``model_type`` is one of
+        :attr:`model_types` (a wrong family would write boxes in the wrong frame)."""
+        import torch
+        import transformers
+        from transformers import AutoConfig
+
+        from mmrft.typecheck import ConfigError
+
+        if dtype not in DTYPES:
+            raise ConfigError(f"model.dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
+        model_type = AutoConfig.from_pretrained(path).model_type
+        if model_type not in self.model_types:
+            raise ConfigError(
+                f"model.family: family '{self.name}' loads model_type "
+                f"{', '.join(self.model_types)}, but {path} has model_type '{model_type}' "
+                f"(its box frame may differ); set model.family to match or 'auto'"
+            )
+        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+        if attn_implementation:
+            kwargs["attn_implementation"] = attn_implementation
+        return getattr(transformers, class_name).from_pretrained(path, **kwargs)
+
     def prepare(
         self,
         processor: Any,
@@ -74,6 +108,23 @@ class ModelFamily:
         """Tokenise a batch of conversations with their media: a ``BatchFeature`` with
         ``input_ids`` and ``attention_mask`` left-padded, plus the family's media tensors."""
         raise NotImplementedError
+
+    def render(
+        self, processor: Any, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool
+    ) -> list[str]:
+        """The prompt texts of ``conversations`` from the processor's chat template, with the
+        family's :attr:`chat_template_kwargs`."""
+        if not conversations:
+            raise ValueError("prepare() needs at least one conversation")
+        return [
+            processor.apply_chat_template(
+                conv,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.chat_template_kwargs,
+            )
+            for conv in conversations
+        ]
 
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         """(w, h) in pixels of the image as the model sees it after resizing."""
@@ -87,6 +138,19 @@ class ModelFamily:
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Token ids generation must never produce (media placeholders); none by default."""
         return []
+
+    def engine_processor_kwargs(self) -> dict[str, Any]:
+        """Processor settings a separate rollout engine (vLLM) needs to process media as
+        :meth:`prepare` does (e.g. the pixel budget); none by default."""
+        return {}
+
+    def engine_inputs(
+        self, processor: Any, conversations: list[list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``(rows, requests)``: the trainer's prepared prompt rows (:meth:`split_rows` of
+        :meth:`prepare`) and one engine request per conversation (``{"prompt": text,
+        "multi_modal_data": {...}}``) carrying the same media as loaded for the rows."""
+        raise NotImplementedError(f"model family '{self.name}' has no rollout-engine inputs")
 
     def vision_tower(self, model: Any) -> Any:
         """The vision (or audio) encoder module, frozen by ``model.freeze_vision``."""
@@ -187,6 +251,23 @@ class ModelFamily:
         import torch
 
         return torch.arange(len(row["input_ids"]), dtype=torch.long)[None]
+
+    def prompt_attention(self, row: dict[str, Any]) -> Any:
+        """``[Lp, Lp]`` bool: which tokens of a prepared prompt row each of its tokens attends
+        to, when that is not plain causal (``None``, this default). Gemma: causal, plus
+        bidirectional among the tokens of each image. :mod:`mmrft.group` and the hf engine's
+        prefill use it for the prompt block; completion tokens always attend to the whole
+        prompt and causally to their own completion."""
+        return None
+
+    def attention_layers(self, model: Any) -> dict[str, int | None] | None:
+        """For a model that takes one attention mask per layer type (a dict keyed by the names
+        in its config's ``layer_types``): each type's sliding window in tokens (``None``: full
+        attention). ``None`` (this default): one mask for every layer. A query at position
+        ``q`` sees a key at ``k`` of a sliding layer only when ``q − k < window``, positions
+        being the rotary (text) positions, so a packed completion that restarts after the
+        prompt sees exactly the keys it sees in its own sequence."""
+        return None
 
     def annotate(self, sample: Sample) -> None:
         """Store ``box_frame`` and, for the first image, ``input_size`` in ``sample.meta``."""

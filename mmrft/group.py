@@ -32,6 +32,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionLayer,
+)
 
 from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
@@ -50,7 +57,19 @@ def attention_implementation(model: Any) -> str:
 
 
 def check_attention(model: Any) -> None:
-    """Raise ``ValueError`` when the model's attention kernel cannot take the group mask."""
+    """Raise ``ValueError`` when the model cannot run the group-shared forward: its attention
+    kernel cannot take the group mask, or (prefix packing, :func:`packing`) gradient
+    checkpointing would drop the prompt's cache (transformers' checkpointed layers ignore
+    ``past_key_values``)."""
+    if packing(model) == "prefix":
+        if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+            raise ValueError(
+                "rollout.group_shared: this model has recurrent (linear-attention) layers, so "
+                "its completions continue from the prompt's cache, which transformers drops "
+                "under gradient checkpointing; set model.gradient_checkpointing=false, or "
+                "rollout.group_shared=false for the per-completion path"
+            )
+        return
     name = attention_implementation(model)
     if name not in GROUP_ATTENTION:
         raise ValueError(
@@ -103,7 +122,7 @@ def pack(
         lp = prompt_lengths[r]
         input_ids[r, :lp] = row["input_ids"]
         position_ids[:, r, :lp] = positions[r]
-        allowed[r, :lp, :lp] = torch.ones(lp, lp, dtype=torch.bool).tril()
+        allowed[r, :lp, :lp] = prompt_block(family, row)
         after = int(positions[r].max()) + 1
         start = lp
         for comp in comps:
@@ -137,10 +156,38 @@ def pack(
     inputs = {
         "input_ids": input_ids,
         "position_ids": position_ids[0] if axes == 1 else position_ids,
-        "attention_mask": block_mask(allowed, model),
+        "attention_mask": attention_masks(family, model, allowed, position_ids[0]),
         **media,
     }
     return inputs, rows, cols, ids, mask, L - first
+
+
+def prompt_block(family: Any, row: dict[str, Any]) -> torch.Tensor:
+    """``[Lp, Lp]`` bool attention of a prompt row on itself: the family's own pattern
+    (:meth:`mmrft.family.ModelFamily.prompt_attention`) or causal."""
+    custom = family.prompt_attention(row)
+    if custom is not None:
+        return custom
+    n = len(row["input_ids"])
+    return torch.ones(n, n, dtype=torch.bool).tril()
+
+
+def attention_masks(
+    family: Any, model: Any, allowed: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask(s) of rows whose tokens may attend where ``allowed`` (``[R, L, L]``)
+    says: one :func:`block_mask`, or, for a family with per-layer-type masks
+    (:meth:`mmrft.family.ModelFamily.attention_layers`), a dict of them, each sliding type
+    also limited to keys less than its window behind the query in ``positions`` (``[R, L]``,
+    the text positions)."""
+    layers = family.attention_layers(model)
+    if layers is None:
+        return block_mask(allowed, model)
+    behind = positions[:, :, None] - positions[:, None, :]  # q − k
+    return {
+        name: block_mask(allowed if window is None else allowed & (behind < window), model)
+        for name, window in layers.items()
+    }
 
 
 def block_mask(allowed: torch.Tensor, model: Any) -> torch.Tensor:
@@ -169,31 +216,14 @@ def group_logps(
     the order of ``completions``: the same as :func:`mmrft.policy.completion_logps` on the
     per-completion prompts, computed with one prompt pass per round.
     """
-    device, family, model = policy.device, policy.family, policy.model
+    device, model = policy.device, policy.model
     order = rounds(prompt_index, micro_group)
-    inputs, rows, cols, ids, mask, keep = pack(
-        family,
-        model,
-        [prompts[prompt_index[members[0]]] for members in order],
-        [[completions[i] for i in members] for members in order],
-        policy.pad_token_id,
-    )
-    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    for key in family.media_keys:  # patch values follow the model's dtype
-        if key in inputs:
-            inputs[key] = inputs[key].to(model.dtype)
-    media = tuple(
-        sorted(k for k in inputs if k not in ("input_ids", "position_ids", "attention_mask"))
-    )
-    distributed.check_same_graph(model, media)  # DeepSpeed ZeRO only
-    out = distributed.module_to_call(model)(**inputs, logits_to_keep=keep, use_cache=False)
-    # the kept logits of every completion token, [n, C, V]; index_select, not advanced
-    # indexing: the first-token position is read by every completion of a row, and the
-    # backward of advanced indexing adds such duplicates with parallel atomics on CPU (a
-    # different float sum on every run), while index_select's backward (index_add_) is ordered
-    kept = out.logits.reshape(-1, out.logits.shape[-1])
-    flat = (rows * out.logits.shape[1] + cols).flatten().to(device)
-    logits = kept.index_select(0, flat).view(*rows.shape, -1).float()
+    round_prompts = [prompts[prompt_index[members[0]]] for members in order]
+    round_completions = [[completions[i] for i in members] for members in order]
+    if packing(model) == "prefix":
+        logits, ids, mask = prefix_logits(policy, round_prompts, round_completions)
+    else:
+        logits, ids, mask = packed_logits(policy, round_prompts, round_completions)
     ids, mask = ids.to(device), mask.to(device)
     logps = selective_log_softmax(logits, ids)
     entropy = entropy_from_logits(logits) if with_entropy else None
@@ -207,6 +237,124 @@ def group_logps(
         mask[inverse],
         entropy[inverse] if entropy is not None else None,
     )
+
+
+def packed_logits(
+    policy: Any,
+    prompts: Sequence[dict[str, Any]],
+    completions: Sequence[Sequence[Sequence[int]]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits ``[n, C, V]`` (float32) predicting each token of every completion, row by row, with
+    its ids and 0/1 mask ``[n, C]``: one forward of the packed rows (:func:`pack`)."""
+    device, family, model = policy.device, policy.family, policy.model
+    inputs, rows, cols, ids, mask, keep = pack(
+        family, model, prompts, completions, policy.pad_token_id
+    )
+    inputs = {k: _to(v, device) for k, v in inputs.items()}
+    _cast_media(inputs, family, model)
+    media = tuple(
+        sorted(k for k in inputs if k not in ("input_ids", "position_ids", "attention_mask"))
+    )
+    distributed.check_same_graph(model, media)  # DeepSpeed ZeRO only
+    out = distributed.module_to_call(model)(**inputs, logits_to_keep=keep, use_cache=False)
+    # the kept logits of every completion token, [n, C, V]; index_select, not advanced
+    # indexing: the first-token position is read by every completion of a row, and the
+    # backward of advanced indexing adds such duplicates with parallel atomics on CPU (a
+    # different float sum on every run), while index_select's backward (index_add_) is ordered
+    kept = out.logits.reshape(-1, out.logits.shape[-1])
+    flat = (rows * out.logits.shape[1] + cols).flatten().to(device)
+    return kept.index_select(0, flat).view(*rows.shape, -1).float(), ids, mask
+
+
+def packing(model: Any) -> str:
+    """``"block"``: the group's completions are packed behind one copy of the prompt
+    (:func:`pack`); ``"prefix"``: the model's decoder has layers that are not attention
+    (Qwen3.5's Gated DeltaNet linear attention: a recurrent state and a causal convolution over
+    the sequence, which no attention mask can confine to one completion), so the prompt is run
+    once with a cache and the completions continue from copies of it (:func:`prefix_logits`)."""
+    config = model.config.get_text_config(decoder=True)
+    kinds = set(getattr(config, "layer_types", None) or ())
+    attention = {"full_attention", "sliding_attention", "chunked_attention"}
+    return "prefix" if kinds - attention else "block"
+
+
+def prefix_logits(
+    policy: Any,
+    prompts: Sequence[dict[str, Any]],
+    completions: Sequence[Sequence[Sequence[int]]],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As :func:`packed_logits`, for models with recurrent layers: one forward of the prompts
+    (left-padded, with their media and positions) that keeps its cache — keys and values of the
+    attention layers, conv and recurrent states of the linear ones, all graph tensors
+    (:func:`prefix_cache`) — then one forward of all completions (right-padded) from copies of
+    their prompt's cache (``index_select``), at positions ``max(prompt positions) + 1 + t``.
+
+    The completions see exactly the prompt states of their own ``[prompt | completion]``
+    sequence, and in the backward the gradients of all completions reach the prompt (and the
+    media encoder) through the cache, summed once. The recurrent states of the two ways differ
+    only in the chunking of the scan (float summation order)."""
+    device, family, model = policy.device, policy.family, policy.model
+    pad = policy.pad_token_id
+    call = distributed.module_to_call(model)
+    collated = family.collate_rows(list(prompts), pad)
+    input_ids = collated.pop("input_ids")
+    attention = collated.pop("attention_mask")
+    for key in family.token_keys:
+        collated.pop(key, None)
+    positions = [family.rope_positions(model, row) for row in prompts]
+    axes, (R, W) = positions[0].shape[0], input_ids.shape
+    position_ids = torch.zeros((axes, R, W), dtype=torch.long)
+    for r, prompt_positions in enumerate(positions):
+        position_ids[:, r, W - prompt_positions.shape[1] :] = prompt_positions
+    media = {k: _to(v, device) for k, v in collated.items()}
+    _cast_media(media, family, model)
+    distributed.check_same_graph(model, tuple(sorted(media)))  # DeepSpeed ZeRO only
+    out = call(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        position_ids=(position_ids[0] if axes == 1 else position_ids).to(device),
+        past_key_values=prefix_cache(model),
+        use_cache=True,
+        logits_to_keep=1,
+        **media,
+    )
+    owner = torch.tensor([r for r, comps in enumerate(completions) for _ in comps], device=device)
+    flat = [list(c) for comps in completions for c in comps]
+    width = max(1, max(len(c) for c in flat))
+    steps = max(2, width)  # a one-token forward would take the in-place decoding kernels
+    ids = torch.full((len(flat), steps), pad, dtype=torch.long)
+    mask = torch.zeros((len(flat), steps), dtype=torch.long)
+    for i, c in enumerate(flat):
+        ids[i, : len(c)] = torch.as_tensor(c, dtype=torch.long)
+        mask[i, : len(c)] = 1
+    layers = [
+        None if entry is None else {k: v.index_select(0, owner) for k, v in entry.items()}
+        for entry in cache_rows(out.past_key_values)
+    ]
+    after = torch.tensor([int(p.max()) + 1 for p in positions], device=device)
+    steps_at = after.index_select(0, owner)[:, None] + torch.arange(steps, device=device)
+    step_positions = steps_at[None].expand(axes, -1, -1)
+    out2 = call(
+        input_ids=ids.to(device),
+        attention_mask=torch.cat([attention.to(device).index_select(0, owner), mask.to(device)], 1),
+        position_ids=step_positions[0] if axes == 1 else step_positions,
+        past_key_values=build_cache(layers),
+        use_cache=True,
+    )
+    first = out.logits[:, -1].index_select(0, owner)[:, None]
+    logits = torch.cat([first, out2.logits[:, : width - 1]], dim=1).float()
+    return logits, ids[:, :width], mask[:, :width]
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _cast_media(inputs: dict[str, Any], family: Any, model: Any) -> None:
+    """Patch values (the family's media keys) follow the model's dtype."""
+    for key in family.media_keys:
+        if key in inputs:
+            inputs[key] = inputs[key].to(model.dtype)
 
 
 def rollout_logps(
@@ -231,3 +379,98 @@ def rollout_logps(
         )
     rows = [rollouts.prompts[rollouts.prompt_index[i]] for i in indices]
     return completion_logps(policy, rows, completions, with_entropy=with_entropy)
+
+
+# -- prefix caches: families whose prompt cannot be packed behind a block mask -----------------
+class AssignedLinearLayer(LinearAttentionLayer):
+    """A linear-attention cache layer (conv and recurrent state, as transformers'
+    ``LinearAttentionLayer``) that *assigns* new states instead of copying them into a fixed
+    buffer: the states stay autograd graph tensors (gradients of the completions flow into the
+    prompt through them), and rows can be selected."""
+
+    def update_conv_state(
+        self,
+        conv_states: torch.Tensor,
+        state_idx: int = 0,
+        conv_kernel_size: int | None = None,
+        **_: Any,
+    ) -> torch.Tensor:
+        if not self.is_conv_states_initialized[state_idx]:
+            self.conv_kernel_size[state_idx] = conv_kernel_size or conv_states.shape[-1]
+            self.device, self.dtype = conv_states.device, conv_states.dtype
+            self.is_conv_states_initialized[state_idx] = True
+        kernel = self.conv_kernel_size[state_idx]
+        if self.has_previous_state[state_idx]:
+            full = torch.cat([self.conv_states[state_idx], conv_states], dim=-1)
+        else:
+            full = torch.nn.functional.pad(conv_states, (max(0, kernel - conv_states.shape[-1]), 0))
+            self.has_previous_state[state_idx] = True
+        self.conv_states[state_idx] = full[..., -kernel:]
+        return full
+
+    def update_recurrent_state(
+        self, recurrent_states: torch.Tensor, state_idx: int = 0, **_: Any
+    ) -> torch.Tensor:
+        self.recurrent_states[state_idx] = recurrent_states
+        self.is_recurrent_states_initialized[state_idx] = True
+        return recurrent_states
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for i in range(self.number_of_states):
+            for states in (self.conv_states, self.recurrent_states):
+                if states[i] is not None:
+                    states[i] = states[i].index_select(0, indices.to(states[i].device))
+
+
+def prefix_cache(model: Any) -> DynamicCache:
+    """An empty cache for a forward of ``model`` whose states are read out afterwards
+    (:func:`cache_rows`): every attention layer keeps all its keys and values (a sliding-window
+    layer too: the masks do the windowing), linear-attention layers are
+    :class:`AssignedLinearLayer`, KV-sharing consumers store nothing."""
+    cache = DynamicCache(config=model.config)
+    layers = []
+    for layer in cache.layers:
+        if type(layer) is DynamicSlidingWindowLayer:
+            layer = DynamicLayer()
+        elif type(layer) is LinearAttentionLayer:
+            layer = AssignedLinearLayer(number_of_states=layer.number_of_states)
+        layers.append(layer)
+    cache.layers = layers
+    return cache
+
+
+def cache_rows(cache: Any) -> list[dict[str, torch.Tensor] | None]:
+    """Per layer of a filled cache its tensors, batch first: ``{"keys", "values"}``
+    (``[B, heads, L, dim]``) for attention, ``{"conv", "recurrent"}`` for linear attention,
+    ``None`` for a layer that stores nothing (KV-sharing consumers, unused layers)."""
+    out: list[dict[str, torch.Tensor] | None] = []
+    for layer in cache.layers:
+        if isinstance(layer, LinearAttentionLayer):
+            out.append({"conv": layer.conv_states[0], "recurrent": layer.recurrent_states[0]})
+        elif isinstance(layer, DummyLayer) or getattr(layer, "keys", None) is None:
+            out.append(None)
+        else:
+            out.append({"keys": layer.keys, "values": layer.values})
+    return out
+
+
+def build_cache(layers: Sequence[dict[str, torch.Tensor] | None]) -> DynamicCache:
+    """A cache holding ``layers`` (:func:`cache_rows`' layout): attention layers as full
+    ``DynamicLayer`` s, linear attention as :class:`AssignedLinearLayer` (conv kernel = the
+    conv state's width), empty layers as ``DummyLayer``. Graph tensors stay graph tensors."""
+    built: list[Any] = []
+    for entry in layers:
+        if entry is None:
+            built.append(DummyLayer())
+        elif "keys" in entry:
+            layer = DynamicLayer()
+            layer.update(entry["keys"], entry["values"])
+            built.append(layer)
+        else:
+            layer = AssignedLinearLayer()
+            layer.update_conv_state(entry["conv"], conv_kernel_size=entry["conv"].shape[-1])
+            layer.update_recurrent_state(entry["recurrent"])
+            built.append(layer)
+    cache = DynamicCache()
+    cache.layers = built
+    return cache

@@ -56,7 +56,7 @@ from mmrft.audio import LengthPolicy, decode_audio, load_audio
 from mmrft.data import DataError, Sample, media_file_key
 from mmrft.family import BoxFrame, MediaBudget, ModelFamily, count_runs, model_family
 from mmrft.models import qwen_vl
-from mmrft.models.qwen_vl import DTYPES, Qwen25VL, QwenVLFamily, configure_vision_processor
+from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily, configure_vision_processor
 from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
@@ -265,27 +265,9 @@ class QwenAudioFamily(ModelFamily):
     def load_model(
         self, path: str, dtype: str = "float32", attn_implementation: str | None = None
     ) -> Any:
-        """Load :attr:`model_class` after checking the ``model_type``; install the
+        """Load :attr:`model_class` (:meth:`ModelFamily.load_checkpoint`); install the
         ``logits_to_keep`` / positions hooks (see the module docstring)."""
-        import torch
-        import transformers
-        from transformers import AutoConfig
-
-        from mmrft.typecheck import ConfigError
-
-        if dtype not in DTYPES:
-            raise ConfigError(f"model.dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
-        model_type = AutoConfig.from_pretrained(path).model_type
-        if model_type not in self.model_types:
-            raise ConfigError(
-                f"model.family: family '{self.name}' loads model_type "
-                f"{', '.join(self.model_types)}, but {path} has model_type '{model_type}'; "
-                "set model.family to match or 'auto'"
-            )
-        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
-        if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
-        model = getattr(transformers, self.model_class).from_pretrained(path, **kwargs)
+        model = self.load_checkpoint(path, dtype, attn_implementation, self.model_class)
         install_forward_hooks(model, self.positions_from_mask)
         return model
 
@@ -352,17 +334,9 @@ class QwenAudioFamily(ModelFamily):
             out.append(self.load_audio(source, processor))
         return out
 
-    def _texts(
-        self, processor: Any, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool
-    ) -> list[str]:
-        if not conversations:
-            raise ValueError("prepare() needs at least one conversation")
-        return [
-            processor.apply_chat_template(
-                conv, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-            for conv in conversations
-        ]
+    def audio_tokens(self, frames: Any) -> Any:
+        """Audio placeholder tokens of clips of ``frames`` mel frames (:func:`audio_token_count`)."""
+        return audio_token_count(frames)
 
     def check_media(self, sample: Sample) -> None:
         """:func:`check_media` with this family's budget: under the ``"error"`` policy a clip
@@ -388,7 +362,7 @@ class QwenAudioFamily(ModelFamily):
         masks = batch["feature_attention_mask"]
         tokenizer = getattr(processor, "tokenizer", processor)
         audio_id = tokenizer.convert_tokens_to_ids(self.audio_token)
-        expected = audio_token_count(masks.long().sum(-1)).tolist()
+        expected = self.audio_tokens(masks.long().sum(-1)).tolist()
         pos = 0
         for row, ids in zip(rows, unpadded):
             runs = run_lengths(ids, audio_id)
@@ -446,7 +420,7 @@ class Qwen2Audio(QwenAudioFamily):
                             f"Qwen2-Audio takes audio and text only, got a {kind or 'media'} "
                             "part; use qwen2_5_omni for images and videos"
                         )
-        texts = self._texts(processor, conversations, add_generation_prompt)
+        texts = self.render(processor, conversations, add_generation_prompt)
         audios = [a for conv in conversations for a in self._audios(conv, processor)]
         kwargs: dict[str, Any] = {}
         if audios:
@@ -454,6 +428,24 @@ class Qwen2Audio(QwenAudioFamily):
         return processor(
             text=texts, padding=True, padding_side="left", return_tensors="pt", **kwargs
         )
+
+    def engine_inputs(
+        self, processor: Any, conversations: list[list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The trainer's prompt rows and one vLLM request per conversation: the same text and
+        each clip as the trainer's processor got it (decoded at its rate, cut by the audio
+        budget), as ``(waveform, sampling rate)``."""
+        rows = self.split_rows(self.prepare(processor, conversations), processor)
+        rate = int(processor.feature_extractor.sampling_rate)
+        requests = []
+        for text, conversation in zip(self.render(processor, conversations, True), conversations):
+            clips = [(clip, rate) for clip in self._audios(conversation, processor)]
+            requests.append(
+                {"prompt": text, "multi_modal_data": {"audio": clips}}
+                if clips
+                else {"prompt": text}
+            )
+        return rows, requests
 
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         raise NotImplementedError("Qwen2-Audio takes no images")
@@ -528,7 +520,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
 
         from mmrft.video import count_text_tokens, process_vision_info
 
-        texts = self._texts(processor, conversations, add_generation_prompt)
+        texts = self.render(processor, conversations, add_generation_prompt)
         per_conversation = [self._audios(conv, processor) for conv in conversations]
         audios = [a for conv_audios in per_conversation for a in conv_audios]
         loaded = [self._with_loaded_media(conv) for conv in conversations]
@@ -536,7 +528,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         if self.video.max_prompt_tokens is not None:  # the budget counts every prompt token
             hop = int(processor.feature_extractor.hop_length)
             text_tokens = [
-                count + sum(int(audio_token_count(len(a) // hop)) for a in conv_audios)
+                count + sum(int(self.audio_tokens(len(a) // hop)) for a in conv_audios)
                 for count, conv_audios in zip(count_text_tokens(processor, texts), per_conversation)
             ]
         try:
@@ -625,15 +617,25 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
             out["video_second_per_grid"] = torch.cat(seconds)
         return out
 
+    def engine_inputs(
+        self, processor: Any, conversations: list[list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        raise NotImplementedError(
+            "rollout.engine=vllm: Qwen2.5-Omni thinker requests are not written yet (vLLM's CPU "
+            "build has no Qwen2.5-Omni thinker-only checkpoint type); use rollout.engine=hf"
+        )
+
     def vision_tower(self, model: Any) -> Any:
         """Both encoders, ``ModuleList([visual, audio_tower])`` (a view: the model is not
         changed); see the class docstring."""
         import torch
 
         base = _base(model)
-        inner = getattr(base, "model", base)
-        visual = getattr(inner, "visual", None)
-        audio = getattr(inner, "audio_tower", None)
+        # transformers ≥ 5.20 keeps the encoders in the thinker's inner model, earlier ones on
+        # the thinker itself
+        owners = [getattr(base, "model", None), base]
+        visual = next((o.visual for o in owners if hasattr(o, "visual")), None)
+        audio = next((o.audio_tower for o in owners if hasattr(o, "audio_tower")), None)
         if visual is None or audio is None:
             raise AttributeError(f"{type(base).__name__} has no visual / audio_tower")
         return torch.nn.ModuleList([visual, audio])
@@ -659,13 +661,66 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
             )
         return positions[:, 0].long()
 
-    def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
-        raise NotImplementedError("Qwen2.5-Omni computes its positions from input_ids")
+
+QWEN3_OMNI_SPECIAL_TOKENS = (
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|audio_pad|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+
+def qwen3_omni_audio_tokens(frames: Any, n_window: int = 50) -> Any:
+    """``<|audio_pad|>`` tokens of a clip of ``frames`` mel frames in the Qwen3-Omni audio
+    encoder: 13 per full chunk of ``2·n_window`` frames, and for the rest three stride-2
+    reductions (``_get_feat_extract_output_lengths`` of transformers' Qwen3-Omni)."""
+    chunk = n_window * 2
+    rest = (frames % chunk - 1) // 2 + 1
+    return ((rest - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
+
+
+@model_family("qwen3_omni")
+class Qwen3Omni(Qwen25Omni):
+    """Qwen3-Omni thinker (``Qwen3OmniMoeThinkerForConditionalGeneration``: images, videos and
+    audio; a sparse-MoE decoder; Qwen3-VL's vision encoder with DeepStack). Inputs and
+    positions as :class:`Qwen25Omni` (TMRoPE from the thinker's ``get_rope_index``), with
+    Qwen3's placeholder names (``<|audio_start|><|audio_pad|><|audio_end|>``,
+    ``<|vision_start|><|image_pad|><|vision_end|>``), patch 16 and the chunked audio encoder
+    (13 tokens per 100 mel frames, :func:`qwen3_omni_audio_tokens`). The talker is never
+    loaded; both ``qwen3_omni_moe`` (the released thinker + talker checkpoints) and
+    ``qwen3_omni_moe_thinker`` (what mmrft saves) load.
+
+    Boxes: ``norm1000`` (integers 0–1000 relative to the image). Qwen3-Omni's model card
+    documents no box format of its own; mmrft uses that of Qwen3-VL, the vision model of the
+    same generation, whose cookbooks state "Qwen3-VL uses relative coordinates ranging from 0
+    to 1000", and states it in the prompt.
+    """
+
+    model_types = ("qwen3_omni_moe", "qwen3_omni_moe_thinker")
+    model_class = "Qwen3OmniMoeThinkerForConditionalGeneration"
+    processor_class = "Qwen3OmniMoeProcessor"
+    special_tokens = QWEN3_OMNI_SPECIAL_TOKENS
+    audio_token = "<|audio_pad|>"
+    box_frame: ClassVar[BoxFrame] = "norm1000"
+    box_instruction = qwen_vl.Qwen2VL.box_instruction
+    patch_size: ClassVar[int] = 16
+    media_tokens: ClassVar[dict[str, str]] = {
+        "image_grid_thw": "<|image_pad|>",
+        "video_grid_thw": "<|video_pad|>",
+    }
+
+    def audio_tokens(self, frames: Any) -> Any:
+        return qwen3_omni_audio_tokens(frames)
 
 
 __all__ = [
     "AudioBudget",
     "Qwen2Audio",
+    "Qwen3Omni",
     "Qwen25Omni",
     "QwenAudioFamily",
     "audio_token_count",

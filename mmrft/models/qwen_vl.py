@@ -50,7 +50,6 @@ from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 # Placeholder tokens a model must never generate: a completion holding one would desynchronise
 # image features and image tokens in the training forward.
@@ -233,33 +232,11 @@ class QwenVLFamily(ModelFamily):
     def load_model(
         self, path: str, dtype: str = "float32", attn_implementation: str | None = None
     ) -> Any:
-        """Load with ``AutoModelForImageTextToText``; check the ``model_type``; install the
-        ``mm_token_type_ids`` hook (see the module docstring)."""
-        import torch
-        from transformers import AutoConfig, AutoModelForImageTextToText
-
-        from mmrft.typecheck import ConfigError
-
-        if dtype not in DTYPES:
-            raise ConfigError(f"model.dtype: '{dtype}' is not one of {', '.join(DTYPES)}")
-        config = AutoConfig.from_pretrained(path)
-        self._check_model_type(config.model_type, path)
-        kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
-        if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
-        model = AutoModelForImageTextToText.from_pretrained(path, **kwargs)
-        install_mm_token_type_hook(model)
+        """Load with ``AutoModelForImageTextToText`` (:meth:`ModelFamily.load_checkpoint`);
+        install the ``mm_token_type_ids`` hook (see the module docstring)."""
+        model = self.load_checkpoint(path, dtype, attn_implementation)
+        install_mm_token_type_hook(model, self.token_types)
         return model
-
-    def _check_model_type(self, model_type: str, path: str) -> None:
-        from mmrft.typecheck import ConfigError
-
-        if model_type not in self.model_types:
-            raise ConfigError(
-                f"model.family: family '{self.name}' loads model_type "
-                f"{', '.join(self.model_types)}, but {path} has model_type '{model_type}' "
-                f"(its box frame may differ); set model.family to match or 'auto'"
-            )
 
     def load_processor(self, path: str) -> Any:
         """``AutoProcessor`` with the family's :class:`MediaBudget` on the image processor,
@@ -375,16 +352,23 @@ class QwenVLFamily(ModelFamily):
         when there are videos ``pixel_values_videos`` + ``video_grid_thw`` (+ Qwen2.5-VL's
         ``second_per_grid_ts``). Images are in prompt order across the batch.
         """
+        return self._process(
+            processor, *self.load_media(processor, conversations, add_generation_prompt)
+        )
+
+    def load_media(
+        self,
+        processor: Any,
+        conversations: list[list[dict[str, Any]]],
+        add_generation_prompt: bool = True,
+    ) -> tuple[list[str], list[Any] | None, list[Any] | None, dict[str, Any]]:
+        """The chat-template texts and the media as the model sees them: ``(texts, images,
+        videos, processor kwargs)``, images resized by the pixel budget (PIL), videos sampled
+        and resized by the video budget (``[T, 3, H, W]`` uint8 each, their metadata in the
+        kwargs' ``video_metadata``), both in prompt order across the batch."""
         from mmrft.video import count_text_tokens, process_vision_info, timestamp_step_tokens
 
-        if not conversations:
-            raise ValueError("prepare() needs at least one conversation")
-        texts = [
-            processor.apply_chat_template(
-                conv, tokenize=False, add_generation_prompt=add_generation_prompt
-            )
-            for conv in conversations
-        ]
+        texts = self.render(processor, conversations, add_generation_prompt)
         loaded = [self._with_loaded_media(conv) for conv in conversations]
         with_metadata = self.video_metadata or _TRANSFORMERS_5
         text_tokens = step_tokens = None
@@ -416,9 +400,19 @@ class QwenVLFamily(ModelFamily):
             if with_metadata:
                 videos, metadata = (list(x) for x in zip(*videos))
                 kwargs["video_metadata"] = metadata
+        return texts, images, videos, kwargs
+
+    def _process(
+        self,
+        processor: Any,
+        texts: list[str],
+        images: list[Any] | None,
+        videos: list[Any] | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
         # The media are already resized to the budget by qwen-vl-utils; resizing again could
         # only move them off the size that input_size() reports.
-        batch = processor(
+        return processor(
             text=texts,
             images=images,
             videos=videos,
@@ -428,7 +422,45 @@ class QwenVLFamily(ModelFamily):
             do_resize=False,
             **kwargs,
         )
-        return batch
+
+    def engine_processor_kwargs(self) -> dict[str, Any]:
+        """The image budget, for a rollout engine's own copy of the processor (the media
+        arrive resized; with the same bounds it keeps their size)."""
+        return {"min_pixels": self.media.min_pixels, "max_pixels": self.media.max_pixels}
+
+    def engine_inputs(
+        self, processor: Any, conversations: list[list[dict[str, Any]]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The trainer's prompt rows (one processor call) and one vLLM request per
+        conversation with the same text and the same loaded media: images resized, video
+        frames sampled and resized, each video with its metadata (sampled fps, frame indices)
+        so the engine's processor writes the same placeholder counts and time steps."""
+        from mmrft.video import media_counts
+
+        texts, images, videos, kwargs = self.load_media(processor, conversations)
+        rows = self.split_rows(self._process(processor, texts, images, videos, kwargs), processor)
+        metadata = kwargs.get("video_metadata") or [None] * len(videos or [])
+        requests, image_at, video_at = [], 0, 0
+        for text, conversation in zip(texts, conversations):
+            n_images, n_videos = media_counts(conversation)
+            data: dict[str, Any] = {}
+            if n_images:
+                data["image"] = images[image_at : image_at + n_images]
+            if n_videos:
+                data["video"] = [
+                    (frames.permute(0, 2, 3, 1).numpy(), meta)
+                    if meta
+                    else frames.permute(0, 2, 3, 1).numpy()
+                    for frames, meta in zip(
+                        videos[video_at : video_at + n_videos],
+                        metadata[video_at : video_at + n_videos],
+                    )
+                ]
+            image_at, video_at = image_at + n_images, video_at + n_videos
+            requests.append(
+                {"prompt": text, "multi_modal_data": data} if data else {"prompt": text}
+            )
+        return rows, requests
 
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Ids of the vision placeholder tokens; pass them as ``suppress_tokens`` to generate so
@@ -466,9 +498,13 @@ class QwenVLFamily(ModelFamily):
                 continue
             grids, values = batch[grid_key], batch[values_key]
             token_id = tokenizer.convert_tokens_to_ids(self.media_tokens[grid_key])
+            kind = 2 if grid_key == "video_grid_thw" else 1  # its mm_token_type_ids value
             grid_pos = value_pos = 0
             for row, ids in zip(rows, unpadded):
-                runs, start = count_runs(ids, token_id), grid_pos
+                types = row.get("mm_token_type_ids")  # GLM: video frames use the image token
+                marks = (types == kind).long() if types is not None else ids
+                runs = count_runs(marks, 1 if types is not None else token_id)
+                start = grid_pos
                 while runs > 0 and grid_pos < len(grids):
                     runs -= self.runs_per_item(grid_key, grids[grid_pos])
                     grid_pos += 1
@@ -513,12 +549,7 @@ class QwenVLFamily(ModelFamily):
         owner = rope_module(model)
         types = row.get("mm_token_type_ids")
         if types is None:  # rows prepared without it: the same types from the token ids
-            config = owner.config
-            types = _token_types(
-                ids,
-                getattr(config, "image_token_id", None),
-                getattr(config, "video_token_id", None),
-            )
+            types = self.token_types(ids, owner.config)
         else:
             types = types[None]
         media = {
@@ -530,11 +561,15 @@ class QwenVLFamily(ModelFamily):
             positions, _ = owner.get_rope_index(ids, types, **media)
         return positions[:, 0].long()
 
-    def mm_token_type_ids(self, input_ids: Any, processor: Any) -> Any:
-        """``[B, L]`` modality types of ``input_ids``: 0 text, 1 image token, 2 video token."""
-        tokenizer = getattr(processor, "tokenizer", processor)
-        image_id, video_id = tokenizer.convert_tokens_to_ids(["<|image_pad|>", "<|video_pad|>"])
-        return _token_types(input_ids, image_id, video_id)
+    def token_types(self, input_ids: Any, config: Any) -> Any:
+        """``[B, L]`` modality types of ``input_ids`` (what the processor returns as
+        ``mm_token_type_ids``): 0 text, 1 image placeholder, 2 video placeholder, from the
+        model config's ``image_token_id`` / ``video_token_id``."""
+        return _token_types(
+            input_ids,
+            getattr(config, "image_token_id", None),
+            getattr(config, "video_token_id", None),
+        )
 
 
 def _media_parts(conversation: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -576,9 +611,10 @@ def rope_module(model: Any) -> Any:
     raise AttributeError(f"{type(model).__name__} has no module with get_rope_index")
 
 
-def install_mm_token_type_hook(model: Any) -> None:
-    """Make the inner multimodal model derive ``mm_token_type_ids`` from ``input_ids`` when a
-    caller passes media grids without it (transformers ≥ 5 would use 1-D positions)."""
+def install_mm_token_type_hook(model: Any, token_types: Any) -> None:
+    """Make the inner multimodal model derive ``mm_token_type_ids`` from ``input_ids`` with
+    ``token_types(input_ids, config)`` when a caller passes media grids without it
+    (transformers ≥ 5 would use 1-D positions)."""
     inner = None
     for module in model.modules():
         if hasattr(module, "get_rope_index") and hasattr(module, "compute_3d_position_ids"):
@@ -589,8 +625,6 @@ def install_mm_token_type_hook(model: Any) -> None:
     if getattr(inner, "_mmrft_token_type_hook", False):
         return
     config = model.config
-    image_id = getattr(config, "image_token_id", None)
-    video_id = getattr(config, "video_token_id", None)
 
     def hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
         if kwargs.get("mm_token_type_ids") is not None or kwargs.get("position_ids") is not None:
@@ -601,7 +635,7 @@ def install_mm_token_type_hook(model: Any) -> None:
         )
         if input_ids is None or not has_media:
             return args, kwargs
-        kwargs["mm_token_type_ids"] = _token_types(input_ids, image_id, video_id)
+        kwargs["mm_token_type_ids"] = token_types(input_ids, config)
         return args, kwargs
 
     inner.register_forward_pre_hook(hook, with_kwargs=True)
@@ -673,10 +707,12 @@ class Qwen25VL(QwenVLFamily):
 class Qwen3VL(QwenVLFamily):
     """Qwen3-VL: boxes as integers 0–1000 relative to the image; patch 16, merge 2.
 
-    Adapter only (no tiny model). The processor wants video metadata (frame timestamps).
+    The processor wants video metadata (frame timestamps). DeepStack: the vision encoder's
+    intermediate features are added to the first decoder layers' hidden states at the image
+    tokens' positions; those lie in the prompt, so a packed row keeps them exact.
     """
 
-    model_types = ("qwen3_vl",)
+    model_types = ("qwen3_vl", "qwen3_vl_moe")
     box_frame: ClassVar[BoxFrame] = "norm1000"
     box_instruction = Qwen2VL.box_instruction
     patch_size: ClassVar[int] = 16
@@ -684,3 +720,26 @@ class Qwen3VL(QwenVLFamily):
 
     def runs_per_item(self, grid_key: str, grid_row: Any) -> int:
         return int(grid_row[0]) if grid_key == "video_grid_thw" else 1
+
+
+@model_family("qwen3_5")
+class Qwen35(Qwen3VL):
+    """Qwen3.5 (natively multimodal; ``qwen3_5`` dense and ``qwen3_5_moe``): Qwen3-VL's inputs
+    (patch 16, merge 2, timestamped videos, interleaved mRoPE; no DeepStack) in front of a hybrid
+    decoder of Gated DeltaNet linear-attention layers and gated full-attention layers (3 : 1).
+    The linear layers carry a recurrent state and a causal convolution along the sequence, so
+    the group-shared forward continues each completion from the prompt's cache instead of
+    packing it behind a block mask (:func:`mmrft.group.packing`).
+
+    Boxes as Qwen3-VL: integers 0–1000 relative to the image (Qwen3.5 documents no box format
+    of its own; it succeeds Qwen3-VL, whose cookbooks state "Qwen3-VL uses relative coordinates
+    ranging from 0 to 1000").
+
+    The chat template opens a think block in the generation prompt by default
+    (``<think>\\n``); mmrft renders it with ``enable_thinking=False`` (an empty think block)
+    so that the task's own format instruction decides whether and how the completion thinks,
+    and the format verifier sees both tags in the completion.
+    """
+
+    model_types = ("qwen3_5", "qwen3_5_moe")
+    chat_template_kwargs: ClassVar[dict[str, Any]] = {"enable_thinking": False}

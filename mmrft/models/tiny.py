@@ -52,7 +52,17 @@ log = logging.getLogger(__name__)
 
 VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
 AUDIO_FAMILIES = ("qwen2_audio", "qwen2_5_omni")
-FAMILIES = VL_FAMILIES + AUDIO_FAMILIES
+# The newer families: each built by ``build(family, seed) -> (model, processor)`` of its module.
+NEXT_BUILDERS = {
+    "qwen3_vl": "mmrft.models.tiny_qwen3",
+    "qwen3_vl_moe": "mmrft.models.tiny_qwen3",
+    "glm4v": "mmrft.models.tiny_glm",
+    "internvl": "mmrft.models.tiny_internvl",
+    "gemma3": "mmrft.models.tiny_gemma",
+    "qwen3_omni": "mmrft.models.tiny_qwen3",
+    "qwen3_5": "mmrft.models.tiny_qwen3",
+}
+FAMILIES = VL_FAMILIES + AUDIO_FAMILIES + tuple(NEXT_BUILDERS)
 
 # The Qwen2-VL / Qwen2.5-VL Instruct chat template (chat_template.json of both releases): a
 # default system prompt only when the first message is not a system message; one
@@ -409,35 +419,50 @@ def corpus(family: str = "qwen2_5_vl") -> list[str]:
     return lines
 
 
-def train_tokenizer(family: str) -> Any:
-    """A ``Qwen2TokenizerFast`` trained on :func:`corpus` with the family's special tokens."""
+def train_bpe(
+    lines: list[str],
+    special: tuple[str, ...],
+    extra: tuple[str, ...] = (),
+    regex: str = PRETOKENIZE_REGEX,
+    vocab_size: int = BPE_VOCAB_SIZE,
+) -> Any:
+    """A byte-level BPE ``tokenizers.Tokenizer`` trained on ``lines`` (Qwen's layout: NFC, the
+    ``regex`` split, byte-level), then the ``special`` tokens (special, in order) and the
+    ``extra`` added tokens (not special) after the learned vocabulary."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers
     from tokenizers.models import BPE
     from tokenizers.trainers import BpeTrainer
-    from transformers import Qwen2TokenizerFast
 
     raw = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     raw.normalizer = normalizers.NFC()
     raw.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
     raw.decoder = decoders.ByteLevel()
     trainer = BpeTrainer(
-        vocab_size=BPE_VOCAB_SIZE,
+        vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[],
     )
-    raw.train_from_iterator(corpus(family), trainer=trainer)
-    special = SPECIAL_TOKENS[family]
+    raw.train_from_iterator(lines, trainer=trainer)
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
-    extra = QWEN2_5_VL_EXTRA if family in ("qwen2_5_vl", "qwen2_5_omni") else ()
     if extra:
         raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in extra])
+    return raw
+
+
+def train_tokenizer(family: str) -> Any:
+    """A ``Qwen2TokenizerFast`` trained on :func:`corpus` with the family's special tokens."""
+    from transformers import Qwen2TokenizerFast
+
+    special = SPECIAL_TOKENS[family]
+    extra = QWEN2_5_VL_EXTRA if family in ("qwen2_5_vl", "qwen2_5_omni") else ()
+    raw = train_bpe(corpus(family), special, extra)
     named = QWEN2_5_OMNI_NAMED if family == "qwen2_5_omni" else {}
     tokenizer = Qwen2TokenizerFast(
         tokenizer_object=raw,
@@ -698,6 +723,8 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
 
     ``out_dir`` is replaced. Returns ``out_dir``. Same ``seed`` → same bytes.
     """
+    import importlib
+
     import torch
     from transformers import (
         GenerationConfig,
@@ -709,7 +736,10 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
 
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join(FAMILIES)}")
-    out_dir = Path(out_dir)
+    if family in NEXT_BUILDERS:
+        builder = importlib.import_module(NEXT_BUILDERS[family])
+        model, processor = builder.build(family, seed)
+        return save_checkpoint(model, processor, Path(out_dir))
     tokenizer = train_tokenizer(family)
     processor = build_processor(family, tokenizer)
     config = build_config(family, tokenizer, bench=bench)
@@ -726,9 +756,15 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
     model.generation_config = GenerationConfig(
         bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
     )
+    return save_checkpoint(model, processor, Path(out_dir))
 
-    # Write into a fresh temp folder beside the target, then swap, so a failed build never
-    # leaves a half-written checkpoint behind.
+
+def save_checkpoint(model: Any, processor: Any, out_dir: Path) -> Path:
+    """Write ``model`` (safetensors) and ``processor`` into ``out_dir``, replacing it.
+
+    Written into a fresh temp folder beside the target, then swapped in, so a failed build
+    never leaves a half-written checkpoint behind. Files are 0644, the folder 0755.
+    """
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from mmrft.group import attention_masks, build_cache, cache_rows, prefix_cache, prompt_block
 from mmrft.policy import Policy
 from mmrft.rollout.base import Rollouts, Sampling, cut_at_stop, stop_token_ids
 
@@ -115,10 +116,11 @@ class HFEngine:
 
     def _prefill(
         self, rows: list[dict[str, Any]], positions: list[torch.Tensor]
-    ) -> tuple[list[torch.Tensor], list[list[tuple[torch.Tensor, torch.Tensor]]]]:
+    ) -> tuple[list[torch.Tensor], list[list[Any]]]:
         """One left-padded forward of ``rows`` with their media; per prompt the logits of its
-        next token (float32, ``[V]``) and its KV cache without padding (per layer ``(keys,
-        values)``, each ``[heads, Lp, head_dim]``)."""
+        next token (float32, ``[V]``) and its cache without padding (per layer
+        :func:`mmrft.group.cache_rows`' entry of that prompt: keys and values
+        ``[heads, Lp, head_dim]``, or linear-attention states)."""
         policy, family = self.policy, self.policy.family
         collated = family.collate_rows(rows, policy.pad_token_id)
         input_ids = collated.pop("input_ids")
@@ -135,18 +137,28 @@ class HFEngine:
         for key in family.media_keys:
             if key in inputs:
                 inputs[key] = inputs[key].to(policy.model.dtype)
+        mask: Any = attention_mask.to(device)
+        blocks = [family.prompt_attention(row) for row in rows]
+        if any(b is not None for b in blocks) or family.attention_layers(policy.model):
+            # the prompt's own attention pattern and per-layer-type masks, as in training
+            allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
+            for i, (row, lp) in enumerate(zip(rows, lengths)):
+                allowed[i, width - lp :, width - lp :] = prompt_block(family, row)
+            mask = attention_masks(family, policy.model, allowed, position_ids[0])
+            mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask
         out = policy.model(
             input_ids=input_ids.to(device),
-            attention_mask=attention_mask.to(device),
+            attention_mask=mask,
             position_ids=(position_ids[0] if axes == 1 else position_ids).to(device),
+            past_key_values=prefix_cache(policy.model),
             use_cache=True,
             logits_to_keep=1,
             **inputs,
         )
-        layers = _cache_layers(out.past_key_values)
+        layers = cache_rows(out.past_key_values)
         logits = [out.logits[i, -1].float() for i in range(len(rows))]
         caches = [
-            [(k[i, :, width - lp :], v[i, :, width - lp :]) for k, v in layers]
+            [_prompt_entry(entry, i, width - lp) for entry in layers]
             for i, lp in enumerate(lengths)
         ]
         return logits, caches
@@ -155,31 +167,27 @@ class HFEngine:
         self,
         members: list[int],
         first_logits: list[torch.Tensor],
-        prefix: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        prefix: list[list[Any]],
         positions: list[torch.Tensor],
         sampling: Sampling,
         start: float,
     ) -> list[tuple[list[int], list[float], bool]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
         prompts' caches; ``(ids, sampler log-probs, truncated)`` per member."""
-        from transformers import DynamicCache
-
         policy = self.policy
         model, device = policy.model, policy.device
         R = len(members)
-        width = max(prefix[k][0][0].shape[1] for k in members)
-        cache = DynamicCache()
-        for layer in range(len(prefix[members[0]])):
-            keys, values = [], []
-            for k in members:
-                key, value = prefix[k][layer]
-                pad = width - key.shape[1]
-                keys.append(torch.nn.functional.pad(key, (0, 0, pad, 0)))
-                values.append(torch.nn.functional.pad(value, (0, 0, pad, 0)))
-            cache.update(torch.stack(keys), torch.stack(values), layer)
+        lengths = [len(positions[k][0]) for k in members]
+        width = max(lengths)
+        cache = build_cache(
+            [
+                _stack_entries([prefix[k][layer] for k in members], width)
+                for layer in range(len(prefix[members[0]]))
+            ]
+        )
         attention = torch.zeros((R, width), dtype=torch.long, device=device)
-        for i, k in enumerate(members):
-            attention[i, width - prefix[k][0][0].shape[1] :] = 1
+        for i, lp in enumerate(lengths):
+            attention[i, width - lp :] = 1
         axes = positions[members[0]].shape[0]
         after = torch.tensor([int(positions[k].max()) + 1 for k in members], device=device)
         logits = torch.stack([first_logits[k] for k in members])
@@ -310,9 +318,31 @@ class HFEngine:
         return kwargs
 
 
-def _cache_layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``(keys, values)`` of every layer of a transformers cache, each ``[B, heads, L, dim]``."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
+def _prompt_entry(entry: dict[str, torch.Tensor] | None, row: int, start: int) -> Any:
+    """Row ``row`` of a cache layer entry, keys and values from column ``start`` (padding cut)."""
+    if entry is None:
+        return None
+    if "keys" in entry:
+        return {"keys": entry["keys"][row, :, start:], "values": entry["values"][row, :, start:]}
+    return {name: state[row] for name, state in entry.items()}
+
+
+def _stack_entries(entries: list[Any], width: int) -> Any:
+    """One batch cache entry from per-prompt entries, keys and values left-padded to
+    ``width``."""
+    if entries[0] is None:
+        return None
+    if "keys" in entries[0]:
+        return {
+            name: torch.stack(
+                [
+                    torch.nn.functional.pad(e[name], (0, 0, width - e[name].shape[1], 0))
+                    for e in entries
+                ]
+            )
+            for name in ("keys", "values")
+        }
+    return {name: torch.stack([e[name] for e in entries]) for name in entries[0]}
 
 
 @contextmanager
