@@ -43,6 +43,18 @@ LOADERS = {
     "tiny-qwen2_vl": "AutoModelForImageTextToText",
     "tiny-qwen2_audio": "Qwen2AudioForConditionalGeneration",
     "tiny-qwen2_5_omni": "Qwen2_5OmniThinkerForConditionalGeneration",
+    **{
+        f"tiny-{family}": "AutoModelForImageTextToText"
+        for family in (
+            "qwen3_vl",
+            "qwen3_vl_moe",
+            "qwen3_5",
+            "qwen3_omni",
+            "internvl",
+            "gemma3",
+            "glm4v",
+        )
+    },
 }
 
 # Budgets that keep every prompt small: one 56×56 image, at most 4 frames of 56×56 video.
@@ -187,10 +199,39 @@ MODALITIES = [
 ]
 
 
+GROUNDING = (
+    "grounding",
+    "{think: none}",
+    "shapes_grounding/train.jsonl",
+    "shapes_grounding/test.jsonl",
+    "mmrft",
+    "[{name: format, params: {think: none}}, {name: iou}, {name: test_length}]",
+    "acc@0.5",
+)
+VIDEO_QA = MODALITIES[1][2:]
+AUDIO_QA = MODALITIES[4][2:]
+# The newer families, every modality each takes: grounding for images (boxes in the family's
+# frame), Video-R1 QA for videos, R1-AQA for audio.
+FAMILY_MODALITIES = [
+    (f"{kind}-{family}", f"tiny-{family}", *spec)
+    for family, kinds in [
+        ("qwen3_vl", ("image", "video")),
+        ("qwen3_vl_moe", ("image",)),
+        ("qwen3_5", ("image", "video")),
+        ("qwen3_omni", ("image", "video", "audio")),
+        ("internvl", ("image", "video")),
+        ("gemma3", ("image",)),
+        ("glm4v", ("image", "video")),
+    ]
+    for kind, spec in (("image", GROUNDING), ("video", VIDEO_QA), ("audio", AUDIO_QA))
+    if kind in kinds
+]
+
+
 @pytest.mark.parametrize(
     ("model", "task", "params", "train_file", "test_file", "fmt", "verifiers", "metric"),
-    [m[1:] for m in MODALITIES],
-    ids=[m[0] for m in MODALITIES],
+    [m[1:] for m in MODALITIES + FAMILY_MODALITIES],
+    ids=[m[0] for m in MODALITIES + FAMILY_MODALITIES],
 )
 def test_two_steps_and_eval(
     tmp_path, plugin, model, task, params, train_file, test_file, fmt, verifiers, metric
