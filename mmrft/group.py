@@ -33,12 +33,17 @@ from typing import Any
 
 import torch
 from transformers.cache_utils import (
-    DummyLayer,
     DynamicCache,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionLayer,
 )
+
+try:  # transformers ≥ 5.20; the 5.19 beside vLLM's CPU build has no empty layer (and no model
+    # that needs one), so an uninitialised DynamicLayer stands in for it there
+    from transformers.cache_utils import DummyLayer
+except ImportError:
+    DummyLayer = DynamicLayer
 
 from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
