@@ -40,10 +40,13 @@ from transformers.cache_utils import (
 )
 
 try:  # transformers ≥ 5.20; the 5.19 beside vLLM's CPU build has no empty layer (and no model
-    # that needs one), so an uninitialised DynamicLayer stands in for it there
+    # that needs one)
     from transformers.cache_utils import DummyLayer
 except ImportError:
-    DummyLayer = DynamicLayer
+
+    class DummyLayer(DynamicLayer):  # type: ignore[no-redef]
+        """A layer that stores nothing (stand-in for transformers ≥ 5.20's own)."""
+
 
 from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
