@@ -68,6 +68,13 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
     config, overrides = split_config_arg(args.config, args.overrides)
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    if args.smoke:  # the smoke settings first, so that the command line's overrides still win
+        from mmrft.smoke import smoke_overrides
+
+        smoke, notes = smoke_overrides(cfg)
+        for note in notes:
+            console.print(f"--smoke: {note}", highlight=False, markup=False)
+        cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides])
     train(cfg, console)
     return 0
 
@@ -268,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--help-config",
         action="store_true",
         help="print every config key with its default and help",
+    )
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="check the config on CPU in a minute: its family's tiny model, float32, small media, "
+        "2 steps and a 2-sample evaluation; the config's data when present, else the task's "
+        "bundled data (see mmrft/smoke.py)",
     )
     p.set_defaults(fn=cmd_train)
 

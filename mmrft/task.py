@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ThinkMode = Literal["required", "optional", "none"]
+ExampleData = dict[str, tuple[str, str, dict[str, str]]]
+"""Bundled data of a task per format: (train, test, folder parameters), see ``Task.example_data``."""
 
 FORMAT_INSTRUCTIONS: dict[str, str] = {
     "required": (
@@ -97,6 +99,10 @@ class Task:
         primary_metric: the key of :attr:`EvalRecord.values` reported as *the* metric.
         category_keys: ``meta`` keys whose values split the evaluation into categories
             reported apart (:meth:`categories`); default ``("category",)``.
+        example_data: bundled data of the task, per format: ``(train, test, params)`` with
+            paths relative to the checkout's ``assets/benchmarks`` and ``params`` the task
+            parameters naming its folders; ``mmrft train CONFIG --smoke`` runs on it when the
+            config's data is not on this machine (:mod:`mmrft.smoke`).
         formats: the task's own dataset formats, read by :meth:`read_format`, besides the
             layouts every task reads (:data:`mmrft.data.LAYOUTS`: ``"mmrft"``, the project
             records or any layout through ``data.fields``, and ``"conversations"``).
@@ -106,6 +112,7 @@ class Task:
     template: ClassVar[str] = "{question}\n{format_instruction}"
     primary_metric: ClassVar[str] = "accuracy"
     category_keys: ClassVar[tuple[str, ...]] = ("category",)
+    example_data: ClassVar[ExampleData] = {}
     formats: ClassVar[tuple[str, ...]] = ("mmrft",)
 
     def __init__(self, *, think: ThinkMode = "required", template: str | None = None) -> None:

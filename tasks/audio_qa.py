@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.tasks.video_qa import user_turn
 
@@ -72,7 +72,7 @@ from mmrft.data import (
     iter_json_list,
     read_records,
 )
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")
 """MMAU fields kept in ``meta`` (for per-category breakdowns)."""
@@ -119,6 +119,19 @@ class AudioQATask(Task):
     # MMAU reports accuracy per sound / music / speech ("task") and per difficulty
     category_keys = ("task", "difficulty", "category")
     formats = ("mmrft", "r1_aqa", "mmau")
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("audio_pitch/train.jsonl", "audio_pitch/test.jsonl", {}),
+        "r1_aqa": (
+            "audio_pitch/r1_aqa_train.jsonl",
+            "audio_pitch/r1_aqa_test.jsonl",
+            {"audio_root": "audio_pitch"},
+        ),
+        "mmau": (
+            "audio_pitch/mmau_test.json",
+            "audio_pitch/mmau_test.json",
+            {"audio_root": "audio_pitch"},
+        ),
+    }
 
     def __init__(
         self,

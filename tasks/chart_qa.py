@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.tasks.video_qa import user_turn
 
@@ -57,7 +57,7 @@ from mmrft.data import (
     item_id,
     iter_json_list,
 )
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
 REL_TOL = 0.05
@@ -98,6 +98,7 @@ class ChartQATask(Task):
     )
     primary_metric = "relaxed_accuracy"
     formats = ("mmrft", "chartqa")
+    example_data: ClassVar[ExampleData] = {"mmrft": ("charts/train.jsonl", "charts/test.jsonl", {})}
 
     def __init__(
         self,

@@ -18,13 +18,13 @@ reason reported apart.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.verifiers.render import extract_code
 
 from mmrft.data import DataError, Sample
 from mmrft.plugins import VERIFIERS
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 LOW_LEVEL_PARTS = ("text_f1", "type_f1", "colour", "layout_f1")
 
@@ -35,6 +35,9 @@ class ChartToCodeTask(Task):
         "{question}\nThe code must save the figure; keep the chart's size.\n{format_instruction}"
     )
     primary_metric = "low_level"
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("charts/code_train.jsonl", "charts/code_test.jsonl", {})
+    }
 
     def __init__(
         self, *, think: ThinkMode = "required", template: str | None = None, timeout_s: float = 10.0

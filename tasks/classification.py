@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import string
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
 LETTERS = string.ascii_uppercase
@@ -45,6 +45,9 @@ class ClassificationTask(Task):
     template = "{question}\n{format_instruction}"
     primary_metric = "accuracy"
     formats = ("mmrft",)
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("shapes_kind/train.jsonl", "shapes_kind/test.jsonl", {})
+    }
 
     def __init__(
         self,

@@ -18,11 +18,11 @@ Answers are read strictly: exactly one number in the one answer block
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.answers import extract_answer, parse_number
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, Task, task
+from mmrft.task import EvalRecord, ExampleData, Task, task
 
 
 def _is_count(value: Any) -> bool:
@@ -41,6 +41,9 @@ class CountingTask(Task):
     template = "{question} Answer with a number.\n{format_instruction}"
     primary_metric = "accuracy"
     formats = ("mmrft",)
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("shapes_counting/train.jsonl", "shapes_counting/test.jsonl", {})
+    }
 
     # -- data ---------------------------------------------------------------------------------
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.tasks.grounding import _check_box, _check_size, _read_image_size
 from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, parse_detections
@@ -57,7 +57,7 @@ from mmrft.boxes import clip_box, from_pixels, is_degenerate, to_pixels
 from mmrft.data import DataError, Sample
 from mmrft.family import ModelFamily
 from mmrft.metrics import average_precision, coco_map
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
 FRAME_PHRASES = {
@@ -132,6 +132,9 @@ class DetectionTask(Task):
     template = "{question} {box_instruction}\n{format_instruction}"
     primary_metric = "AP50"
     formats = ("mmrft",)
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("shapes_detection/train.jsonl", "shapes_detection/test.jsonl", {})
+    }
 
     def __init__(
         self,

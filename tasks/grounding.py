@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from PIL import Image, UnidentifiedImageError
 
@@ -52,7 +52,7 @@ from mmrft.data import (
     normalise_messages,
     read_records,
 )
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 ACC_IOU = 0.5
 """IoU at or above which a box counts as correct for ``acc@0.5``."""
@@ -129,6 +129,9 @@ class GroundingTask(Task):
     template = "Locate {question} in the image. {box_instruction}\n{format_instruction}"
     primary_metric = "acc@0.5"
     formats = ("mmrft", "refcoco")
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("shapes_grounding/train.jsonl", "shapes_grounding/test.jsonl", {})
+    }
 
     def __init__(
         self,

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.tasks.video_qa import user_turn
 from mmrft.verifiers.temporal import parse_interval, temporal_iou
@@ -54,7 +54,7 @@ from mmrft.verifiers.temporal import parse_interval, temporal_iou
 from mmrft.answers import extract_answer
 from mmrft.data import DataError, OnError, ReadStats, Sample, collect_samples
 from mmrft.metrics import temporal_recall
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 from mmrft.video import probe_video
 
@@ -125,6 +125,14 @@ class TemporalGroundingTask(Task):
     )
     primary_metric = "R1@0.5"
     formats = ("mmrft", "charades")
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("video_temporal/train.jsonl", "video_temporal/test.jsonl", {}),
+        "charades": (
+            "video_temporal/charades_sta_train.txt",
+            "video_temporal/charades_sta_test.txt",
+            {"video_root": "video_temporal/videos"},
+        ),
+    }
 
     def __init__(
         self,

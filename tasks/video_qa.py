@@ -54,7 +54,7 @@ import re
 import string
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.answers import (
     choice_index,
@@ -74,7 +74,7 @@ from mmrft.data import (
     iter_json_list,
     normalise_messages,
 )
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 LETTERS = string.ascii_uppercase
 PROBLEM_TYPES = ("multiple choice", "numerical")
@@ -156,6 +156,14 @@ class VideoQATask(Task):
     # Video-R1 mixes problem types; its benchmarks report each source apart
     category_keys = ("problem_type", "data_source", "category")
     formats = ("mmrft", "video_r1")
+    example_data: ClassVar[ExampleData] = {
+        "mmrft": ("video_direction/train.jsonl", "video_direction/test.jsonl", {}),
+        "video_r1": (
+            "video_direction/video_r1_train.json",
+            "video_direction/video_r1_test.json",
+            {"media_root": "video_direction"},
+        ),
+    }
 
     def __init__(
         self,

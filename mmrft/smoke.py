@@ -1,0 +1,166 @@
+"""``mmrft train CONFIG --smoke``: any config, on CPU, in a minute, before renting GPUs.
+
+The config runs as written (task and its parameters, verifiers, algorithm with its reference
+model and T-GRPO, LoRA, gradient checkpointing, data format and error policy) with only what a
+CPU check must change, as ``key=value`` overrides placed *before* the command line's (so the
+user's own overrides still win):
+
+* the model: the tiny model of the config's model family (``assets/models/tiny-<family>``;
+  the family from the checkpoint's ``config.json``, ``model.family``, or the hub id's name:
+  ``Qwen/Qwen2.5-VL-7B-Instruct`` → ``qwen2_5_vl``), ``device=cpu``, ``float32``;
+* small media budgets: images of 56×56 pixels, videos of 2–4 frames of 56×56, no prompt cap;
+* two RL steps of 2 prompts × 2 completions of at most 8 tokens (a warm start of at most 2
+  steps), no trackers, no periodic checkpoint or evaluation, a fresh run named
+  ``<run>-smoke``, and an evaluation of 2 test samples after RL;
+* the data: the config's own when its files are on this machine (every line and media file
+  read and checked, as in a real run), else the task's bundled example data
+  (:attr:`mmrft.task.Task.example_data`) in the config's format when one is bundled, else in
+  the project's format.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from mmrft.config import REPO_ROOT, RunConfig
+from mmrft.plugins import MODEL_FAMILIES, TASKS, load_plugins
+from mmrft.typecheck import ConfigError
+
+MODELS = REPO_ROOT / "assets" / "models"
+BENCHMARKS = REPO_ROOT / "assets" / "benchmarks"
+
+SIZES = [
+    "device=cpu",
+    "model.dtype=float32",
+    "model.min_pixels=3136",
+    "model.max_pixels=3136",
+    "model.video.min_frames=2",
+    "model.video.max_frames=4",
+    "model.video.min_pixels=3136",
+    "model.video.max_pixels=3136",
+    "model.video.total_pixels=null",
+    "model.video.max_prompt_tokens=null",
+    "train.steps=2",
+    "train.prompts_per_step=2",
+    "train.micro_batch_size=4",
+    "train.trackers=[]",
+    "rollout.group_size=2",
+    "rollout.batch_size=8",
+    "rollout.max_new_tokens=8",
+    "eval.before=false",
+    "eval.after=true",
+    "eval.every=0",
+    "eval.batch_size=2",
+    "eval.max_new_tokens=8",
+    "data.max_train_samples=8",
+    "data.max_test_samples=2",
+    "checkpoint.every=0",
+    "checkpoint.keep_last=1",
+    "checkpoint.resume=never",
+]
+"""The overrides of every smoke run."""
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def model_family(cfg: RunConfig) -> str:
+    """The registered family of ``cfg.model`` without loading it: ``model.family`` when set,
+    else the ``model_type`` of a local checkpoint's ``config.json``, else the family (or model
+    type) whose name the checkpoint's name contains, the longest such (``Qwen2.5-VL-7B`` is
+    ``qwen2_5_vl``, not ``qwen2_vl``)."""
+    import json
+
+    names = MODEL_FAMILIES.names()
+    if cfg.model.family != "auto":
+        return cfg.model.family
+    config = Path(cfg.model.path).expanduser() / "config.json"
+    if config.is_file():
+        model_type = json.loads(config.read_text()).get("model_type", "")
+        for name in names:
+            if model_type in MODEL_FAMILIES.get(name).model_types:
+                return name
+    candidates = {name: name for name in names}
+    for name in names:
+        candidates.update({t: name for t in MODEL_FAMILIES.get(name).model_types})
+    checkpoint = _squash(Path(cfg.model.path).name)
+    hits = [key for key in candidates if _squash(key) in checkpoint]
+    if not hits:
+        raise ConfigError(
+            f"--smoke: cannot tell the model family of model.path '{cfg.model.path}'; "
+            f"set model.family (one of {', '.join(names)})"
+        )
+    return candidates[max(hits, key=lambda key: len(_squash(key)))]
+
+
+def _present(path: str) -> bool:
+    return bool(path) and Path(path).expanduser().exists()
+
+
+def smoke_overrides(cfg: RunConfig) -> tuple[list[str], list[str]]:
+    """The overrides that turn ``cfg`` into its smoke run, and one note per substitution for
+    the console (model, data)."""
+    load_plugins(cfg.plugins)
+    family = model_family(cfg)
+    tiny = MODELS / f"tiny-{family}"
+    if not tiny.is_dir():
+        built = sorted(p.name.removeprefix("tiny-") for p in MODELS.glob("tiny-*"))
+        raise ConfigError(
+            f"--smoke: no tiny model of family '{family}' in {MODELS} (there are: "
+            f"{', '.join(built)}); `mmrft make-tiny` builds them"
+        )
+    overrides = [f"model.path={tiny}", f"model.family={family}", *SIZES]
+    from mmrft.trainer import run_name
+
+    overrides.append(f"name={run_name(cfg)}-smoke")
+    notes = [f"model {cfg.model.path} → {tiny} (family {family}), CPU, float32"]
+    if cfg.model.attn_implementation == "flash_attention_2":
+        overrides.append("model.attn_implementation=sdpa")
+    ws = cfg.warm_start
+    overrides += [
+        f"warm_start.steps={min(ws.steps, 2)}",
+        f"warm_start.batch_size={min(ws.batch_size, 2)}",
+    ]
+    if cfg.algorithm.overlong_buffer:  # the buffer must fit in the 8 new tokens
+        overrides.append("algorithm.overlong_buffer=2")
+    overrides += _data_overrides(cfg, notes)
+    return overrides, notes
+
+
+def _data_overrides(cfg: RunConfig, notes: list[str]) -> list[str]:
+    data = cfg.data
+    if _present(data.train) and _present(data.test):
+        notes.append(f"data: {data.train}, {data.test} (the first 8 and 2 samples)")
+        return []
+    if _present(data.train):
+        notes.append(f"data.test '{data.test}' not found: evaluating on data.train")
+        return [f"data.test={data.train}"]
+    task_cls = TASKS.get(cfg.task.name)
+    examples = task_cls.example_data
+    fmt = data.format if data.format in examples else "mmrft"
+    if fmt not in examples:
+        raise ConfigError(
+            f"--smoke: data.train '{data.train}' is not on this machine and task "
+            f"'{cfg.task.name}' bundles no example data; give data.train and data.test"
+        )
+    train, test, params = examples[fmt]
+    overrides = [
+        f"data.train={BENCHMARKS / train}",
+        f"data.test={BENCHMARKS / test}",
+        f"data.format={fmt}",
+        "data.fields={}",
+        "data.media_root=",
+        *(f"task.params.{key}={BENCHMARKS / value}" for key, value in params.items()),
+    ]
+    what = (
+        f"{data.format} data"
+        if fmt == data.format
+        else f"data in mmrft's format ({data.format} has none bundled)"
+    )
+    notes.append(
+        f"data.train '{data.train}' is not on this machine: the task's bundled {what}, "
+        f"{BENCHMARKS / train}"
+    )
+    return overrides

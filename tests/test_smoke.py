@@ -1,0 +1,117 @@
+"""``mmrft train <recipe> --smoke``: every bundled recipe runs by name, from a directory outside
+the checkout, with no other override: its family's tiny model on CPU, the recipe's settings
+otherwise, two steps and a two-sample evaluation; with the user's data when it is there."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from mmrft.cli import main
+from mmrft.config import config_names, load_config
+from mmrft.smoke import model_family, smoke_overrides
+from mmrft.typecheck import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH = REPO / "assets" / "benchmarks"
+RECIPES = sorted(p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("path", "family"),
+    [
+        ("Qwen/Qwen2.5-VL-7B-Instruct", "qwen2_5_vl"),
+        ("Video-R1/Qwen2.5-VL-7B-COT-SFT", "qwen2_5_vl"),
+        ("Qwen/Qwen2-VL-2B-Instruct", "qwen2_vl"),
+        ("Qwen/Qwen2-Audio-7B-Instruct", "qwen2_audio"),
+        ("Qwen/Qwen2.5-Omni-7B", "qwen2_5_omni"),
+        ("/ckpt/my-run/step-500", None),
+        (str(REPO / "assets" / "models" / "tiny-qwen2_vl"), "qwen2_vl"),  # config.json
+    ],
+)
+def test_model_family_without_loading_the_model(path, family):
+    cfg = load_config(None, [f"model.path={path}", "train.steps=0"])
+    if family is None:
+        with pytest.raises(ConfigError, match="cannot tell the model family.*set model.family"):
+            model_family(cfg)
+        cfg.model.family = "qwen2_vl"
+        assert model_family(cfg) == "qwen2_vl"
+    else:
+        assert model_family(cfg) == family
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_smokes_by_name_from_outside_the_checkout(tmp_path, monkeypatch, recipe):
+    monkeypatch.chdir(tmp_path)
+    paper = load_config(recipe)
+    overrides, _ = smoke_overrides(paper)
+    smoke = load_config(recipe, overrides)
+    # what the recipe keeps: task, verifiers, algorithm (the overlong buffer scaled to 8 tokens),
+    # data format when a bundled file has it, model switches
+    assert smoke.task.name == paper.task.name
+    assert smoke.task.params.get("think") == paper.task.params.get("think")
+    assert smoke.reward == paper.reward
+    assert smoke.algorithm.beta == paper.algorithm.beta
+    assert smoke.algorithm.temporal_contrast == paper.algorithm.temporal_contrast
+    assert smoke.model.gradient_checkpointing == paper.model.gradient_checkpointing
+    assert smoke.data.on_error == paper.data.on_error
+    assert (smoke.device, smoke.model.dtype, smoke.train.steps) == ("cpu", "float32", 2)
+    assert main(["train", recipe, "--smoke"]) == 0
+    run = tmp_path / "runs" / f"{paper.name}-smoke"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "train/reward" in m] == [1, 2]
+    predictions = (run / "eval" / "after" / "predictions.jsonl").read_text().splitlines()
+    assert len(predictions) == 2
+    assert (run / "checkpoints" / "step-000002" / "config.json").is_file()
+    assert not (REPO / "runs" / f"{paper.name}-smoke").exists()
+
+
+def test_smoke_keeps_the_users_data_and_their_overrides(tmp_path, monkeypatch, capsys):
+    """The user's data (here VLM-R1's conversations layout, relative to the current directory)
+    is what a smoke run reads, and the command line's overrides beat the smoke settings."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
+    lines = []
+    for line in (BENCH / "shapes_grounding" / "train.jsonl").read_text().splitlines()[:6]:
+        record = json.loads(line)
+        image, text = record["messages"][0]["content"]
+        lines.append(
+            {
+                "image": Path(image["image"]).name,
+                "conversations": [
+                    {"from": "human", "value": "<image>" + text["text"]},
+                    {"from": "gpt", "value": json.dumps(record["target"])},
+                ],
+            }
+        )
+    Path("rec.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    code = main(
+        [
+            "train",
+            "vlm_r1_rec",
+            "--smoke",
+            "data.train=rec.jsonl",
+            "data.test=rec.jsonl",
+            "data.format=conversations",
+            f"data.media_root={BENCH / 'shapes_grounding' / 'images'}",
+            "train.steps=1",
+            "train.completions_every=1",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"--smoke: data: {tmp_path / 'rec.jsonl'}" in out
+    run = tmp_path / "runs" / "vlm_r1_rec__qwen2_5_vl_3b-smoke"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics if "train/reward" in m] == [1]
+    rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]
+    assert rows and {r["id"] for r in rows} <= {str(n) for n in range(1, 7)}  # rec.jsonl's lines
+
+
+def test_every_bundled_config_name_smokes_or_says_why():
+    """Every name `mmrft train NAME --smoke` takes resolves to a tiny model."""
+    for name in config_names():
+        overrides, notes = smoke_overrides(load_config(name))
+        assert any(o.startswith("model.path=") for o in overrides) and notes
