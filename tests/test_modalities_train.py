@@ -362,6 +362,30 @@ RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
         bundled("charts/code_train.jsonl", "charts/code_test.jsonl"),
     ),
     "vlm_r1_rec": ("tiny-qwen2_5_vl", refcoco_files),
+    # the newer families' recipes
+    "qwen3_vl_rec": ("tiny-qwen3_vl", refcoco_files),
+    "internvl_rec": ("tiny-internvl", refcoco_files),
+    "glm4v_rec": ("tiny-glm4v", refcoco_files),
+    "gemma3_counting": (
+        "tiny-gemma3",
+        bundled("shapes_counting/train.jsonl", "shapes_counting/test.jsonl"),
+    ),
+    "qwen3_omni_aqa": (
+        "tiny-qwen3_omni",
+        bundled(
+            "audio_pitch/r1_aqa_train.jsonl",
+            "audio_pitch/r1_aqa_test.jsonl",
+            f"task.params.audio_root={BENCH / 'audio_pitch'}",
+        ),
+    ),
+    "qwen3_5_video_r1": (
+        "tiny-qwen3_5",
+        bundled(
+            "video_direction/video_r1_train.json",
+            "video_direction/video_r1_test.json",
+            f"task.params.media_root={BENCH / 'video_direction'}",
+        ),
+    ),
 }
 
 TINY_SIZES = [
