@@ -1,5 +1,12 @@
 """Run reports: PNG plots and a markdown summary of one run, or an overlay of several.
 
+The plot has labelled axes and readable names: the training reward (total and per verifier);
+the evaluation of the task's metric over RL steps with the chance level, and the evaluation
+before RL (after any warm start) and after RL marked with their values; the warm start's
+supervised loss when the run had one (``warm_start.jsonl``); KL, entropy, completion length and
+time per step. In a comparison each run has one colour in every panel and the metrics of a
+panel are told apart by line style.
+
 ``mmrft report RUN_DIR`` writes ``report.png`` and ``report.md`` into the run directory;
 ``mmrft report RUN_A RUN_B ...`` also writes ``comparison.png`` and ``comparison.md`` (into
 ``--out``, default the current directory) with the runs overlaid. Everything is read from
@@ -10,6 +17,7 @@ is still going or that stopped.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +26,50 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-# (title, metric-name predicate) for each panel, in order.
-PANELS: list[tuple[str, Any]] = [
+# (title, y-axis label, metric-name predicate) of each panel after the reward and evaluation
+# panels, in order.
+PANELS: list[tuple[str, str, Any]] = [
+    ("KL to the reference model", "KL (nats / token)", lambda k: k == "train/kl"),
+    ("policy entropy", "entropy (nats / token)", lambda k: k == "train/entropy"),
+    ("completion length", "tokens (mean)", lambda k: k == "rollout/len_mean"),
     (
-        "train reward (total and per verifier)",
-        lambda k: k.startswith("train/reward") and k.count("/") <= 2,
+        "time per RL step",
+        "seconds",
+        lambda k: k in ("time/rollout_s", "time/reward_s", "time/update_s"),
     ),
-    ("evaluation (test split)", lambda k: k.startswith("eval/") and not k.endswith("truncated")),
-    ("KL to reference", lambda k: k == "train/kl"),
-    ("entropy (nats / token)", lambda k: k == "train/entropy"),
-    ("completion length (tokens)", lambda k: k == "rollout/len_mean"),
-    ("time per step (s)", lambda k: k in ("time/rollout_s", "time/reward_s", "time/update_s")),
 ]
+
+# Readable names of the metrics the panels plot.
+LABELS = {
+    "train/reward": "total",
+    "time/rollout_s": "rollout",
+    "time/reward_s": "verifiers",
+    "time/update_s": "update",
+    "format_fail": "format failures",
+    "len_mean": "mean length",
+}
+
+
+@dataclass
+class RunData:
+    """What the report of one run reads: ``metrics.jsonl``, ``summary.json`` (metric, chance,
+    before, after) and ``warm_start.jsonl``, each when present."""
+
+    history: list[dict[str, Any]]
+    summary: dict[str, Any] = field(default_factory=dict)
+    warm_start: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RunData:
+        summary = run_dir / "summary.json"
+        warm = run_dir / "warm_start.jsonl"
+        return cls(
+            read_history(run_dir),
+            json.loads(summary.read_text()) if summary.is_file() else {},
+            [json.loads(x) for x in warm.read_text().splitlines() if x.strip()]
+            if warm.is_file()
+            else [],
+        )
 
 
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
@@ -44,41 +84,162 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def _draw(runs: dict[str, list[dict[str, Any]]], path: Path, title: str) -> Path:
-    keys = sorted({k for history in runs.values() for h in history for k in h})
-    panels = [(t, [k for k in keys if pred(k)]) for t, pred in PANELS]
-    panels = [(t, ks) for t, ks in panels if ks]
-    cols = 2
-    rows = max(1, (len(panels) + 1) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(11, 3.6 * rows), squeeze=False)
-    styles = ["-", "--", ":", "-."]
-    for ax, (panel_title, panel_keys) in zip(axes.flat, panels):
-        for r, (run_name, history) in enumerate(runs.items()):
-            for key in panel_keys:
-                steps, values = _series(history, key)
-                if not steps:
-                    continue
-                label = key if len(runs) == 1 else f"{run_name}: {key}"
-                marker = "o" if key.startswith("eval/") else None
-                ax.plot(
-                    steps, values, styles[r % len(styles)], marker=marker, lw=1.2, ms=3, label=label
-                )
-        ax.set_title(panel_title)
-        ax.set_xlabel("step")
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=6)
-    for ax in list(axes.flat)[len(panels) :]:
-        ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+def _label(key: str) -> str:
+    return LABELS.get(key) or LABELS.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
+
+
+class _Styles:
+    """One colour per run when several runs are drawn (the metric then by line style), else
+    one colour per metric."""
+
+    def __init__(self, runs: list[str]) -> None:
+        self.runs = runs
+        self.colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+    def __call__(self, run: int, key_index: int) -> dict[str, Any]:
+        if len(self.runs) == 1:
+            return {"color": self.colours[key_index % len(self.colours)], "linestyle": "-"}
+        styles = ["-", "--", ":", "-."]
+        return {
+            "color": self.colours[run % len(self.colours)],
+            "linestyle": styles[key_index % len(styles)],
+        }
+
+    def label(self, run: int, key: str) -> str:
+        return _label(key) if len(self.runs) == 1 else f"{self.runs[run]}: {_label(key)}"
+
+
+def _reward_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
+    for r, data in enumerate(runs.values()):
+        keys = sorted({k for h in data.history for k in h if k.startswith("train/reward")})
+        keys = [k for k in keys if k.count("/") <= 2]
+        for i, key in enumerate(keys):
+            steps, values = _series(data.history, key)
+            width = 2.0 if key == "train/reward" else 1.1
+            ax.plot(steps, values, lw=width, label=style.label(r, key), **style(r, i))
+    ax.set_title("training reward (mean over the step's completions)")
+    ax.set_ylabel("reward")
+
+
+def _eval_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
+    """The task's metric on the test split over RL steps: the chance level, the evaluation
+    before RL (after any warm start) and after RL marked and written out."""
+    metric = next((d.summary.get("metric") for d in runs.values() if d.summary.get("metric")), None)
+    chance = next(
+        (d.summary.get("chance") for d in runs.values() if d.summary.get("chance") is not None),
+        None,
+    )
+    for r, data in enumerate(runs.values()):
+        keys = sorted({k for h in data.history for k in h if k.startswith("eval/")})
+        keys = [k for k in keys if not k.endswith("/truncated")]
+        keys.sort(key=lambda k: (k != metric, k))  # the task's metric first
+        for i, key in enumerate(keys):
+            steps, values = _series(data.history, key)
+            main_metric = key == metric or metric is None
+            ax.plot(
+                steps,
+                values,
+                marker="o",
+                ms=4 if main_metric else 2,
+                lw=1.8 if main_metric else 0.9,
+                alpha=1.0 if main_metric else 0.6,
+                label=style.label(r, key),
+                **style(r, i),
+            )
+        last = max((h["step"] for h in data.history), default=0)
+        colour = style(r, 0)["color"]
+        for name, step, value in (
+            ("before RL", 0, data.summary.get("before")),
+            ("after RL", last, data.summary.get("after")),
+        ):
+            if value is None:
+                continue
+            ax.scatter([step], [value], s=90, marker="D", color=colour, zorder=5, edgecolor="black")
+            prefix = "" if len(runs) == 1 else f"{list(runs)[r]}: "
+            ax.annotate(
+                f"{prefix}{name} {value:.3f}",
+                (step, value),
+                textcoords="offset points",
+                xytext=(8, -16 - 13 * r) if name == "before RL" else (-8, -18 - 13 * r),
+                ha="left" if name == "before RL" else "right",
+                fontsize=9,
+            )
+    if chance is not None:
+        ax.axhline(chance, color="gray", linestyle="--", lw=1, label=f"chance ({chance:.3g})")
+    ax.set_title("evaluation on the test split")
+    ax.set_ylabel(_label(metric) if metric else "metric")
+
+
+def _warm_start_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
+    for r, data in enumerate(runs.values()):
+        steps = [w["step"] for w in data.warm_start]
+        ax.plot(
+            steps, [w["loss"] for w in data.warm_start], label=style.label(r, "loss"), **style(r, 0)
+        )
+    ax.set_title("warm start (supervised, before RL)")
+    ax.set_xlabel("warm-start step")
+    ax.set_ylabel("cross-entropy (nats / token)")
+
+
+def _draw(runs: dict[str, RunData], path: Path, title: str) -> Path:
+    fig = figure(runs, title)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def write_report(run_dir: Path, history: list[dict[str, Any]], path: Path | None = None) -> Path:
-    """``report.png`` of one run: reward per verifier, eval metrics, KL, entropy, lengths, time."""
-    return _draw({run_dir.name: history}, path or run_dir / "report.png", run_dir.name)
+def figure(runs: dict[str, RunData], title: str) -> Any:
+    """The report's matplotlib figure of one run or several (one colour per run)."""
+    style = _Styles(list(runs))
+    keys = sorted({k for data in runs.values() for h in data.history for k in h})
+    drawers: list[tuple[Any, Any]] = []
+    if any(k.startswith("train/reward") for k in keys):
+        drawers.append((_reward_panel, None))
+    if any(k.startswith("eval/") for k in keys) or any(
+        d.summary.get("after") is not None for d in runs.values()
+    ):
+        drawers.append((_eval_panel, None))
+    if any(d.warm_start for d in runs.values()):
+        drawers.append((_warm_start_panel, None))
+    for panel in PANELS:
+        if any(panel[2](k) for k in keys):
+            drawers.append((None, panel))
+    cols = 2
+    rows = max(1, (len(drawers) + 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 4.0 * rows), squeeze=False)
+    for ax, (draw, panel) in zip(axes.flat, drawers):
+        if draw is not None:
+            draw(ax, runs, style)
+        else:
+            panel_title, ylabel, predicate = panel
+            for r, data in enumerate(runs.values()):
+                panel_keys = sorted({k for h in data.history for k in h if predicate(k)})
+                for i, key in enumerate(panel_keys):
+                    steps, values = _series(data.history, key)
+                    ax.plot(steps, values, lw=1.2, label=style.label(r, key), **style(r, i))
+            ax.set_title(panel_title)
+            ax.set_ylabel(ylabel)
+        if not ax.get_xlabel():
+            ax.set_xlabel("RL step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=9)
+    for ax in list(axes.flat)[len(drawers) :]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=13)
+    fig.tight_layout()
+    return fig
+
+
+def write_report(
+    run_dir: Path, history: list[dict[str, Any]] | None = None, path: Path | None = None
+) -> Path:
+    """``report.png`` of one run: reward per verifier, the evaluation with chance and
+    before/after, the warm start, KL, entropy, lengths, time."""
+    data = RunData.read(run_dir)
+    if history is not None:
+        data.history = history
+    return _draw({run_dir.name: data}, path or run_dir / "report.png", run_dir.name)
 
 
 def _final(history: list[dict[str, Any]]) -> dict[str, float]:
@@ -149,7 +310,7 @@ def report_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
             names[name] = run_dir
         written.append(
             _draw(
-                {n: read_history(p) for n, p in names.items()},
+                {n: RunData.read(p) for n, p in names.items()},
                 out / "comparison.png",
                 " vs ".join(names),
             )

@@ -1,0 +1,109 @@
+"""report.png is readable: labelled axes, readable legends, the chance level, the evaluation
+before and after RL marked, the warm start shown, one colour per run in a comparison."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from matplotlib.colors import to_hex
+
+from mmrft.report import RunData, figure, report_runs
+
+
+def fake_run(path: Path, offset: float = 0.0, warm: bool = True) -> Path:
+    path.mkdir()
+    lines = [
+        {
+            "step": s,
+            "train/reward": 1 + offset + s / 10,
+            "train/reward/format": 1.0,
+            "train/reward/accuracy": offset + s / 10,
+            "train/entropy": 1.0 - s / 10,
+            "rollout/len_mean": 6.0,
+            "time/rollout_s": 0.2,
+            "time/reward_s": 0.01,
+            "time/update_s": 0.1,
+        }
+        for s in range(1, 6)
+    ]
+    lines.insert(
+        0, {"step": 0, "eval/classification/accuracy": 0.25, "eval/classification/format_fail": 0.0}
+    )
+    lines.append(
+        {
+            "step": 5,
+            "eval/classification/accuracy": 0.5 + offset,
+            "eval/classification/format_fail": 0.0,
+        }
+    )
+    (path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    summary = {
+        "metric": "eval/classification/accuracy",
+        "chance": 0.25,
+        "before": 0.25,
+        "after": 0.5 + offset,
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    if warm:
+        (path / "warm_start.jsonl").write_text(
+            "".join(json.dumps({"step": k, "loss": 3.0 / k}) + "\n" for k in range(1, 4))
+        )
+    return path
+
+
+def panels(fig) -> dict[str, object]:
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_title()}
+
+
+def test_one_run_report_is_readable(tmp_path):
+    run = fake_run(tmp_path / "demo")
+    fig = figure({"demo": RunData.read(run)}, "demo")
+    axes = panels(fig)
+    assert set(axes) >= {
+        "training reward (mean over the step's completions)",
+        "evaluation on the test split",
+        "warm start (supervised, before RL)",
+        "policy entropy",
+        "completion length",
+        "time per RL step",
+    }
+    for title, ax in axes.items():
+        assert ax.get_xlabel() and ax.get_ylabel(), title
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert all("/" not in label for label in labels), (title, labels)  # no raw metric keys
+        assert min(t.get_fontsize() for t in ax.get_legend().get_texts()) >= 8
+    reward = axes["training reward (mean over the step's completions)"]
+    assert [t.get_text() for t in reward.get_legend().get_texts()] == [
+        "total",
+        "accuracy",
+        "format",
+    ]
+    evaluation = axes["evaluation on the test split"]
+    assert evaluation.get_ylabel() == "accuracy"
+    chance = [line for line in evaluation.get_lines() if line.get_label() == "chance (0.25)"]
+    assert chance and list(chance[0].get_ydata()) == [0.25, 0.25]
+    notes = [t.get_text() for t in evaluation.texts]
+    assert "before RL 0.250" in notes and "after RL 0.500" in notes
+    assert axes["warm start (supervised, before RL)"].get_xlabel() == "warm-start step"
+    plt.close(fig)
+    report_runs([run])
+    assert (run / "report.png").stat().st_size > 0
+
+
+def test_comparison_gives_each_run_one_colour(tmp_path):
+    a, b = fake_run(tmp_path / "a"), fake_run(tmp_path / "b", offset=0.3, warm=False)
+    fig = figure({"a": RunData.read(a), "b": RunData.read(b)}, "a vs b")
+    for title, ax in panels(fig).items():
+        colours: dict[str, set[str]] = {}
+        for line in ax.get_lines():
+            run = line.get_label().split(":", 1)[0]
+            if run in ("a", "b"):
+                colours.setdefault(run, set()).add(to_hex(line.get_color()))
+        assert all(len(c) == 1 for c in colours.values()), (title, colours)
+        if len(colours) == 2:
+            assert colours["a"] != colours["b"], title
+    notes = [t.get_text() for t in panels(fig)["evaluation on the test split"].texts]
+    assert "a: after RL 0.500" in notes and "b: after RL 0.800" in notes
+    plt.close(fig)
