@@ -27,6 +27,11 @@ RECIPES = sorted(p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml"))
         ("Qwen/Qwen2-VL-2B-Instruct", "qwen2_vl"),
         ("Qwen/Qwen2-Audio-7B-Instruct", "qwen2_audio"),
         ("Qwen/Qwen2.5-Omni-7B", "qwen2_5_omni"),
+        ("Qwen/Qwen3-VL-30B-A3B-Instruct", "qwen3_vl"),
+        ("Qwen/Qwen3.5-27B", "qwen3_5"),
+        ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3_omni"),
+        ("OpenGVLab/InternVL3-2B-hf", "internvl"),
+        ("google/gemma-3-4b-it", "gemma3"),
         ("/ckpt/my-run/step-500", None),
         (str(REPO / "assets" / "models" / "tiny-qwen2_vl"), "qwen2_vl"),  # config.json
     ],
