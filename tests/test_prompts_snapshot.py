@@ -2,7 +2,7 @@
 
 ``tests/snapshots/prompts/<benchmark>.txt`` holds the filled template (the user text sent
 with the image) of the first 3 test samples, with the task's default parameters; grounding
-prompts once per box frame (Qwen2-VL: norm1000, Qwen2.5-VL: input_pixels). A change to a
+prompts once per family (box frame and the sentence that states it). A change to a
 template, a format or box instruction, or the data shows up here as a diff. After an
 intended change, rewrite the files and review the diff::
 
@@ -25,7 +25,10 @@ BUNDLED = {
     "shapes_colour": ("classification", ["qwen2_5_vl"]),
     "shapes_kind": ("classification", ["qwen2_5_vl"]),
     "shapes_counting": ("counting", ["qwen2_5_vl"]),
-    "shapes_grounding": ("grounding", ["qwen2_vl", "qwen2_5_vl"]),
+    "shapes_grounding": (
+        "grounding",
+        ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "internvl", "gemma3", "glm4v"],
+    ),
 }
 FIRST = 3
 

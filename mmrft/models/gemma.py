@@ -20,7 +20,7 @@ sequence. Positions are 1-D (RoPE θ 10⁶ global, 10⁴ local).
 Boxes. Gemma 3's model card documents no box output format (asked on the gemma-3-4b-it
 discussion #38, the Gemma team answered that it is not explicitly trained to output boxes, and
 pointed to Gemini's ``[y_min, x_min, y_max, x_max]`` normalised to 0–1000). mmrft asks for
-``norm1000`` boxes written ``[x1, y1, x2, y2]``, as for Qwen2-VL and GLM-4.1V, and says so in
+``norm1000`` boxes as Qwen2-VL's JSON ``{"bbox_2d": [x1, y1, x2, y2]}`` (x first) and says so in
 the prompt; RL teaches the format.
 """
 
@@ -85,10 +85,7 @@ class Gemma3(ModelFamily):
 
     model_types = ("gemma3",)
     box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = (
-        "Output the box as [x1, y1, x2, y2] with coordinates normalised to integers from 0 to "
-        "1000 relative to the image width and height."
-    )
+    box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ("token_type_ids",)
     media_keys: ClassVar[dict[str, str]] = {"pixel_values": "images"}
     media_tokens: ClassVar[dict[str, str]] = {"images": "<image_soft_token>"}

@@ -18,7 +18,8 @@ differences:
   normalized from pixel coordinates … using image width W and height H (range 0-1000),
   x = round(x_pixel / W · 1000)" (zai-org GLM-V grounding guide); the model writes them as
   ``<|begin_of_box|>[x1, y1, x2, y2]<|end_of_box|>``, which :func:`mmrft.boxes.parse_boxes`
-  reads like any ``[x1, y1, x2, y2]``.
+  reads like any ``[x1, y1, x2, y2]``; the prompt asks for Qwen2-VL's JSON
+  ``{"bbox_2d": [x1, y1, x2, y2]}`` in that frame (the warm-start targets' layout).
 
 The model card's pixel settings (GLM-V README / vLLM example): images between 112 × 112 and
 ``28 · 28 · 15000`` pixels, videos at 1–2 fps.
@@ -29,7 +30,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from mmrft.family import BoxFrame, model_family
-from mmrft.models.qwen_vl import QwenVLFamily
+from mmrft.models.qwen_vl import Qwen2VL, QwenVLFamily
 
 GLM_MEDIA_TOKENS = (
     "<|begin_of_image|>",
@@ -48,10 +49,7 @@ class GLM4V(QwenVLFamily):
 
     model_types = ("glm4v",)
     box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = (
-        "Output the box as [x1, y1, x2, y2] with coordinates normalised to integers from 0 to "
-        "1000 relative to the image width and height."
-    )
+    box_instruction = Qwen2VL.box_instruction
     patch_size: ClassVar[int] = 14
     video_metadata: ClassVar[bool] = True
     media_tokens: ClassVar[dict[str, str]] = {

@@ -21,7 +21,9 @@ model card samples 8–32 frames).
 Boxes are ``norm1000``: InternVL's grounding format is
 ``<ref>expression</ref><box>[[x1, y1, x2, y2]]</box>`` with coordinates normalised to
 ``[0, 1000)`` relative to the image (InternVL chat-data documentation, "Grounding");
-:func:`mmrft.boxes.parse_boxes` reads the inner ``[x1, y1, x2, y2]``.
+:func:`mmrft.boxes.parse_boxes` reads the inner ``[x1, y1, x2, y2]``. The prompt asks for
+Qwen2-VL's JSON ``{"bbox_2d": [x1, y1, x2, y2]}`` in that frame (the warm-start targets'
+layout).
 """
 
 from __future__ import annotations
@@ -46,10 +48,7 @@ class InternVL(ModelFamily):
 
     model_types = ("internvl",)
     box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = (
-        "Output the box as [x1, y1, x2, y2] with coordinates normalised to integers from 0 to "
-        "1000 relative to the image width and height."
-    )
+    box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ()
     media_keys: ClassVar[dict[str, str]] = {"pixel_values": "tiles"}
     media_tokens: ClassVar[dict[str, str]] = {"tiles": "<IMG_CONTEXT>"}
