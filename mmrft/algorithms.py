@@ -625,6 +625,15 @@ def aggregate_loss(
     return masked.sum() / (length * seqs)
 
 
+def truncated_importance_weights(old_logps: Tensor, sampler_logps: Tensor, cap: float) -> Tensor:
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework
+    secretly brings you off-policy RL training"): the tokens were drawn by a sampler (vLLM)
+    whose probabilities differ slightly from the trainer's π_old, so each token's policy-gradient
+    term is reweighted by ``w_t = min(π_old(t) / π_sampler(t), cap) = min(exp(log π_old −
+    log π_sampler), cap)``, detached; the cap bounds the variance (TRL's default: 3)."""
+    return torch.exp(old_logps - sampler_logps).clamp(max=cap).detach()
+
+
 def grpo_loss(
     logps: Tensor,
     old_logps: Tensor,
@@ -644,6 +653,7 @@ def grpo_loss(
     num_tokens: float | Tensor | None = None,
     num_seqs: float | Tensor | None = None,
     max_len: int | None = None,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO-family loss of one micro-batch.
 
@@ -664,6 +674,8 @@ def grpo_loss(
         entropy_coef: coefficient of the entropy bonus (subtracted from the loss).
         clip_low, clip_high, ratio_level, dual_clip: as in :func:`policy_loss`.
         agg_mode, num_tokens, num_seqs, max_len: as in :func:`aggregate_loss`.
+        token_weights: ``[B, T]`` detached weights of the policy term per token (the KL and
+            entropy terms are not weighted), e.g. :func:`truncated_importance_weights`.
 
     Returns:
         ``(loss, metrics)``: the scalar loss, and floats: ``kl`` (when ``ref_logps`` is given)
@@ -687,6 +699,9 @@ def grpo_loss(
         dual_clip=dual_clip,
     )
     logged = dict(stats)
+    if token_weights is not None:
+        per_token = per_token * token_weights
+        logged["tis_weight"] = _masked_mean(token_weights, mask)
     if ref_logps is not None:
         kl = kl_penalty(logps, ref_logps, kl_estimator)
         if beta != 0:

@@ -176,9 +176,40 @@ class RewardConfig:
 
 
 @dataclass
+class VLLMConfig:
+    gpu_memory_utilization: float = _f(
+        0.3,
+        "Share of the device's memory vLLM reserves for its weights copy and KV cache (colocated with the trainer, so well below vLLM's own 0.9); on CPU a share of RAM (0.05–0.1 serve the tiny and bench models).",
+    )
+    kv_cache_gb: float | None = _f(
+        None,
+        "The engine's KV cache size in GiB, set explicitly (vLLM's kv_cache_memory_bytes) instead of derived from gpu_memory_utilization; on CPU vLLM subtracts the whole process's resident memory (the trainer's model and optimizer included) from the share, so a colocated CPU run should set this.",
+    )
+    max_model_len: int | None = _f(
+        None, "Longest prompt + completion the engine accepts (tokens); None = the model's own."
+    )
+    enforce_eager: bool | None = _f(
+        None,
+        "Eager execution (no compilation or CUDA graphs); None = eager on CPU, compiled on GPU.",
+    )
+    sleep: bool = _f(
+        False,
+        "GPU only: free the engine's weights copy and KV cache between rollouts (vLLM sleep mode, level 1) so the update has the memory.",
+    )
+    seed: int | None = _f(
+        None,
+        "The engine's global seed; None = train.seed + rank. Every request also gets its own seed from torch's RNG, so samples follow the run's checkpointed RNG state.",
+    )
+
+
+@dataclass
 class RolloutConfig:
-    engine: Literal["hf"] = _f(
-        "hf", "Generation engine: 'hf' (transformers generate, KV cache on)."
+    engine: Literal["hf", "vllm"] = _f(
+        "hf",
+        "Generation engine: 'hf' (the policy itself with transformers, group-shared by default) or 'vllm' (an in-process vLLM engine colocated with the trainer, weights pushed after every optimizer step; pip install 'mmrft[vllm]'; rollout.vllm.*).",
+    )
+    vllm: VLLMConfig = field(
+        default_factory=VLLMConfig, metadata={"help": "The vLLM engine (rollout.engine=vllm)."}
     )
     group_size: int = _f(8, "Completions per prompt, G (papers: 8; 4 for 7B models).")
     temperature: float = _f(1.0, "Sampling temperature (papers: 0.9–1.0).")
@@ -267,6 +298,10 @@ class AlgorithmConfig:
         "'loss': β·KL per token in the loss (GRPO); 'reward': r_i − β·Σ_t KL_t folded into the reward before advantages (PPO-RLHF style).",
     )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (subtracted from the loss).")
+    tis_cap: float = _f(
+        0.0,
+        "Truncated importance sampling for an engine whose log-probs differ from the trainer's (vLLM): each token's loss is weighted by min(π_old/π_sampler, cap), detached (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'); 0 = off. Needs an engine that reports log-probs.",
+    )
     dual_clip: float | None = _f(
         None,
         "Dual-clip constant c > 1 bounding the loss of negative advantages (Ye et al. 2020, arXiv:1912.09729); None = off.",
@@ -456,6 +491,17 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
     need(cfg.rollout.batch_size > 0, "rollout.batch_size", "must be > 0")
     need(cfg.rollout.micro_group >= 0, "rollout.micro_group", "must be ≥ 0 (0 = the whole group)")
+    need(
+        0 < cfg.rollout.vllm.gpu_memory_utilization <= 1,
+        "rollout.vllm.gpu_memory_utilization",
+        "must be in (0, 1]",
+    )
+    need(cfg.algorithm.tis_cap >= 0, "algorithm.tis_cap", "must be ≥ 0 (0 = off)")
+    need(
+        not (cfg.rollout.engine == "vllm" and cfg.rollout.timeout_s),
+        "rollout.timeout_s",
+        "bounds the hf engine's generate() only; vLLM has no time budget (set it to 0)",
+    )
     need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
     need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")
     need(cfg.train.steps >= 0, "train.steps", "must be ≥ 0")

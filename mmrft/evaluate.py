@@ -23,7 +23,7 @@ from rich.table import Table
 
 from mmrft.data import Sample
 from mmrft.policy import Policy
-from mmrft.rollout import HFEngine, Rollouts, Sampling
+from mmrft.rollout import Engine, HFEngine, Rollouts, Sampling
 from mmrft.task import EvalRecord, Task
 
 
@@ -52,14 +52,16 @@ def evaluate(
     batch_size: int,
     max_new_tokens: int,
     progress: Progress | None = None,
+    engine: Engine | None = None,
 ) -> EvalResult:
     """Greedy-decode every sample once and score it with the task's strict evaluation.
 
-    Prompts go to the engine ``batch_size`` at a time (the batches the engine would form
-    itself, so the completions are the same), each batch advancing a bar on ``progress`` (a
-    live :func:`mmrft.runlog.progress_bar`) when one is given."""
+    Prompts go to the engine (``engine``, e.g. a run's vLLM engine holding the current weights;
+    by default the ``hf`` engine on ``policy``) ``batch_size`` at a time (the batches the engine
+    would form itself, so the completions are the same), each batch advancing a bar on
+    ``progress`` (a live :func:`mmrft.runlog.progress_bar`) when one is given."""
     start = time.perf_counter()
-    engine = HFEngine(policy, batch_size)
+    engine = engine or HFEngine(policy, batch_size)
     conversations = [task.prompt(s, policy.family) for s in samples]
     sampling = Sampling(max_new_tokens, greedy=True)
     bar = None if progress is None else progress.add_task("eval", total=len(samples), info="")

@@ -48,7 +48,13 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from mmrft import distributed, zero
-from mmrft.algorithms import group_advantages, group_stats, grpo_loss, kl_penalty
+from mmrft.algorithms import (
+    group_advantages,
+    group_stats,
+    grpo_loss,
+    kl_penalty,
+    truncated_importance_weights,
+)
 from mmrft.checkpoint import (
     find_resume_checkpoint,
     load_trainer_state,
@@ -155,6 +161,14 @@ def lr_lambda(cfg: RunConfig):
 def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
     for begin in range(0, len(indices), size):
         yield indices[begin : begin + size]
+
+
+def media_limits(samples: list[Sample]) -> dict[str, int]:
+    """The most images, videos and audio clips one sample holds (what an engine reserves)."""
+    return {
+        kind: max((len(s.media(kind)) for s in samples), default=0)
+        for kind in ("image", "video", "audio")
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,12 +391,20 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
     engine = build_engine(
-        cfg.rollout.engine,
+        cfg.rollout,
         policy,
-        cfg.rollout.batch_size,
-        cfg.rollout.timeout_s,
-        cfg.rollout.group_shared,
+        model_path=str(resolve_path(cfg.model.path)),
+        limits=media_limits(train_samples + test_samples),
+        seed=cfg.train.seed + rank,
     )
+    if engine.name != "hf" and train_samples:  # the engine must see the trainer's tokens
+        probe = train_samples[:4]
+        engine.check_parity([task.prompt(s, family) for s in probe], [s.id for s in probe])
+    if cfg.algorithm.tis_cap and not (engine.name == "vllm" or cfg.rollout.group_shared):
+        raise ConfigError(
+            "algorithm.tis_cap: needs an engine that reports its sampling log-probs "
+            "(rollout.engine=vllm, or hf with rollout.group_shared=true)"
+        )
     params = [p for p in policy.model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
@@ -450,8 +472,9 @@ def begin(run: Run) -> int:
         if cfg.warm_start.steps and run.train_samples:
             losses = warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
             run.runlog.warm_start(losses)
-        if cfg.eval.before and run.test_samples:
-            run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
+    run.engine.sync_weights()  # an engine with its own weights starts from the loop's
+    if checkpoint is None and cfg.eval.before and run.test_samples:
+        run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
     # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
     distributed.prepare_optimizer(
         run.policy.model, run.optimizer, cfg.train.sharding, deepspeed_config(cfg, run.world)
@@ -551,7 +574,7 @@ def log_step(
     completions (every ``train.completions_every``); returns the mean reward."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     rollouts, scored = batch.generated, batch.scored
-    times = {k: v for k, v in stats.items() if k.startswith("time/")}
+    times = {k: v for k, v in stats.items() if k.startswith(("time/", "rollout/"))}
     generated_tokens = sum(len(c) for c in rollouts.completion_ids)
     trained_tokens = sum(len(c) for c in batch.rollouts.completion_ids)
     metrics = {
@@ -634,6 +657,9 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
                     cfg.eval.batch_size,
                     cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
                     progress,
+                    # an engine with its own weights (vLLM) holds the current ones; hf builds
+                    # its own with the evaluation batch size
+                    engine=None if run.engine.name == "hf" else run.engine,
                 )
             write_eval(result, directory, {"step": step})
             run.runlog.metrics(
@@ -711,10 +737,22 @@ def _update(
     totals: Counter = Counter()
     weight = 0.0
     grad_norms = []
-    for _ in range(algo.updates_per_batch):
+    gap = Counter()  # the sampler's log-probs against π_old's (engines that report them)
+    for update in range(algo.updates_per_batch):
         for k, chunk in enumerate(chunks):
             logps, mask, entropy = forward(policy, chunk, with_grad=True)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
+            sampler = sampler_logps(rollouts, chunk, old)
+            if sampler is not None and update == 0:
+                diff = (old - sampler).abs() * mask
+                gap["sum"] += float(diff.sum())
+                gap["tokens"] += float(mask.sum())
+                gap["max"] = max(gap["max"], float(diff.max()) if diff.numel() else 0.0)
+            tis = (
+                truncated_importance_weights(old, sampler, algo.tis_cap)
+                if algo.tis_cap and sampler is not None
+                else None
+            )
             loss, stats = grpo_loss(
                 logps,
                 old,
@@ -733,6 +771,7 @@ def _update(
                 num_tokens=num_tokens,
                 num_seqs=num_seqs,
                 max_len=cfg.rollout.max_new_tokens,
+                token_weights=tis,
             )
             if not torch.isfinite(loss):
                 ids_text = ", ".join(sorted({batch.samples[i].id for i in chunk}))
@@ -764,6 +803,21 @@ def _update(
     out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
     out["active_frac"] = len(active) / max(n, 1)
     out.update({f"time/{k}": v for k, v in clock.totals.items()})
+    if gap["tokens"]:
+        out["rollout/logp_gap_mean"] = gap["sum"] / gap["tokens"]
+        out["rollout/logp_gap_max"] = gap["max"]
+    return out
+
+
+def sampler_logps(rollouts: Rollouts, chunk: list[int], like: torch.Tensor) -> torch.Tensor | None:
+    """The engine's log-probs of the completions ``chunk``, right-padded like ``like``
+    (``[n, C]``), or None when the engine reports none."""
+    if rollouts.logprobs is None:
+        return None
+    out = torch.zeros_like(like)
+    for row, i in enumerate(chunk):
+        values = rollouts.logprobs[i][: out.shape[1]]
+        out[row, : len(values)] = torch.tensor(values, dtype=out.dtype)
     return out
 
 

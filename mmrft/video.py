@@ -1152,6 +1152,14 @@ def _vision_parts(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return extract_vision_info([conversation]) if conversation else []
 
 
+def media_counts(conversation: list[dict[str, Any]]) -> tuple[int, int]:
+    """``(images, videos)`` of a conversation, counted as :func:`process_vision_info` reads
+    them (so its flat media lists can be split per conversation)."""
+    parts = _vision_parts(conversation)
+    images = sum(1 for p in parts if "image" in p or "image_url" in p)
+    return images, sum(1 for p in parts if "video" in p and not ("image" in p or "image_url" in p))
+
+
 def process_vision_info(
     conversations: list[list[dict[str, Any]]] | list[dict[str, Any]],
     *,

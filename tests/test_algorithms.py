@@ -32,6 +32,7 @@ from mmrft.algorithms import (
     selective_log_softmax,
     temporal_contrast_bonus,
     temporal_contrast_decided,
+    truncated_importance_weights,
 )
 
 # --------------------------------------------------------------------------- log-probs
@@ -461,8 +462,10 @@ def trl_loss(
     entropy_coef: float = 0.0,
     grad_accum: int = 1,
     num_items_in_batch: float | None = None,
+    importance_ratio: torch.Tensor | None = None,
 ):
-    """TRL's own `_compute_loss` on our tensors: (loss, ∂loss/∂logps, ∂loss/∂entropy, metrics)."""
+    """TRL's own `_compute_loss` on our tensors: (loss, ∂loss/∂logps, ∂loss/∂entropy, metrics).
+    ``importance_ratio``: TRL's vLLM importance-sampling correction (``token_truncate``)."""
     logps = batch.logps.clone().requires_grad_(True)
     entropy = batch.entropy.clone().requires_grad_(True)
     trainer = grpo_trainer.GRPOTrainer.__new__(grpo_trainer.GRPOTrainer)
@@ -478,8 +481,9 @@ def trl_loss(
         "top_entropy_quantile": 1.0,
         "off_policy_mask_threshold": None,
         "aux_loss_enabled": False,
-        "use_vllm": False,
-        "vllm_importance_sampling_correction": False,
+        "use_vllm": importance_ratio is not None,
+        "vllm_importance_sampling_correction": importance_ratio is not None,
+        "vllm_importance_sampling_mode": "token_truncate",
         "model": SimpleNamespace(training=True),
         "current_gradient_accumulation_steps": grad_accum,
         "max_completion_length": MAX_COMPLETION_LENGTH,
@@ -505,6 +509,8 @@ def trl_loss(
             float(batch.mask.sum()) if num_items_in_batch is None else num_items_in_batch
         ),
     }
+    if importance_ratio is not None:
+        inputs["importance_sampling_ratio"] = importance_ratio
     loss = trainer._compute_loss(None, inputs)
     g_logps, g_entropy = torch.autograd.grad(loss, [logps, entropy], allow_unused=True)
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
@@ -583,6 +589,40 @@ def test_trl_parity_presets(trl_grpo, preset, beta):
         # not vacuous: some tokens (sequences) are clipped, some carry a gradient
         assert 0 < ours[3]["clip_frac/total"] < 1
         assert ours[1].abs().sum() > 0
+
+
+def test_truncated_importance_weights_by_hand():
+    old = torch.log(torch.tensor([[0.5, 0.2, 0.9]]))
+    sampler = torch.log(torch.tensor([[0.25, 0.4, 0.1]]))
+    w = truncated_importance_weights(old, sampler, cap=3.0)
+    # π_old / π_sampler = 2, 0.5, 9 → 9 is truncated to the cap
+    torch.testing.assert_close(w, torch.tensor([[2.0, 0.5, 3.0]]))
+    assert not w.requires_grad
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_trl_parity_truncated_importance_sampling(trl_grpo, beta):
+    """The per-token TIS weight multiplies the policy term only, as TRL's vLLM correction."""
+    batch = make_batch(seed=5)
+    g = torch.Generator().manual_seed(9)
+    sampler = batch.old + 0.5 * torch.randn(batch.old.shape, generator=g)
+    weights = truncated_importance_weights(batch.old, sampler, cap=2.0)
+    assert (weights == 2.0).any() and (weights < 1.0).any()  # both sides of the correction
+    theirs = trl_loss(
+        trl_grpo,
+        batch,
+        loss_type="grpo",
+        level="token",
+        beta=beta,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        importance_ratio=weights,
+    )
+    ours = mmrft_loss(batch, beta=beta, agg_mode="seq-mean-token-mean", token_weights=weights)
+    assert_close(ours[0], theirs[0])
+    assert_close(ours[1], theirs[1])
+    plain = mmrft_loss(batch, beta=beta, agg_mode="seq-mean-token-mean")
+    assert not torch.allclose(ours[1], plain[1])
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "dr_grpo"])

@@ -1,17 +1,21 @@
 """Rollout engines: prompts in, completions out, behind one small interface (:class:`Engine`).
 
-``hf`` (:class:`HFEngine`) runs transformers ``generate`` on the policy itself. A second engine
-(vLLM) implements the same :class:`Engine` protocol in its own module here; the collector
+``hf`` (:class:`HFEngine`) samples with the policy itself; ``vllm``
+(:class:`mmrft.rollout.vllm.VLLMEngine`, imported only when chosen) runs vLLM in the same
+process with the policy's weights pushed after every optimizer step. The collector
 (:mod:`mmrft.collector`) never looks past the protocol.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from mmrft.policy import Policy
 from mmrft.rollout.base import Engine, Rollouts, Sampling, cut_at_stop, stop_token_ids
 from mmrft.rollout.hf import HFEngine
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 __all__ = [
     "ENGINES",
@@ -26,13 +30,27 @@ __all__ = [
 
 
 def build_engine(
-    name: str,
+    rollout: Any,
     policy: Policy,
-    batch_size: int,
-    timeout_s: float = 0.0,
-    group_shared: bool = True,
+    *,
+    model_path: str = "",
+    limits: dict[str, int] | None = None,
+    seed: int = 0,
 ) -> Engine:
-    """The engine named by ``rollout.engine``."""
-    if name == "hf":
-        return HFEngine(policy, batch_size, timeout_s, group_shared)
-    raise ValueError(f"rollout.engine: unknown engine '{name}' (known: {', '.join(ENGINES)})")
+    """The engine named by ``rollout.engine`` (``rollout``: :class:`mmrft.config.RolloutConfig`).
+
+    For ``vllm``: ``model_path`` is the checkpoint it loads first, ``limits`` the most media of
+    each kind one prompt holds, ``seed`` its global seed when ``rollout.vllm.seed`` is unset.
+    """
+    if rollout.engine == "hf":
+        return HFEngine(policy, rollout.batch_size, rollout.timeout_s, rollout.group_shared)
+    if rollout.engine == "vllm":
+        from mmrft.rollout.vllm import VLLMEngine
+
+        settings = rollout.vllm
+        if settings.seed is None:
+            settings = dataclasses.replace(settings, seed=seed)
+        return VLLMEngine(policy, settings, limits or {}, model_path)
+    raise ValueError(
+        f"rollout.engine: unknown engine '{rollout.engine}' (known: {', '.join(ENGINES)})"
+    )

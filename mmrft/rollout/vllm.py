@@ -1,0 +1,249 @@
+"""The ``vllm`` engine: a vLLM engine in the trainer's own process (``rollout.engine: vllm``).
+
+One engine per process, colocated with the policy it samples for (under torchrun or accelerate
+each rank has its own): vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), loads the
+policy's checkpoint once at start-up, and afterwards receives the policy's weights in memory
+after every optimizer step (:meth:`VLLMEngine.sync_weights`: ``load_weights`` on the live
+vLLM model through its in-place reload, LoRA merged out of place, prefix cache reset),
+never through a file.
+
+What the engine sees is what the trainer sees:
+
+* the prompt text of the same chat template, and the media *as the family loaded them*
+  (images resized by the family's pixel budget, video frames sampled and resized by its video
+  budget, audio decoded at the processor's rate and cut by its audio budget), with the
+  processor told not to resize again (:meth:`mmrft.family.ModelFamily.engine_inputs`);
+* the trainer's own prepared prompt row of every group (one processor call), which the
+  training forward uses;
+* a parity check (:meth:`VLLMEngine.check_parity`) run at start-up on a few training prompts:
+  vLLM's processed prompt token ids (media placeholders expanded) must equal the trainer's,
+  token for token, or the run stops naming the sample, the first differing position and the
+  placeholder counts of both sides.
+
+Sampling: ``n = G`` completions per prompt in one request (vLLM shares the prompt's prefill
+across them and, with prefix caching, across steps); media placeholder tokens are excluded
+(``allowed_token_ids``), so a completion can never add an image token ("image features and
+image tokens do not match"); every request gets its own seed drawn from torch's RNG, so the
+samples are a function of the run's checkpointed RNG state (exact resume). The sampler's
+log-probs are vLLM's raw log-probs (``logprobs_mode="raw_logprobs"``: the model's log-softmax
+before temperature and filtering, the quantity the training forward computes); the trainer
+logs their gap to its own (``rollout/logp_gap_mean`` / ``_max``) and can correct for it
+(``algorithm.tis_cap``).
+
+On GPU, ``rollout.vllm.sleep`` frees the engine's weights copy and KV cache between rollouts
+(vLLM sleep mode, level 1) so the update has the memory. vLLM's CPU build is tested here
+(``make test-vllm``); its GPU build is what users run on GPUs (``pip install 'mmrft[vllm]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from mmrft.policy import Policy
+from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
+from mmrft.typecheck import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class EngineParityError(ConfigError):
+    """The engine would see other prompt tokens than the trainer (the message says where)."""
+
+
+class VLLMEngine:
+    """vLLM in this process, sampling for ``policy`` (see the module docstring).
+
+    Args:
+        policy: the trained policy (its checkpoint path is what vLLM loads first).
+        settings: ``rollout.vllm`` (:class:`mmrft.config.VLLMConfig`).
+        limits: the most images / videos / audio clips one prompt holds (vLLM reserves its
+            encoder budget for them), e.g. ``{"image": 2}``.
+        path: the checkpoint directory vLLM loads at start-up.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        policy: Policy,
+        settings: Any,
+        limits: dict[str, int],
+        path: str,
+    ) -> None:
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
+        try:
+            from vllm import LLM
+        except ImportError as exc:
+            raise ImportError(
+                "rollout.engine=vllm needs vLLM: pip install 'mmrft[vllm]' (GPU), or the CPU "
+                "build in its own virtualenv (make test-vllm shows how)"
+            ) from exc
+        self.policy = policy
+        self.settings = settings
+        self.stop_ids = stop_token_ids(policy)
+        suppress = set(policy.family.suppress_token_ids(policy.processor))
+        vocab = policy.model.get_output_embeddings().weight.shape[0]
+        self.allowed = [i for i in range(vocab) if i not in suppress]
+        self.allowed_no_stop = [i for i in self.allowed if i not in set(self.stop_ids)]
+        cuda = policy.device.type == "cuda"
+        self.sleeping = False
+        self.sleep = bool(settings.sleep) and cuda
+        eager = settings.enforce_eager if settings.enforce_eager is not None else not cuda
+        kwargs: dict[str, Any] = {
+            "model": path,
+            "dtype": str(policy.model.dtype).removeprefix("torch."),
+            "gpu_memory_utilization": settings.gpu_memory_utilization,
+            "enforce_eager": eager,
+            "seed": settings.seed,
+            "enable_prefix_caching": True,
+            "logprobs_mode": "raw_logprobs",
+            "limit_mm_per_prompt": {k: max(1, v) for k, v in limits.items()},
+            "mm_processor_kwargs": policy.family.engine_processor_kwargs(),
+            "enable_sleep_mode": self.sleep,
+        }
+        if settings.max_model_len:
+            kwargs["max_model_len"] = settings.max_model_len
+        if settings.kv_cache_gb:
+            kwargs["kv_cache_memory_bytes"] = int(settings.kv_cache_gb * 2**30)
+        started = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        log.info("vLLM engine ready in %.1f s (%s)", time.perf_counter() - started, path)
+
+    # -- generation ------------------------------------------------------------------------
+    def generate(
+        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+    ) -> Rollouts:
+        from vllm import SamplingParams
+
+        policy = self.policy
+        start = time.perf_counter()
+        self._wake()
+        prompts, inputs = policy.family.engine_inputs(policy.processor, conversations)
+        # one seed per request from torch's RNG: samples follow the run's (checkpointed) RNG;
+        # greedy decoding draws none (evaluation on one rank must not move its stream)
+        seeds = (
+            [None] * len(conversations)
+            if sampling.greedy
+            else torch.randint(0, 2**31 - 1, (len(conversations),)).tolist()
+        )
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=0 if sampling.greedy else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=self.stop_ids,
+                ignore_eos=sampling.ignore_eos,
+                allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        out = Rollouts(prompts=prompts)
+        for k, output in enumerate(outputs):
+            for completion in output.outputs:
+                ids = list(completion.token_ids)
+                logprobs = [lp[token].logprob for lp, token in zip(completion.logprobs, ids)]
+                text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+                out.add(k, ids, text, completion.finish_reason == "length", logprobs)
+        self._rest()
+        out.seconds = time.perf_counter() - start
+        return out
+
+    # -- weights ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync_weights(self) -> None:
+        """Load the policy's current weights into the engine (in memory; LoRA merged out of
+        place) and drop the caches the old weights computed."""
+        if self.sleep and self.sleeping:
+            self.llm.wake_up(tags=["weights"])
+        # vLLM's in-place reload (layer by layer): restores each layer's checkpoint-format
+        # parameters, loads, then redoes the post-load processing (the CPU backend repacks its
+        # GEMM weights there), and drops the encoder and multimodal caches
+        self.llm.collective_rpc(
+            "reload_weights",
+            kwargs={
+                "weights_iterator": list(merged_weights(self.policy.model)),
+                "is_checkpoint_format": True,
+            },
+        )
+        # every cache derived from the old weights, on both sides of the engine (the
+        # scheduler's and the model runner's): prefixes, encoder outputs, multimodal items
+        self.llm.reset_prefix_cache()
+        self.llm.llm_engine.reset_encoder_cache()
+        self.llm.reset_mm_cache()
+        if self.sleep and self.sleeping:
+            self.llm.sleep(level=1)
+
+    def _wake(self) -> None:
+        if self.sleep and self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def _rest(self) -> None:
+        if self.sleep:  # free the engine's memory for the update (GPU only)
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    # -- parity ----------------------------------------------------------------------------
+    def check_parity(self, conversations: list[list[dict[str, Any]]], ids: list[str]) -> None:
+        """Raise :class:`EngineParityError` unless vLLM's processed prompt of every
+        conversation (placeholders expanded) is the trainer's, token for token."""
+        from vllm import SamplingParams
+
+        policy = self.policy
+        prompts, inputs = policy.family.engine_inputs(policy.processor, conversations)
+        self._wake()
+        outputs = self.llm.generate(
+            inputs, SamplingParams(max_tokens=1, temperature=0.0, detokenize=False), use_tqdm=False
+        )
+        self._rest()
+        placeholders = set(policy.family.suppress_token_ids(policy.processor))
+        for sample_id, row, output in zip(ids, prompts, outputs):
+            mine = row["input_ids"].tolist()
+            theirs = list(output.prompt_token_ids)
+            if mine == theirs:
+                continue
+            first = next(
+                (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                min(len(mine), len(theirs)),
+            )
+            count = lambda tokens: sum(t in placeholders for t in tokens)  # noqa: E731
+            raise EngineParityError(
+                f"rollout.engine=vllm: the engine's prompt for sample '{sample_id}' differs from "
+                f"the trainer's at token {first} ({len(theirs)} tokens with {count(theirs)} media "
+                f"placeholders, the trainer's {len(mine)} with {count(mine)}); the engine and "
+                "the trainer must process media with the same budgets (model.min_pixels / "
+                "max_pixels, model.video.*, model.audio.*) and the same chat template"
+            )
+
+
+def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of the model's full weights under transformers' names, LoRA adapters
+    merged *out of place* (``W + ΔW`` computed per layer; the trained model is not touched)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lora_layers = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            lora_layers[name] = module
+    for name, tensor in base.state_dict().items():
+        if ".lora_" in name or "lora_magnitude" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        owner, _, leaf = clean.rpartition(".")
+        layer = lora_layers.get(owner)
+        if layer is not None and leaf == "weight" and not layer.merged:
+            tensor = tensor + sum(
+                layer.get_delta_weight(adapter) for adapter in layer.active_adapters
+            ).to(tensor.dtype)
+        yield clean, tensor.detach()

@@ -1,0 +1,260 @@
+"""The vLLM rollout engine on this machine's CPU (``make test-vllm``; marker ``vllm``).
+
+These run in ``.venv-vllm`` (vLLM's CPU build, see requirements-vllm.txt) on the bench model
+(``mmrft make-tiny --bench``: head_dim 64, which vLLM's CPU attention accepts). They check that
+the engine sees what the trainer sees (prompt token parity; greedy completions equal to the
+``hf`` engine's; sampler log-probs equal to the training forward's within 1e-3), that weights
+pushed after an optimizer step are the ones it samples with, that the parity check stops a
+mismatched media budget, and that training and evaluation run with ``rollout.engine=vllm``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+
+from mmrft.config import VLLMConfig, load_config  # noqa: E402
+from mmrft.group import rollout_logps  # noqa: E402
+from mmrft.models.tiny import bench_model  # noqa: E402
+from mmrft.policy import load_policy  # noqa: E402
+from mmrft.rewards import Score, verifier  # noqa: E402
+from mmrft.rollout import HFEngine, Sampling  # noqa: E402
+from mmrft.rollout.vllm import EngineParityError, VLLMEngine  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SIDE = 112 * 112  # 16 visual tokens per image, 4 per video frame pair
+BUDGET = [
+    f"model.min_pixels={SIDE}",
+    f"model.max_pixels={SIDE}",
+    "model.video.fps=4.0",
+    "model.video.min_frames=4",
+    "model.video.max_frames=4",
+    f"model.video.min_pixels={SIDE}",
+    f"model.video.max_pixels={SIDE}",
+]
+SETTINGS = VLLMConfig(kv_cache_gb=0.25, max_model_len=1024, seed=0)
+
+
+@verifier("test_vllm_length", low=0.0, high=1.0)
+def length_reward(completions, samples):
+    """A reward with variance inside every group, so each step trains."""
+    return [Score(min(len(c), 30) / 30) for c in completions]
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return bench_model(REPO / "assets")
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> dict[str, list[str]]:
+    """Two images and two 8-frame videos (a square moving right / left) at 112 px."""
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    from make_benchmarks import save_mp4
+
+    folder = tmp_path_factory.mktemp("media")
+    rng = np.random.default_rng(0)
+    out: dict[str, list[str]] = {"image": [], "video": []}
+    for i, colour in enumerate([(220, 40, 40), (40, 80, 220)]):
+        frames = []
+        for t in range(8):
+            pixels = rng.integers(0, 60, size=(112, 112, 3), dtype=np.uint8)
+            x = 30 + (6 * t if i == 0 else -3 * t)
+            pixels[40:72, x : x + 32] = colour
+            frames.append(pixels)
+        Image.fromarray(frames[0]).save(folder / f"image-{i}.png")
+        save_mp4(np.stack(frames), 4, folder / f"video-{i}.mp4")
+        out["image"].append(str(folder / f"image-{i}.png"))
+        out["video"].append(str(folder / f"video-{i}.mp4"))
+    return out
+
+
+def conversations(media: dict[str, list[str]], kind: str) -> list[list[dict]]:
+    question = {"image": "What colour is the shape?", "video": "Which way does it move?"}[kind]
+    return [
+        [
+            {
+                "role": "user",
+                "content": [{"type": kind, kind: path}, {"type": "text", "text": question}],
+            }
+        ]
+        for path in media[kind]
+    ]
+
+
+@pytest.fixture(scope="module")
+def setup(model_path):
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    engine = VLLMEngine(policy, SETTINGS, {"image": 1, "video": 1}, str(model_path))
+    return policy, engine
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_greedy_completions_equal_the_hf_engine(setup, media, kind) -> None:
+    policy, engine = setup
+    greedy = Sampling(12, greedy=True)
+    hf = HFEngine(policy, 8).generate(conversations(media, kind), 1, greedy)
+    vllm = engine.generate(conversations(media, kind), 1, greedy)
+    assert vllm.completion_ids == hf.completion_ids
+    assert [r["input_ids"].tolist() for r in vllm.prompts] == [
+        r["input_ids"].tolist() for r in hf.prompts
+    ]
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_sampler_logprobs_equal_the_training_forward(setup, media, kind) -> None:
+    policy, engine = setup
+    torch.manual_seed(0)
+    out = engine.generate(conversations(media, kind), 4, Sampling(10, top_p=0.9, top_k=50))
+    assert out.prompt_index == [0, 0, 0, 0, 1, 1, 1, 1] and len(out.prompts) == 2
+    with torch.no_grad():
+        logps, mask, _ = rollout_logps(policy, out, list(range(8)), group_shared=True)
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max()) <= 1e-3
+    suppressed = set(policy.family.suppress_token_ids(policy.processor))
+    assert not any(t in suppressed for ids in out.completion_ids for t in ids)
+
+
+def test_the_same_seeds_give_the_same_samples(setup, media) -> None:
+    _, engine = setup
+    torch.manual_seed(7)
+    a = engine.generate(conversations(media, "image"), 3, Sampling(8))
+    torch.manual_seed(7)
+    b = engine.generate(conversations(media, "image"), 3, Sampling(8))
+    assert a.completion_ids == b.completion_ids
+
+
+def test_pushed_weights_are_the_ones_sampled(model_path, media) -> None:
+    """After an optimizer step the engine's greedy output changes, and equals the hf engine's
+    on the updated policy (with LoRA: the adapters merged out of place)."""
+    cfg = load_config(
+        None,
+        [f"model.path={model_path}", "train.steps=0", *BUDGET, "model.lora.enabled=true"],
+    )
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    engine = VLLMEngine(policy, SETTINGS, {"image": 1, "video": 1}, str(model_path))
+    convs = conversations(media, "image")
+    greedy = Sampling(10, greedy=True)
+    before = engine.generate(convs, 1, greedy).completion_ids
+    with torch.no_grad():  # a large step on every LoRA matrix
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)
+    base = {n: p.detach().clone() for n, p in policy.model.named_parameters() if "lora_" not in n}
+    engine.sync_weights()
+    after = engine.generate(convs, 1, greedy).completion_ids
+    assert after != before
+    assert after == HFEngine(policy, 8).generate(convs, 1, greedy).completion_ids
+    unchanged = {n: p for n, p in policy.model.named_parameters() if "lora_" not in n}
+    assert all(torch.equal(base[n], unchanged[n]) for n in base)  # merged out of place
+
+
+def test_parity_check_stops_a_mismatched_pixel_budget(model_path, media, monkeypatch) -> None:
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    # the engine's processor gets a smaller pixel budget than the trainer's: it resizes the
+    # images again and writes fewer image placeholders
+    monkeypatch.setattr(
+        policy.family,
+        "engine_processor_kwargs",
+        lambda: {"min_pixels": 784, "max_pixels": SIDE // 4},
+    )
+    engine = VLLMEngine(policy, SETTINGS, {"image": 1, "video": 1}, str(model_path))
+    with pytest.raises(
+        EngineParityError, match=r"sample 'a' differs from the trainer's.*placeholders"
+    ):
+        engine.check_parity(conversations(media, "image"), ["a", "b"])
+
+
+def write_dataset(folder: Path, media: dict[str, list[str]], kind: str) -> Path:
+    if kind == "image":
+        path = folder / "images.jsonl"
+        lines = [
+            {
+                "id": f"img-{i}",
+                "messages": conversations({"image": [m]}, "image")[0],
+                "target": name,
+                "meta": {"choices": ["red", "blue", "green", "yellow"], "image_size": [112, 112]},
+            }
+            for i, (m, name) in enumerate(zip(media["image"], ["red", "blue"]))
+        ]
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return path
+    path = folder / "videos.json"
+    items = [
+        {
+            "problem_id": i,
+            "problem": "Which way does the square move?",
+            "data_type": "video",
+            "problem_type": "multiple choice",
+            "options": ["A. right", "B. left"],
+            "solution": f"<answer>{'A' if i == 0 else 'B'}</answer>",
+            "path": m,
+            "data_source": "test",
+        }
+        for i, m in enumerate(media["video"])
+    ]
+    path.write_text(json.dumps(items))
+    return path
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kind) -> None:
+    from mmrft.trainer import train
+
+    data = write_dataset(tmp_path, media, kind)
+    task = (
+        ["task.name=classification"]
+        if kind == "image"
+        else ["task.name=video_qa", "data.format=video_r1"]
+    )
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            *BUDGET,
+            *task,
+            "task.params={think: none}",
+            "reward.verifiers=[{name: test_vllm_length}]",
+            f"data.train={data}",
+            f"data.test={data}",
+            "rollout.engine=vllm",
+            "rollout.vllm.kv_cache_gb=0.25",
+            "rollout.vllm.max_model_len=1024",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=8",
+            "train.steps=3",
+            "train.prompts_per_step=2",
+            "train.micro_batch_size=8",
+            "train.completions_every=1",
+            "warm_start.steps=0",
+            "eval.before=false",
+            "eval.max_new_tokens=8",
+            "checkpoint.every=0",
+            f"output_dir={tmp_path}",
+            "name=run",
+        ],
+    )
+    summary = train(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+    assert all(m["train/grad_norm"] > 0 for m in steps)
+    assert summary["after"] is not None
+    assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # in-process
