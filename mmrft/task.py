@@ -300,14 +300,10 @@ def read_split(
     model load. ``limit`` keeps the first samples; no usable sample is a DataError. ``fields``
     and ``media_root``: ``data.fields`` and ``data.media_root`` (:meth:`Task.read`).
     """
-    samples, stats = task.read(
-        path,
-        fmt=fmt,
-        on_error=on_error,
-        check=family.check_media,
-        fields=fields,
-        media_root=media_root,
-    )
+    # the layout keys only when set, so that a task overriding read() with the older
+    # signature keeps working
+    layout = {k: v for k, v in (("fields", fields), ("media_root", media_root)) if v}
+    samples, stats = task.read(path, fmt=fmt, on_error=on_error, check=family.check_media, **layout)
     log.info(stats.summary())
     if not samples:
         raise DataError(f"{path}: no usable samples ({stats.summary()})")
