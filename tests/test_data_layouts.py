@@ -27,19 +27,28 @@ FIELDS = {
 }
 
 
+def bundled(folder: Path, n: int) -> list[tuple[dict, str, str]]:
+    """The first ``n`` test records of a bundled benchmark with their image's file name and
+    their question text."""
+    out = []
+    for line in (folder / "test.jsonl").read_text().splitlines()[:n]:
+        record = json.loads(line)
+        image, text = record["messages"][0]["content"]
+        out.append((record, Path(image["image"]).name, text["text"]))
+    return out
+
+
 def easyr1_records(n: int = 4) -> list[dict]:
     """The bundled colour questions in an EasyR1 / R1-V-like flat layout: image paths relative
     to the images folder, the answer in answer tags, a nested category."""
     out = []
-    for line in (COLOUR / "test.jsonl").read_text().splitlines()[:n]:
-        record = json.loads(line)
-        image, text = record["messages"][0]["content"]
+    for record, image, text in bundled(COLOUR, n):
         out.append(
             {
                 "uid": record["id"],
-                "problem": f"<image>{text['text']}",
+                "problem": f"<image>{text}",
                 "solution": f"<answer> {record['target']} </answer>",
-                "images": [Path(image["image"]).name],
+                "images": [image],
                 "choices": record["meta"]["choices"],
                 "meta": {"subject": "colour" if len(out) % 2 else "hue"},
             }
@@ -141,21 +150,17 @@ def test_hugging_face_datasets_directory(tmp_path, monkeypatch):
 
 def vlm_r1_conversations(n: int = 3) -> list[dict]:
     """The bundled grounding questions in VLM-R1's conversations layout."""
-    out = []
-    for line in (GROUNDING / "test.jsonl").read_text().splitlines()[:n]:
-        record = json.loads(line)
-        image, text = record["messages"][0]["content"]
-        out.append(
-            {
-                "id": record["id"],
-                "image": Path(image["image"]).name,
-                "conversations": [
-                    {"from": "human", "value": f"<image>{text['text']}"},
-                    {"from": "gpt", "value": json.dumps(record["target"])},
-                ],
-            }
-        )
-    return out
+    return [
+        {
+            "id": record["id"],
+            "image": image,
+            "conversations": [
+                {"from": "human", "value": f"<image>{text}"},
+                {"from": "gpt", "value": json.dumps(record["target"])},
+            ],
+        }
+        for record, image, text in bundled(GROUNDING, n)
+    ]
 
 
 def test_vlm_r1_conversations_layout(tmp_path):
