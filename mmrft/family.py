@@ -252,7 +252,7 @@ class ModelFamily:
 
         return torch.arange(len(row["input_ids"]), dtype=torch.long)[None]
 
-    def prompt_attention(self, row: dict[str, Any]) -> Any:
+    def prompt_attention(self, model: Any, row: dict[str, Any]) -> Any:
         """``[Lp, Lp]`` bool: which tokens of a prepared prompt row each of its tokens attends
         to, when that is not plain causal (``None``, this default). Gemma: causal, plus
         bidirectional among the tokens of each image. :mod:`mmrft.group` and the hf engine's
@@ -275,6 +275,34 @@ class ModelFamily:
         size = sample.meta.get("image_size")
         if size is not None:
             sample.meta["input_size"] = list(self.input_size(int(size[0]), int(size[1])))
+
+
+def mask_positions(kwargs: dict[str, Any]) -> None:
+    """Set ``kwargs["position_ids"]`` to ``cumsum(attention_mask) − 1`` (0 on padding), the
+    positions ``generate`` gives a left-padded batch, when a forward's caller passes none, the
+    mask is 2-D and no cache is filled. For models whose forward counts positions from the
+    first column instead (Qwen2-Audio, Gemma 4), so that a left-padded training forward sees
+    the positions of its unpadded sequence."""
+    if kwargs.get("position_ids") is not None:
+        return
+    mask = kwargs.get("attention_mask")
+    cache = kwargs.get("past_key_values")
+    if mask is None or not hasattr(mask, "dim") or mask.dim() != 2:
+        return
+    if cache is not None and cache.get_seq_length() > 0:
+        return
+    positions = mask.long().cumsum(-1) - 1
+    kwargs["position_ids"] = positions.masked_fill(mask == 0, 0)
+
+
+def install_mask_positions(module: Any) -> None:
+    """Run :func:`mask_positions` before every forward of ``module`` (a pre-hook)."""
+
+    def hook(_: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        mask_positions(kwargs)
+        return args, kwargs
+
+    module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def count_runs(ids: Any, token_id: int) -> int:

@@ -130,7 +130,7 @@ def pack(
         lp = prompt_lengths[r]
         input_ids[r, :lp] = row["input_ids"]
         position_ids[:, r, :lp] = positions[r]
-        allowed[r, :lp, :lp] = prompt_block(family, row)
+        allowed[r, :lp, :lp] = prompt_block(family, model, row)
         after = int(positions[r].max()) + 1
         start = lp
         for comp in comps:
@@ -170,10 +170,10 @@ def pack(
     return inputs, rows, cols, ids, mask, L - first
 
 
-def prompt_block(family: Any, row: dict[str, Any]) -> torch.Tensor:
+def prompt_block(family: Any, model: Any, row: dict[str, Any]) -> torch.Tensor:
     """``[Lp, Lp]`` bool attention of a prompt row on itself: the family's own pattern
     (:meth:`mmrft.family.ModelFamily.prompt_attention`) or causal."""
-    custom = family.prompt_attention(row)
+    custom = family.prompt_attention(model, row)
     if custom is not None:
         return custom
     n = len(row["input_ids"])

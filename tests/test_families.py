@@ -21,7 +21,7 @@ from PIL import Image
 from mmrft.family import MediaBudget, family_for_model_type
 from mmrft.group import check_attention, packing
 from mmrft.models import tiny
-from mmrft.models.gemma import Gemma3
+from mmrft.models.gemma import Gemma3, Gemma4
 from mmrft.models.glm import GLM4V
 from mmrft.models.internvl import InternVL
 from mmrft.models.qwen_audio import Qwen3Omni, qwen3_omni_audio_tokens
@@ -39,6 +39,7 @@ FAMILIES = {
     "internvl": (InternVL, "internvl", "InternVLProcessor"),
     "gemma3": (Gemma3, "gemma3", "Gemma3Processor"),
     "glm4v": (GLM4V, "glm4v", "Glm4vProcessor"),
+    "gemma4": (Gemma4, "gemma4", "Gemma4Processor"),
 }
 # The prompt of one image and "Hi", as each family's real chat template renders it.
 RENDERED = {
@@ -51,6 +52,7 @@ RENDERED = {
     "internvl": "<|im_start|>user\n<IMG_CONTEXT>\nHi<|im_end|>\n<|im_start|>assistant\n",
     "gemma3": "<bos><start_of_turn>user\n<start_of_image>Hi<end_of_turn>\n<start_of_turn>model\n",
     "glm4v": "[gMASK]<sop><|user|>\n<|begin_of_image|><|image|><|end_of_image|>Hi<|assistant|>\n",
+    "gemma4": "<bos><|turn>user\n<|image|>Hi<turn|>\n<|turn>model\n",
 }
 SMALL = MediaBudget(min_pixels=3136, max_pixels=112 * 112)
 
@@ -87,6 +89,8 @@ def image_token_count(name: str, batch, processor) -> int:
     """The placeholder tokens the images of ``batch`` must have, from the media tensors."""
     if "image_grid_thw" in batch:  # Qwen-style grids: one token per 2 × 2 patches
         return int(batch["image_grid_thw"].prod(-1).sum()) // 4
+    if "image_position_ids" in batch:  # Gemma 4: one token per 3 × 3 real (not padding) patches
+        return int((batch["image_position_ids"] != -1).all(-1).sum()) // 9
     return len(batch["pixel_values"]) * int(processor.image_seq_length)  # tiles / images
 
 
@@ -274,7 +278,7 @@ def test_gemma3_prompt_attention_is_bidirectional_within_each_image(
     family, processor, model = loaded["gemma3"]
     batch = family.prepare(processor, [conversation(images["small"], images["wide"])])
     [row] = family.split_rows(batch, processor)
-    allowed = family.prompt_attention(row)
+    allowed = family.prompt_attention(model, row)
     image = (row["token_type_ids"] == 1).nonzero().flatten().tolist()
     first, second = image[:4], image[4:]
     assert len(image) == 8 and allowed[first[0], first[-1]]  # forward within an image

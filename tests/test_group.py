@@ -37,6 +37,7 @@ MODELS = {
     "gemma3": "tiny-gemma3",
     "qwen3_omni": "tiny-qwen3_omni",
     "qwen3_5": "tiny-qwen3_5",
+    "gemma4": "tiny-gemma4",
 }
 # (family, modality): each family with every modality it takes
 CASES = [
@@ -69,6 +70,11 @@ CASES = [
     ("qwen3_5", "image"),
     ("qwen3_5", "images"),
     ("qwen3_5", "video"),
+    ("gemma4", "image"),
+    ("gemma4", "images"),
+    ("gemma4", "video"),
+    ("gemma4", "audio"),
+    ("gemma4", "mixed"),
 ]
 # two prompts; completions of very different lengths (1 to 30 tokens)
 LENGTHS = [1, 7, 30, 3, 12, 2]

@@ -53,6 +53,7 @@ LOADERS = {
             "internvl",
             "gemma3",
             "glm4v",
+            "gemma4",
         )
     },
 }
@@ -222,6 +223,7 @@ FAMILY_MODALITIES = [
         ("internvl", ("image", "video")),
         ("gemma3", ("image",)),
         ("glm4v", ("image", "video")),
+        ("gemma4", ("image", "video", "audio")),
     ]
     for kind, spec in (("image", GROUNDING), ("video", VIDEO_QA), ("audio", AUDIO_QA))
     if kind in kinds
@@ -372,6 +374,14 @@ RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     ),
     "qwen3_omni_aqa": (
         "tiny-qwen3_omni",
+        bundled(
+            "audio_pitch/r1_aqa_train.jsonl",
+            "audio_pitch/r1_aqa_test.jsonl",
+            f"task.params.audio_root={BENCH / 'audio_pitch'}",
+        ),
+    ),
+    "gemma4_aqa": (
+        "tiny-gemma4",
         bundled(
             "audio_pitch/r1_aqa_train.jsonl",
             "audio_pitch/r1_aqa_test.jsonl",

@@ -54,7 +54,14 @@ import numpy as np
 
 from mmrft.audio import LengthPolicy, decode_audio, load_audio
 from mmrft.data import DataError, Sample, media_file_key
-from mmrft.family import BoxFrame, MediaBudget, ModelFamily, count_runs, model_family
+from mmrft.family import (
+    BoxFrame,
+    MediaBudget,
+    ModelFamily,
+    count_runs,
+    mask_positions,
+    model_family,
+)
 from mmrft.models import qwen_vl
 from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily, configure_vision_processor
 from mmrft.video import VideoBudget
@@ -205,16 +212,8 @@ def install_forward_hooks(model: Any, positions_from_mask: bool) -> None:
 
     def inner_hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict]:
         state["keep"] = kwargs.pop("logits_to_keep", None)
-        if not positions_from_mask or kwargs.get("position_ids") is not None:
-            return args, kwargs
-        mask = kwargs.get("attention_mask")
-        cache = kwargs.get("past_key_values")
-        if mask is None or mask.dim() != 2:
-            return args, kwargs
-        if cache is not None and cache.get_seq_length() > 0:
-            return args, kwargs
-        positions = mask.long().cumsum(-1) - 1
-        kwargs["position_ids"] = positions.masked_fill(mask == 0, 0)
+        if positions_from_mask:
+            mask_positions(kwargs)
         return args, kwargs
 
     def head_hook(module: Any, args: tuple) -> tuple | None:

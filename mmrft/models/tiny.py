@@ -59,6 +59,7 @@ NEXT_BUILDERS = {
     "glm4v": "mmrft.models.tiny_glm",
     "internvl": "mmrft.models.tiny_internvl",
     "gemma3": "mmrft.models.tiny_gemma",
+    "gemma4": "mmrft.models.tiny_gemma",
     "qwen3_omni": "mmrft.models.tiny_qwen3",
     "qwen3_5": "mmrft.models.tiny_qwen3",
 }

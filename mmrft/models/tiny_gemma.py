@@ -66,7 +66,50 @@ IMAGE_SIDE = 56
 SOFT_TOKENS = 4  # per image: (56 / 14 / 2)²
 
 
-def train_gemma_tokenizer(trailing: tuple[str, ...], named: dict[str, str], template: str) -> Any:
+# Gemma 4: turn markers in the base vocabulary, then the media tokens in their real order
+# (<|image> 255999, <|audio> 256000, then 258880 … 258884).
+GEMMA4_CONTROL = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|think|>")
+GEMMA4_MEDIA = (
+    "<|image>",
+    "<|audio>",
+    "<|image|>",
+    "<|audio|>",
+    "<image|>",
+    "<audio|>",
+    "<|video|>",
+)
+GEMMA4_NAMED = {
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "image_token": "<|image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "audio_token": "<|audio|>",
+}
+# The layout of gemma-4-*-it's chat template (turn markers, a system turn of its own, the
+# assistant role as "model", one placeholder per media part), without its tool and thinking
+# branches.
+GEMMA4_CHAT_TEMPLATE = (
+    "{{ bos_token }}{%- for message in messages -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<|turn>' + role + '\\n' }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- else -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<|image|>' }}"
+    "{%- elif item['type'] == 'video' -%}{{ '<|video|>' }}"
+    "{%- elif item['type'] == 'audio' -%}{{ '<|audio|>' }}"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}{%- endif -%}{{ '<turn|>\\n' }}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|turn>model\\n' }}{%- endif -%}"
+)
+
+
+def train_gemma_tokenizer(
+    trailing: tuple[str, ...],
+    named: dict[str, str],
+    template: str,
+    control: tuple[str, ...] = GEMMA_CONTROL,
+) -> Any:
     """A ``GemmaTokenizer``: the control tokens, a BPE trained on :func:`tiny.corpus`, then
     ``trailing`` special tokens (see the module docstring)."""
     from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
@@ -83,7 +126,7 @@ def train_gemma_tokenizer(trailing: tuple[str, ...], named: dict[str, str], temp
         vocab_size=tiny.BPE_VOCAB_SIZE,
         min_frequency=2,
         show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in GEMMA_CONTROL],
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in control],
     )
     lines = tiny.corpus("qwen2_5_vl") + ["user\nmodel\n"] * 20
     raw.train_from_iterator(lines, trainer=trainer)
@@ -110,6 +153,8 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         GenerationConfig,
     )
 
+    if family == "gemma4":
+        return build_gemma4(seed)
     if family != "gemma3":
         raise ValueError(f"tiny_gemma builds no {family!r}")
     tokenizer = train_gemma_tokenizer(
@@ -168,5 +213,99 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         bos_token_id=ids["<bos>"],
         pad_token_id=ids["<pad>"],
         eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]],
+    )
+    return model, processor
+
+
+def build_gemma4(seed: int) -> tuple[Any, Any]:
+    """Gemma 4 in miniature: ``Gemma4Processor`` (aspect-preserving images of up to 70 soft
+    tokens of 3 × 3 patches of 8 px, the smallest budget it takes; one such block per video
+    frame; 16-bin log-mel audio, 25 tokens per second), a vision encoder, an audio encoder,
+    and a decoder of 4 layers (sliding window 8 / full, alternating) whose last two reuse the
+    keys and values of the first two (KV sharing), with per-layer token embeddings (width 8) and
+    bidirectional attention within each image or frame (``use_bidirectional_attention =
+    "vision"``, the setting of the larger released checkpoints)."""
+    import torch
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4Config,
+        Gemma4ForConditionalGeneration,
+        Gemma4ImageProcessor,
+        Gemma4Processor,
+        Gemma4VideoProcessor,
+        GenerationConfig,
+    )
+
+    tokenizer = train_gemma_tokenizer(
+        GEMMA4_MEDIA, GEMMA4_NAMED, GEMMA4_CHAT_TEMPLATE, control=GEMMA4_CONTROL
+    )
+    vision_kwargs = {"patch_size": 8, "max_soft_tokens": 70, "pooling_kernel_size": 3}
+    processor = Gemma4Processor(
+        feature_extractor=Gemma4AudioFeatureExtractor(feature_size=tiny.TINY_MEL_BINS),
+        image_processor=Gemma4ImageProcessor(**vision_kwargs),
+        tokenizer=tokenizer,
+        video_processor=Gemma4VideoProcessor(**vision_kwargs),
+        image_seq_length=70,
+        chat_template=GEMMA4_CHAT_TEMPLATE,
+    )
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*GEMMA4_CONTROL, *GEMMA4_MEDIA)}
+    text = {
+        "vocab_size": len(tokenizer),
+        "vocab_size_per_layer_input": len(tokenizer),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "global_head_dim": 16,
+        "sliding_window": 8,
+        "layer_types": ["sliding_attention", "full_attention"] * 2,
+        "hidden_size_per_layer_input": 8,
+        "num_kv_shared_layers": 2,
+        "use_bidirectional_attention": "vision",
+        "pad_token_id": ids["<pad>"],
+        "eos_token_id": ids["<eos>"],
+        "bos_token_id": ids["<bos>"],
+    }
+    vision = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "patch_size": 8,
+        "pooling_kernel_size": 3,
+        "position_embedding_size": 256,
+    }
+    audio = {
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "subsampling_conv_channels": [tiny.TINY_MEL_BINS, 4],
+        "output_proj_dims": 32,
+    }
+    config = Gemma4Config(
+        text_config=text,
+        vision_config=vision,
+        audio_config=audio,
+        boi_token_id=ids["<|image>"],
+        eoi_token_id=ids["<image|>"],
+        image_token_id=ids["<|image|>"],
+        video_token_id=ids["<|video|>"],
+        boa_token_id=ids["<|audio>"],
+        eoa_token_index=ids["<audio|>"],
+        audio_token_id=ids["<|audio|>"],
+        tie_word_embeddings=True,
+    )
+    config.architectures = ["Gemma4ForConditionalGeneration"]
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(config).to(torch.float32).eval()
+    tiny.reinit_fan_in(model, seed)
+    model.generation_config = GenerationConfig(
+        bos_token_id=ids["<bos>"],
+        pad_token_id=ids["<pad>"],
+        eos_token_id=[ids["<eos>"], ids["<turn|>"]],
     )
     return model, processor

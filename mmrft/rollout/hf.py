@@ -138,12 +138,12 @@ class HFEngine:
             if key in inputs:
                 inputs[key] = inputs[key].to(policy.model.dtype)
         mask: Any = attention_mask.to(device)
-        blocks = [family.prompt_attention(row) for row in rows]
+        blocks = [family.prompt_attention(policy.model, row) for row in rows]
         if any(b is not None for b in blocks) or family.attention_layers(policy.model):
             # the prompt's own attention pattern and per-layer-type masks, as in training
             allowed = torch.eye(width, dtype=torch.bool).repeat(len(rows), 1, 1)
             for i, (row, lp) in enumerate(zip(rows, lengths)):
-                allowed[i, width - lp :, width - lp :] = prompt_block(family, row)
+                allowed[i, width - lp :, width - lp :] = prompt_block(family, policy.model, row)
             mask = attention_masks(family, policy.model, allowed, position_ids[0])
             mask = {k: v.to(device) for k, v in mask.items()} if isinstance(mask, dict) else mask
         out = policy.model(
