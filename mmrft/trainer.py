@@ -308,6 +308,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         run.progress = None
         return finish(run, start_step, time.perf_counter() - t_train)
     finally:
+        run.engine.close()
         run.runlog.close()
 
 

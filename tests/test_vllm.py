@@ -258,3 +258,42 @@ def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kin
     assert all(m["train/grad_norm"] > 0 for m in steps)
     assert summary["after"] is not None
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # in-process
+
+
+PLUGIN = """
+from mmrft import Score, verifier
+
+
+@verifier("test_vllm_length_plugin", low=0.0, high=1.0)
+def length(completions, samples):
+    return [Score(min(len(c), 30) / 30) for c in completions]
+"""
+
+
+def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path) -> None:
+    """Under torchrun every rank gets its own in-process engine on the trainer's process group
+    (vLLM's external launcher), samples its share, and receives the weights of the update."""
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    data = write_dataset(tmp_path, {**media, "image": media["image"] * 2}, "image")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29571",
+        "-m", "mmrft.cli", "train", f"model.path={model_path}", *BUDGET, "task.name=classification",
+        "task.params={think: none}", f"plugins=[{plugin}]",
+        "reward.verifiers=[{name: test_vllm_length_plugin}]", f"data.train={data}", "data.test=",
+        "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=1024",
+        "rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=2", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.threads=1", "warm_start.steps=0", "eval.before=false",
+        "checkpoint.every=0", f"output_dir={tmp_path}", "name=ranks",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(x) for x in (tmp_path / "ranks" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["rollout/generated"] == 8 for m in steps)  # 2 ranks × 1 prompt × G = 4
+    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)

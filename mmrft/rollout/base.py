@@ -136,7 +136,8 @@ class Engine(Protocol):
     sampler log-probs if it has them. Media placeholder tokens are never sampled.
     ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
     the weights (vLLM) reloads them from the policy there; one that samples from the policy
-    itself (``hf``) has nothing to do.
+    itself (``hf``) has nothing to do. ``close`` releases what the engine holds when the run
+    ends (so another engine can start in the same process).
     """
 
     name: str
@@ -146,6 +147,8 @@ class Engine(Protocol):
     ) -> Rollouts: ...
 
     def sync_weights(self) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def stop_token_ids(policy: Policy) -> list[int]:

@@ -63,6 +63,9 @@ class HFEngine:
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the policy's own parameters."""
 
+    def close(self) -> None:
+        """Nothing to release."""
+
     @torch.no_grad()
     def generate(
         self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from mmrft import distributed
 from mmrft.policy import Policy
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.typecheck import ConfigError
@@ -107,6 +108,15 @@ class VLLMEngine:
             "mm_processor_kwargs": policy.family.engine_processor_kwargs(),
             "enable_sleep_mode": self.sleep,
         }
+        if distributed.world_size() > 1:
+            # one engine per rank on the trainer's own process group (as TRL's colocate mode):
+            # vLLM's external-launcher backend reads the rank layout from the environment
+            os.environ.update(
+                RANK=str(distributed.rank()),
+                LOCAL_RANK=os.environ.get("LOCAL_RANK", str(distributed.rank())),
+                WORLD_SIZE=str(distributed.world_size()),
+            )
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         if settings.max_model_len:
             kwargs["max_model_len"] = settings.max_model_len
         if settings.kv_cache_gb:
@@ -184,6 +194,18 @@ class VLLMEngine:
         self.llm.reset_mm_cache()
         if self.sleep and self.sleeping:
             self.llm.sleep(level=1)
+
+    def close(self) -> None:
+        """Shut the engine down and release vLLM's process-wide state (its process groups),
+        so another engine can start later in this process; idempotent."""
+        if getattr(self, "llm", None) is None:
+            return
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        if distributed.world_size() == 1:  # under a launcher the process group is the trainer's
+            cleanup_dist_env_and_memory()
 
     def _wake(self) -> None:
         if self.sleep and self.sleeping:
