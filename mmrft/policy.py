@@ -139,14 +139,21 @@ def load_policy(
 def lora_targets(model: Any, family: ModelFamily, cfg: ModelConfig) -> list[str]:
     """Full names of the modules that get LoRA adapters: those whose name ends with one of
     ``lora.target_modules``, outside the vision tower when ``freeze_vision`` is set (the
-    vision MLP has the same ``*_proj`` names as the language model's)."""
+    vision MLP has the same ``*_proj`` names as the language model's). A matched module that
+    wraps its ``torch.nn.Linear`` as ``.linear`` (Gemma 4's clipped linears in the vision and
+    audio encoders), which peft cannot adapt, gets the adapter on that inner linear."""
     skip = {id(m) for m in family.vision_tower(model).modules()} if cfg.freeze_vision else set()
-    names = [
-        name
-        for name, module in model.named_modules()
-        if id(module) not in skip
-        and any(name == t or name.endswith("." + t) for t in cfg.lora.target_modules)
-    ]
+    names = []
+    for name, module in model.named_modules():
+        if id(module) in skip or not any(
+            name == t or name.endswith("." + t) for t in cfg.lora.target_modules
+        ):
+            continue
+        if not isinstance(module, torch.nn.Linear) and isinstance(
+            getattr(module, "linear", None), torch.nn.Linear
+        ):
+            name += ".linear"
+        names.append(name)
     if not names:
         raise ConfigError(f"model.lora.target_modules: no module matches {cfg.lora.target_modules}")
     return names

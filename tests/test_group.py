@@ -201,6 +201,21 @@ def test_training_options_keep_the_group_path_exact(variant, overrides, modality
         assert not any("visual" in name for name in shared[2])
 
 
+@pytest.mark.parametrize("family", ["gemma4", "qwen3_5"])
+def test_lora_and_checkpointing_keep_the_newer_layouts_exact(family: str) -> None:
+    """Gemma 4 (per-layer-type masks, KV sharing, LoRA inside its clipped-linear encoders)
+    under LoRA + gradient checkpointing; Qwen3.5's prefix path under LoRA (it refuses
+    checkpointing, see tests/test_families.py)."""
+    overrides = ["model.lora.enabled=true", "model.lora.r=4", "model.lora.dropout=0"]
+    if family == "gemma4":
+        overrides.append("model.gradient_checkpointing=true")
+    policy = load(family, *overrides)
+    prompts = prompts_of(policy, "image")
+    comps = completions(policy, seed=1)
+    reference = logps_and_grads(policy, prompts, comps, shared=False)
+    assert_same(reference, logps_and_grads(policy, prompts, comps, shared=True))
+
+
 def test_micro_group_rounds_are_exact_and_repeat_the_prompt() -> None:
     policy = load("qwen2_5_omni")
     prompts = prompts_of(policy, "mixed")

@@ -32,6 +32,7 @@ RECIPES = sorted(p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml"))
         ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "qwen3_omni"),
         ("OpenGVLab/InternVL3-2B-hf", "internvl"),
         ("google/gemma-3-4b-it", "gemma3"),
+        ("google/gemma-4-E4B-it", "gemma4"),
         ("/ckpt/my-run/step-500", None),
         (str(REPO / "assets" / "models" / "tiny-qwen2_vl"), "qwen2_vl"),  # config.json
     ],
