@@ -1,6 +1,11 @@
-"""Deterministic tiny Qwen-VL / Qwen-Audio / Qwen-Omni checkpoints for tests and the CPU demo.
+"""Deterministic tiny checkpoints of every model family, for tests and the CPU demo.
 
-``mmrft make-tiny`` calls :func:`build_all`, which writes
+``mmrft make-tiny`` calls :func:`build_all`, which writes ``assets/models/tiny-<family>`` for
+every family of :data:`FAMILIES`: the newer ones (Qwen3-VL dense and MoE, Qwen3.5, the Qwen3-Omni
+thinker, InternVL 3, Gemma 3, Gemma 4, GLM-4.1V) by the ``build`` of their module in
+:data:`NEXT_BUILDERS` (``mmrft/models/tiny_*.py``, documented there), with this module's
+tokenizer training (:func:`train_bpe`), corpus, fan-in init and atomic writes
+(:func:`save_checkpoint`); the Qwen2 generation here:
 
 * ``assets/models/tiny-qwen2_5_vl`` (``model_type`` ``qwen2_5_vl``, boxes in input pixels),
 * ``assets/models/tiny-qwen2_vl`` (``model_type`` ``qwen2_vl``, boxes 0–1000 normalised),
