@@ -53,6 +53,8 @@ class ModelFamily:
 
     name: ClassVar[str] = ""
     model_types: ClassVar[tuple[str, ...]] = ()
+    # The processor class a checkpoint of the family carries ("": not checked).
+    processor_class: ClassVar[str] = ""
     # Extra variables of the chat template (Qwen3.5: enable_thinking).
     chat_template_kwargs: ClassVar[dict[str, Any]] = {}
     box_frame: ClassVar[BoxFrame] = "input_pixels"
@@ -64,10 +66,24 @@ class ModelFamily:
     def load_model(
         self, path: str, dtype: str = "float32", attn_implementation: str | None = None
     ) -> Any:
-        raise NotImplementedError
+        """The checkpoint with ``AutoModelForImageTextToText`` (:meth:`load_checkpoint`)."""
+        return self.load_checkpoint(path, dtype, attn_implementation)
 
     def load_processor(self, path: str) -> Any:
-        raise NotImplementedError
+        """``AutoProcessor``, checked to be :attr:`processor_class` when the family names one,
+        with left padding (prompts are left-padded, completions continue on the right)."""
+        from transformers import AutoProcessor
+
+        from mmrft.typecheck import ConfigError
+
+        processor = AutoProcessor.from_pretrained(path)
+        if self.processor_class and type(processor).__name__ != self.processor_class:
+            raise ConfigError(
+                f"model.family: family '{self.name}' needs a {self.processor_class}, but {path} "
+                f"has a {type(processor).__name__}; is model.family right?"
+            )
+        processor.tokenizer.padding_side = "left"
+        return processor
 
     def load_checkpoint(
         self,
@@ -275,6 +291,22 @@ class ModelFamily:
         size = sample.meta.get("image_size")
         if size is not None:
             sample.meta["input_size"] = list(self.input_size(int(size[0]), int(size[1])))
+
+
+def base_model(model: Any) -> Any:
+    """The transformers model under a peft wrapper (the model itself otherwise)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def submodule(model: Any, name: str) -> Any:
+    """``model.model.<name>`` or ``model.<name>`` of a (possibly peft-wrapped) model: where
+    transformers keeps an encoder (``visual``, ``vision_tower``, ``audio_tower``)."""
+    base = base_model(model)
+    for owner in (getattr(base, "model", None), base):
+        found = getattr(owner, name, None)
+        if found is not None:
+            return found
+    raise AttributeError(f"{type(base).__name__} has no {name} ('model.{name}' or '{name}')")
 
 
 def mask_positions(kwargs: dict[str, Any]) -> None:

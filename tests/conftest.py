@@ -18,3 +18,19 @@ ASSETS = REPO / "assets"
 @pytest.fixture
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two plain PNGs for the model-family tests: ``small`` 56 × 56 red, ``wide`` 112 × 84 blue."""
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    paths = {}
+    for name, size, colour in [
+        ("small", (56, 56), (220, 30, 30)),
+        ("wide", (112, 84), (30, 70, 225)),
+    ]:
+        Image.new("RGB", size, colour).save(folder / f"{name}.png")
+        paths[name] = str(folder / f"{name}.png")
+    return paths

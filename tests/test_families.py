@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image
 
 from mmrft.family import MediaBudget, family_for_model_type
 from mmrft.group import check_attention, packing
@@ -65,19 +64,6 @@ def loaded() -> dict[str, tuple]:
         path = str(ASSETS / "models" / f"tiny-{name}")
         out[name] = (family, family.load_processor(path), family.load_model(path).eval())
     return out
-
-
-@pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("images")
-    paths = {}
-    for name, size, colour in [
-        ("small", (56, 56), (220, 30, 30)),
-        ("wide", (112, 84), (30, 70, 225)),
-    ]:
-        Image.new("RGB", size, colour).save(folder / f"{name}.png")
-        paths[name] = str(folder / f"{name}.png")
-    return paths
 
 
 def conversation(*images: str, text: str = "What colour is the shape?") -> list[dict]:

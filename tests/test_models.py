@@ -40,20 +40,6 @@ def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
     return out
 
 
-@pytest.fixture(scope="module")
-def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    folder = tmp_path_factory.mktemp("images")
-    paths = {}
-    for name, size, colour in [
-        ("small", (56, 56), (220, 30, 30)),
-        ("wide", (112, 84), (30, 70, 225)),
-    ]:
-        path = folder / f"{name}.png"
-        Image.new("RGB", size, colour).save(path)
-        paths[name] = str(path)
-    return paths
-
-
 def conversation(image: str, text: str = "What colour is the shape?") -> list[dict]:
     return [
         {

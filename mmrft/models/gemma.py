@@ -28,46 +28,21 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from mmrft.data import DataError, Sample, local_media_path, media_file_key
+from mmrft.data import DataError, Sample
 from mmrft.family import (
     BoxFrame,
     MediaBudget,
     ModelFamily,
+    base_model,
     count_runs,
     install_mask_positions,
     model_family,
+    submodule,
 )
 from mmrft.models import qwen_vl
 from mmrft.video import VideoBudget
 
 GEMMA3_MEDIA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
-
-
-def image_parts(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The image parts of a conversation, in order."""
-    return [
-        part
-        for message in conversation
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if part.get("type") == "image" or "image" in part
-    ]
-
-
-def load_image(source: Any, tag: str) -> Any:
-    """A decoded RGB image (PIL), files cached by path, mtime and size under ``tag``; the
-    processor resizes it."""
-    if not isinstance(source, str):
-        return source.convert("RGB")
-    path = local_media_path(source)
-    if path is None:
-        raise DataError(f"{source}: only local images are read (mmrft runs offline)")
-    key = (media_file_key(path, "image file"), tag)
-    image = qwen_vl.IMAGE_CACHE.get(key)
-    if image is None:
-        image = qwen_vl.decode_image(path)
-        qwen_vl.IMAGE_CACHE.put(key, image)
-    return image
 
 
 def bidirectional_runs(vision: Any) -> Any:
@@ -82,21 +57,6 @@ def bidirectional_runs(vision: Any) -> Any:
     return torch.ones(n, n, dtype=torch.bool).tril() | same
 
 
-def base_model(model: Any) -> Any:
-    """The transformers model under a peft wrapper."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def submodule(model: Any, name: str) -> Any:
-    """``model.model.<name>`` or ``model.<name>`` of a (possibly peft-wrapped) model."""
-    base = base_model(model)
-    for owner in (getattr(base, "model", None), base):
-        found = getattr(owner, name, None)
-        if found is not None:
-            return found
-    raise AttributeError(f"{type(base).__name__} has no {name}")
-
-
 @model_family("gemma3")
 class Gemma3(ModelFamily):
     """Gemma 3: images at a fixed size, bidirectional attention within each image, sliding
@@ -104,25 +64,13 @@ class Gemma3(ModelFamily):
     (``model.vision_tower``); the projector stays trainable."""
 
     model_types = ("gemma3",)
+    processor_class = "Gemma3Processor"
     box_frame: ClassVar[BoxFrame] = "norm1000"
     box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ("token_type_ids",)
     media_keys: ClassVar[dict[str, str]] = {"pixel_values": "images"}
     media_tokens: ClassVar[dict[str, str]] = {"images": "<image_soft_token>"}
     image_type: ClassVar[int] = 1  # token_type_ids value of the soft tokens
-
-    def load_model(
-        self, path: str, dtype: str = "float32", attn_implementation: str | None = None
-    ) -> Any:
-        return self.load_checkpoint(path, dtype, attn_implementation)
-
-    def load_processor(self, path: str) -> Any:
-        """``AutoProcessor``, left padding."""
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(path)
-        processor.tokenizer.padding_side = "left"
-        return processor
 
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         """The image's own size: boxes are 0–1000 relative."""
@@ -137,32 +85,32 @@ class Gemma3(ModelFamily):
         conversations: list[list[dict[str, Any]]],
         add_generation_prompt: bool = True,
     ) -> Any:
-        """``input_ids`` / ``attention_mask`` / ``token_type_ids`` ``[B, L]`` left-padded and,
-        with images, ``pixel_values`` ``[#images, 3, S, S]`` in prompt order."""
-        for conv in conversations:
-            for message in conv:
-                content = message.get("content")
-                for part in content if isinstance(content, list) else ():
-                    if part.get("type") in ("video", "audio") or "video" in part:
-                        raise DataError(
-                            f"{self.name} takes images and text, got a video/audio part"
-                        )
-        texts = self.render(processor, conversations, add_generation_prompt)
-        images = [
-            [load_image(part.get("image"), self.name) for part in image_parts(conv)]
-            for conv in conversations
-        ]
-        kwargs: dict[str, Any] = {}
-        if any(images):
-            kwargs["images"] = images
+        """``input_ids`` / ``attention_mask`` / ``token_type_ids`` ``[B, L]`` left-padded and
+        the processor's media tensors (Gemma 3: ``pixel_values`` ``[#images, 3, S, S]``), media
+        in prompt order across the batch (:meth:`media_inputs`)."""
         return processor(
-            text=texts,
+            text=self.render(processor, conversations, add_generation_prompt),
             padding=True,
             padding_side="left",
             return_tensors="pt",
-            add_special_tokens=False,
-            **kwargs,
+            add_special_tokens=False,  # the chat template writes <bos>
+            **self.media_inputs(processor, conversations),
         )
+
+    def media_inputs(self, processor: Any, conversations: list[list[dict[str, Any]]]) -> dict:
+        """The processor's media arguments: ``images``, one list per conversation (a video or
+        audio part raises DataError: Gemma 3 takes images and text)."""
+        for conv in conversations:
+            if qwen_vl.media_parts(conv, "video") or qwen_vl.media_parts(conv, "audio"):
+                raise DataError(f"{self.name} takes images and text, got a video/audio part")
+        images = [
+            [
+                qwen_vl.decoded_image(p.get("image"), self.name)
+                for p in qwen_vl.media_parts(conv, "image")
+            ]
+            for conv in conversations
+        ]
+        return {"images": images} if any(images) else {}
 
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Ids of ``<start_of_image>``, ``<end_of_image>`` and ``<image_soft_token>``."""
@@ -264,6 +212,7 @@ class Gemma4(Gemma3):
     """
 
     model_types = ("gemma4",)
+    processor_class = "Gemma4Processor"
 
     def load_model(
         self, path: str, dtype: str = "float32", attn_implementation: str | None = None
@@ -296,30 +245,24 @@ class Gemma4(Gemma3):
         self.video = video or VideoBudget()
         self.audio = audio or AudioBudget()
 
-    def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
-    ) -> Any:
-        """Tokenise conversations with their images, videos and audio (keys: see the class
-        docstring); media in prompt order across the batch."""
+    def media_inputs(self, processor: Any, conversations: list[list[dict[str, Any]]]) -> dict:
+        """The processor's media arguments: images (one list per conversation), videos (the
+        sampled frames, their metadata) and audio clips at the feature extractor's rate, each
+        in prompt order across the batch."""
         from mmrft.audio import load_audio
         from mmrft.models.qwen_audio import _local_audio_path, audio_parts
-        from mmrft.video import fetch_video
 
-        texts = self.render(processor, conversations, add_generation_prompt)
         images, videos, metadata, audios = [], [], [], []
         rate = int(processor.feature_extractor.sampling_rate)
         for conv in conversations:
-            images.append([load_image(p.get("image"), self.name) for p in image_parts(conv)])
-            for part in _parts(conv, "video"):
-                try:
-                    frames, meta, _ = fetch_video(part, self.video, 28)
-                except DataError:
-                    raise
-                except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
-                    raise DataError(f"{part.get('video')}: cannot load ({exc})") from exc
+            images.append(
+                [
+                    qwen_vl.decoded_image(p.get("image"), self.name)
+                    for p in qwen_vl.media_parts(conv, "image")
+                ]
+            )
+            for part in qwen_vl.media_parts(conv, "video"):
+                frames, meta = qwen_vl.load_video(part, self.video, 28)
                 videos.append(frames)
                 metadata.append(meta)
             for part in audio_parts(conv):
@@ -338,14 +281,7 @@ class Gemma4(Gemma3):
             kwargs.update(videos=videos, video_metadata=metadata, do_sample_frames=False)
         if audios:
             kwargs["audio"] = audios
-        return processor(
-            text=texts,
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
-            add_special_tokens=False,
-            **kwargs,
-        )
+        return kwargs
 
     def check_media(self, sample: Sample) -> None:
         from mmrft.models.qwen_audio import check_media
@@ -475,13 +411,3 @@ class Gemma4(Gemma3):
         inner = getattr(base, "model", base)
         towers = [getattr(inner, name, None) for name in ("vision_tower", "audio_tower")]
         return torch.nn.ModuleList([t for t in towers if t is not None])
-
-
-def _parts(conversation: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
-    return [
-        part
-        for message in conversation
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if part.get("type") == kind or kind in part
-    ]

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from mmrft.data import DataError, Sample, local_media_path, media_file_key
-from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family
+from mmrft.data import Sample
+from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
 from mmrft.models import qwen_vl
 from mmrft.video import VideoBudget
 
@@ -47,6 +47,7 @@ class InternVL(ModelFamily):
     """
 
     model_types = ("internvl",)
+    processor_class = "InternVLProcessor"
     box_frame: ClassVar[BoxFrame] = "norm1000"
     box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ()
@@ -56,26 +57,6 @@ class InternVL(ModelFamily):
     def __init__(self, media: MediaBudget | None = None, video: VideoBudget | None = None) -> None:
         super().__init__(media)
         self.video = video or VideoBudget()
-
-    def load_model(
-        self, path: str, dtype: str = "float32", attn_implementation: str | None = None
-    ) -> Any:
-        return self.load_checkpoint(path, dtype, attn_implementation)
-
-    def load_processor(self, path: str) -> Any:
-        """``AutoProcessor`` (an ``InternVLProcessor``), left padding."""
-        from transformers import AutoProcessor
-
-        from mmrft.typecheck import ConfigError
-
-        processor = AutoProcessor.from_pretrained(path)
-        if type(processor).__name__ != "InternVLProcessor":
-            raise ConfigError(
-                f"model.family: family '{self.name}' needs an InternVLProcessor, but {path} has "
-                f"a {type(processor).__name__}; is model.family right?"
-            )
-        processor.tokenizer.padding_side = "left"
-        return processor
 
     def max_tiles(self, processor: Any) -> int:
         """Tiles per image: ``max(1, max_pixels // tile²)`` (see the module docstring)."""
@@ -90,21 +71,6 @@ class InternVL(ModelFamily):
     def check_media(self, sample: Sample) -> None:
         qwen_vl.check_media(sample)
 
-    def load_image(self, source: Any) -> Any:
-        """The decoded RGB image (PIL; files cached by path, mtime and size). The processor
-        tiles it; nothing is resized here."""
-        if not isinstance(source, str):
-            return source.convert("RGB")
-        path = local_media_path(source)
-        if path is None:
-            raise DataError(f"{source}: only local images are read (mmrft runs offline)")
-        key = (media_file_key(path, "image file"), "internvl")
-        image = qwen_vl.IMAGE_CACHE.get(key)
-        if image is None:
-            image = qwen_vl.decode_image(path)
-            qwen_vl.IMAGE_CACHE.put(key, image)
-        return image
-
     def prepare(
         self,
         processor: Any,
@@ -114,22 +80,13 @@ class InternVL(ModelFamily):
         """Tokenise conversations with their images and videos: ``input_ids`` /
         ``attention_mask`` ``[B, L]`` left-padded and, with media, ``pixel_values``
         ``[tiles, 3, S, S]`` (see the module docstring)."""
-        from mmrft.video import fetch_video
-
         texts = self.render(processor, conversations, add_generation_prompt)
         images, videos = [], []
         for conv in conversations:
-            for part in _media_parts(conv):
-                if part.get("type") == "image" or "image" in part:
-                    images.append(self.load_image(part.get("image", part.get("image_url"))))
-                else:
-                    try:
-                        frames, _, _ = fetch_video(part, self.video, 28)
-                    except DataError:
-                        raise
-                    except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
-                        raise DataError(f"{part.get('video')}: cannot load ({exc})") from exc
-                    videos.append(frames)
+            for part in qwen_vl.media_parts(conv, "image"):
+                images.append(qwen_vl.decoded_image(part.get("image"), self.name))
+            for part in qwen_vl.media_parts(conv, "video"):
+                videos.append(qwen_vl.load_video(part, self.video, 28)[0])
         kwargs: dict[str, Any] = {}
         if images:
             kwargs.update(images=images, max_patches=self.max_tiles(processor))
@@ -185,20 +142,4 @@ class InternVL(ModelFamily):
     # -- training helpers --------------------------------------------------------------------
     def vision_tower(self, model: Any) -> Any:
         """InternViT (``model.vision_tower``)."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        for owner in (getattr(base, "model", None), base):
-            tower = getattr(owner, "vision_tower", None)
-            if tower is not None:
-                return tower
-        raise AttributeError(f"{type(base).__name__} has no vision_tower")
-
-
-def _media_parts(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Image and video parts of a conversation, in prompt order."""
-    return [
-        part
-        for message in conversation
-        if isinstance(message.get("content"), list)
-        for part in message["content"]
-        if part.get("type") in ("image", "video") or "image" in part or "video" in part
-    ]
+        return submodule(model, "vision_tower")

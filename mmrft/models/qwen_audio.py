@@ -61,9 +61,10 @@ from mmrft.family import (
     count_runs,
     mask_positions,
     model_family,
+    submodule,
 )
 from mmrft.models import qwen_vl
-from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily, configure_vision_processor
+from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily
 from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
@@ -230,10 +231,6 @@ def install_forward_hooks(model: Any, positions_from_mask: bool) -> None:
     inner._mmrft_audio_hooks = True
 
 
-def _base(model: Any) -> Any:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
 # -- the adapters --------------------------------------------------------------------------------
 class QwenAudioFamily(ModelFamily):
     """Shared implementation of the audio families (see the module docstring).
@@ -246,7 +243,6 @@ class QwenAudioFamily(ModelFamily):
     """
 
     model_class: ClassVar[str] = ""
-    processor_class: ClassVar[str] = ""
     special_tokens: ClassVar[tuple[str, ...]] = QWEN2_AUDIO_SPECIAL_TOKENS
     positions_from_mask: ClassVar[bool] = False
     audio_token: ClassVar[str] = AUDIO_TOKEN
@@ -271,18 +267,9 @@ class QwenAudioFamily(ModelFamily):
         return model
 
     def load_processor(self, path: str) -> Any:
-        """``AutoProcessor``, checked to be :attr:`processor_class`, left padding."""
-        from transformers import AutoProcessor
-
-        from mmrft.typecheck import ConfigError
-
-        processor = AutoProcessor.from_pretrained(path)
-        if type(processor).__name__ != self.processor_class:
-            raise ConfigError(
-                f"model.family: family '{self.name}' needs a {self.processor_class}, but {path} "
-                f"has a {type(processor).__name__}; is model.family right?"
-            )
-        processor.tokenizer.padding_side = "left"
+        """:meth:`ModelFamily.load_processor` (checked to be :attr:`processor_class`, left
+        padding); the feature extractor's window is remembered for :meth:`check_media`."""
+        processor = super().load_processor(path)
         self.window = self.window_seconds(processor)
         return processor
 
@@ -452,12 +439,7 @@ class Qwen2Audio(QwenAudioFamily):
     def vision_tower(self, model: Any) -> Any:
         """The audio encoder (``model.audio_tower``: convolutions, Whisper blocks, pooling);
         the audio→text projector stays trainable, as LLaVA-style recipes do."""
-        base = _base(model)
-        for owner in (getattr(base, "model", None), base):
-            tower = getattr(owner, "audio_tower", None)
-            if tower is not None:
-                return tower
-        raise AttributeError(f"{type(base).__name__} has no audio tower")
+        return submodule(model, "audio_tower")
 
 
 @model_family("qwen2_5_omni")
@@ -494,13 +476,6 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
     ) -> None:
         QwenAudioFamily.__init__(self, media, audio)
         self.video = video or VideoBudget()
-
-    def load_processor(self, path: str) -> Any:
-        """As :meth:`QwenAudioFamily.load_processor`, plus the pixel budget on the image
-        processor and a check of the patch geometry (14 × merge 2)."""
-        processor = QwenAudioFamily.load_processor(self, path)
-        configure_vision_processor(processor, self, path)
-        return processor
 
     def prepare(
         self,
@@ -542,7 +517,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
             raise
         except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
             names = sorted(
-                {str(p["video"]) for c in loaded for p in qwen_vl._media_parts(c, "video")}
+                {str(p["video"]) for c in loaded for p in qwen_vl.media_parts(c, "video")}
             )
             raise DataError(f"{', '.join(names) or 'media'}: cannot load ({exc})") from exc
         kwargs: dict[str, Any] = {}
@@ -629,15 +604,9 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         changed); see the class docstring."""
         import torch
 
-        base = _base(model)
         # transformers ≥ 5.20 keeps the encoders in the thinker's inner model, earlier ones on
         # the thinker itself
-        owners = [getattr(base, "model", None), base]
-        visual = next((o.visual for o in owners if hasattr(o, "visual")), None)
-        audio = next((o.audio_tower for o in owners if hasattr(o, "audio_tower")), None)
-        if visual is None or audio is None:
-            raise AttributeError(f"{type(base).__name__} has no visual / audio_tower")
-        return torch.nn.ModuleList([visual, audio])
+        return torch.nn.ModuleList([submodule(model, "visual"), submodule(model, "audio_tower")])
 
     def rope_positions(self, model: Any, row: dict[str, Any]) -> Any:
         """``[3, Lp]`` TMRoPE positions of a prompt row from the thinker's ``get_rope_index``

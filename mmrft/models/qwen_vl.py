@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample, local_media_path, media_file_key
-from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family
+from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
 from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
@@ -141,6 +141,38 @@ def decode_image(path: str) -> Any:
         Image.DecompressionBombError,
     ) as exc:
         raise DataError(f"{path}: corrupt or unreadable image ({exc})") from None
+
+
+def decoded_image(source: Any, tag: str) -> Any:
+    """An image part's source decoded to RGB (PIL) and not resized, for families whose
+    processor resizes (InternVL's tiles, Gemma's fixed or aspect-kept sizes): files are cached
+    by path, mtime and size under ``tag``; URLs are not fetched."""
+    if not isinstance(source, str):
+        return source.convert("RGB")
+    path = local_media_path(source)
+    if path is None:
+        raise DataError(f"{source}: only local images are read (mmrft runs offline)")
+    key = (media_file_key(path, "image file"), tag)
+    image = IMAGE_CACHE.get(key)
+    if image is None:
+        image = decode_image(path)
+        IMAGE_CACHE.put(key, image)
+    return image
+
+
+def load_video(part: dict[str, Any], budget: VideoBudget, factor: int) -> tuple[Any, dict]:
+    """A video part's sampled frames ``[T, 3, H, W]`` and metadata
+    (:func:`mmrft.video.fetch_video`), a decoding failure raised as DataError naming the
+    file."""
+    from mmrft.video import fetch_video
+
+    try:
+        frames, metadata, _ = fetch_video(part, budget, factor)
+    except DataError:
+        raise
+    except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
+        raise DataError(f"{part.get('video')}: cannot load ({exc})") from exc
+    return frames, metadata
 
 
 _checked_sizes: dict[tuple[str, int, int], tuple[int, int]] = {}
@@ -241,11 +273,8 @@ class QwenVLFamily(ModelFamily):
     def load_processor(self, path: str) -> Any:
         """``AutoProcessor`` with the family's :class:`MediaBudget` on the image processor,
         left padding, and a check that the checkpoint's patch geometry is the family's."""
-        from transformers import AutoProcessor
-
-        processor = AutoProcessor.from_pretrained(path)
+        processor = super().load_processor(path)
         configure_vision_processor(processor, self, path)
-        processor.tokenizer.padding_side = "left"
         return processor
 
     # -- inputs ------------------------------------------------------------------------------
@@ -389,7 +418,7 @@ class QwenVLFamily(ModelFamily):
         except DataError:
             raise
         except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
-            videos = sorted({str(p["video"]) for c in loaded for p in _media_parts(c, "video")})
+            videos = sorted({str(p["video"]) for c in loaded for p in media_parts(c, "video")})
             raise DataError(f"{', '.join(videos) or 'media'}: cannot load ({exc})") from exc
         kwargs: dict[str, Any] = {}
         if videos is not None:
@@ -572,7 +601,8 @@ class QwenVLFamily(ModelFamily):
         )
 
 
-def _media_parts(conversation: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+def media_parts(conversation: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The parts of ``kind`` (``image``, ``video``, ``audio``) of a conversation, in order."""
     return [
         part
         for message in conversation
@@ -595,12 +625,7 @@ def _token_types(input_ids: Any, image_id: int | None, video_id: int | None) -> 
 
 def vision_tower(model: Any) -> Any:
     """The vision encoder module of a (possibly peft-wrapped) Qwen-VL model."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    for owner in (getattr(base, "model", None), base):
-        visual = getattr(owner, "visual", None)
-        if visual is not None:
-            return visual
-    raise AttributeError(f"{type(base).__name__} has no vision tower ('model.visual' or 'visual')")
+    return submodule(model, "visual")
 
 
 def rope_module(model: Any) -> Any:

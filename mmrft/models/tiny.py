@@ -462,29 +462,46 @@ def train_bpe(
     return raw
 
 
-def train_tokenizer(family: str) -> Any:
-    """A ``Qwen2TokenizerFast`` trained on :func:`corpus` with the family's special tokens."""
+def qwen_tokenizer(
+    raw: Any,
+    extra_special: list[str] | dict[str, str],
+    model_max_length: int,
+    chat_template: str,
+    cls: Any = None,
+    **named: str,
+) -> Any:
+    """A tokenizer in the Qwen layout around the trained ``raw`` (:func:`train_bpe`): ``cls``
+    (``Qwen2TokenizerFast`` by default), no BOS, ``<|im_end|>`` ends a turn, ``<|endoftext|>``
+    pads, ``extra_special`` its additional special tokens (a list, or named tokens), ``named``
+    the processor's named tokens (``image_token``, ...)."""
     from transformers import Qwen2TokenizerFast
 
-    special = SPECIAL_TOKENS[family]
-    extra = QWEN2_5_VL_EXTRA if family in ("qwen2_5_vl", "qwen2_5_omni") else ()
-    raw = train_bpe(corpus(family), special, extra)
-    named = QWEN2_5_OMNI_NAMED if family == "qwen2_5_omni" else {}
-    tokenizer = Qwen2TokenizerFast(
+    tokenizer = (cls or Qwen2TokenizerFast)(
         tokenizer_object=raw,
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         unk_token=None,
-        extra_special_tokens=list(special[1:]),
+        extra_special_tokens=extra_special,
         errors="replace",
-        model_max_length=MODEL_MAX_LENGTH[family],
+        model_max_length=model_max_length,
         clean_up_tokenization_spaces=False,
         split_special_tokens=False,
         **named,
     )
-    tokenizer.chat_template = CHAT_TEMPLATES[family]
+    tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def train_tokenizer(family: str) -> Any:
+    """A ``Qwen2TokenizerFast`` trained on :func:`corpus` with the family's special tokens."""
+    special = SPECIAL_TOKENS[family]
+    extra = QWEN2_5_VL_EXTRA if family in ("qwen2_5_vl", "qwen2_5_omni") else ()
+    raw = train_bpe(corpus(family), special, extra)
+    named = QWEN2_5_OMNI_NAMED if family == "qwen2_5_omni" else {}
+    return qwen_tokenizer(
+        raw, list(special[1:]), MODEL_MAX_LENGTH[family], CHAT_TEMPLATES[family], **named
+    )
 
 
 def build_processor(family: str, tokenizer: Any) -> Any:
@@ -711,6 +728,27 @@ def build_config(family: str, tokenizer: Any, bench: bool = False) -> Any:
 INIT_STD = 0.1
 
 
+def instantiate(cls: Any, config: Any, seed: int, **generation: Any) -> Any:
+    """``cls(config)`` (its name written as ``config.architectures``), seeded, float32, in eval
+    mode, with fan-in weights (:func:`reinit_fan_in`) and ``GenerationConfig(**generation)``."""
+    import torch
+    from transformers import GenerationConfig
+
+    config.architectures = [cls.__name__]
+    torch.manual_seed(seed)
+    model = cls(config).to(torch.float32).eval()
+    reinit_fan_in(model, seed)
+    model.generation_config = GenerationConfig(**generation)
+    return model
+
+
+def qwen_generation(tokenizer: Any) -> dict[str, Any]:
+    """The Qwen Instruct generation config: ``<|endoftext|>`` pads (and is the BOS id),
+    generation stops on ``<|im_end|>`` or ``<|endoftext|>``."""
+    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    return {"bos_token_id": pad, "pad_token_id": pad, "eos_token_id": [eos, pad]}
+
+
 def reinit_fan_in(model: Any, seed: int) -> None:
     """Redraw every weight matrix (≥ 2-D) from N(0, INIT_STD), in name order, seeded; norms
     and biases keep transformers' init."""
@@ -731,9 +769,7 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
     """
     import importlib
 
-    import torch
     from transformers import (
-        GenerationConfig,
         Qwen2_5_VLForConditionalGeneration,
         Qwen2_5OmniThinkerForConditionalGeneration,
         Qwen2AudioForConditionalGeneration,
@@ -755,13 +791,7 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
         "qwen2_audio": Qwen2AudioForConditionalGeneration,
         "qwen2_5_omni": Qwen2_5OmniThinkerForConditionalGeneration,
     }[family]
-    torch.manual_seed(seed)
-    model = cls(config).to(torch.float32).eval()
-    reinit_fan_in(model, seed)
-    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-    model.generation_config = GenerationConfig(
-        bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
-    )
+    model = instantiate(cls, config, seed, **qwen_generation(tokenizer))
     return save_checkpoint(model, processor, Path(out_dir))
 
 

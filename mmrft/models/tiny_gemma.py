@@ -144,13 +144,11 @@ def train_gemma_tokenizer(
 
 def build(family: str, seed: int) -> tuple[Any, Any]:
     """``(model, processor)`` of the tiny Gemma 3 (see the module docstring)."""
-    import torch
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
         Gemma3ImageProcessor,
         Gemma3Processor,
-        GenerationConfig,
     )
 
     if family == "gemma4":
@@ -205,11 +203,10 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         image_token_index=tokenizer.convert_tokens_to_ids("<image_soft_token>"),
         tie_word_embeddings=True,
     )
-    config.architectures = ["Gemma3ForConditionalGeneration"]
-    torch.manual_seed(seed)
-    model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
-    tiny.reinit_fan_in(model, seed)
-    model.generation_config = GenerationConfig(
+    model = tiny.instantiate(
+        Gemma3ForConditionalGeneration,
+        config,
+        seed,
         bos_token_id=ids["<bos>"],
         pad_token_id=ids["<pad>"],
         eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]],
@@ -225,7 +222,6 @@ def build_gemma4(seed: int) -> tuple[Any, Any]:
     keys and values of the first two (KV sharing), with per-layer token embeddings (width 8) and
     bidirectional attention within each image or frame (``use_bidirectional_attention =
     "vision"``, the setting of the larger released checkpoints)."""
-    import torch
     from transformers import (
         Gemma4AudioFeatureExtractor,
         Gemma4Config,
@@ -233,7 +229,6 @@ def build_gemma4(seed: int) -> tuple[Any, Any]:
         Gemma4ImageProcessor,
         Gemma4Processor,
         Gemma4VideoProcessor,
-        GenerationConfig,
     )
 
     tokenizer = train_gemma_tokenizer(
@@ -299,11 +294,10 @@ def build_gemma4(seed: int) -> tuple[Any, Any]:
         audio_token_id=ids["<|audio|>"],
         tie_word_embeddings=True,
     )
-    config.architectures = ["Gemma4ForConditionalGeneration"]
-    torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(config).to(torch.float32).eval()
-    tiny.reinit_fan_in(model, seed)
-    model.generation_config = GenerationConfig(
+    model = tiny.instantiate(
+        Gemma4ForConditionalGeneration,
+        config,
+        seed,
         bos_token_id=ids["<bos>"],
         pad_token_id=ids["<pad>"],
         eos_token_id=[ids["<eos>"], ids["<turn|>"]],

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmrft.models import tiny
+from mmrft.models.glm import GLM_MEDIA_TOKENS
 
 # cl100k-style split of the GLM-4 tokenizer (numbers in groups of at most three digits).
 GLM_PRETOKENIZE_REGEX = (
@@ -40,12 +41,7 @@ GLM4V_SPECIAL = (
     "<|user|>",
     "<|assistant|>",
     "<|observation|>",
-    "<|begin_of_image|>",
-    "<|end_of_image|>",
-    "<|begin_of_video|>",
-    "<|end_of_video|>",
-    "<|image|>",
-    "<|video|>",
+    *GLM_MEDIA_TOKENS,  # <|begin_of_image|> … <|video|>
     "<think>",
     "</think>",
     "<|begin_of_box|>",
@@ -90,9 +86,7 @@ def train_glm_tokenizer() -> Any:
 
 def build(family: str, seed: int) -> tuple[Any, Any]:
     """``(model, processor)`` of the tiny GLM-4.1V (see the module docstring)."""
-    import torch
     from transformers import (
-        GenerationConfig,
         Glm4vConfig,
         Glm4vForConditionalGeneration,
         Glm4vImageProcessor,
@@ -152,11 +146,8 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         video_end_token_id=ids["<|end_of_video|>"],
         tie_word_embeddings=False,
     )
-    config.architectures = ["Glm4vForConditionalGeneration"]
-    torch.manual_seed(seed)
-    model = Glm4vForConditionalGeneration(config).to(torch.float32).eval()
-    tiny.reinit_fan_in(model, seed)
-    model.generation_config = GenerationConfig(
-        pad_token_id=pad, eos_token_id=[pad, ids["<|user|>"], ids["<|observation|>"]]
+    stop = [pad, ids["<|user|>"], ids["<|observation|>"]]
+    model = tiny.instantiate(
+        Glm4vForConditionalGeneration, config, seed, pad_token_id=pad, eos_token_id=stop
     )
     return model, processor

@@ -61,15 +61,12 @@ TOKENS_PER_TILE = (TILE // 14) ** 2 // 4
 
 def build(family: str, seed: int) -> tuple[Any, Any]:
     """``(model, processor)`` of the tiny InternVL 3 (see the module docstring)."""
-    import torch
     from transformers import (
-        GenerationConfig,
         GotOcr2ImageProcessor,
         InternVLConfig,
         InternVLForConditionalGeneration,
         InternVLProcessor,
         InternVLVideoProcessor,
-        Qwen2TokenizerFast,
     )
 
     if family != "internvl":
@@ -79,19 +76,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
     from tokenizers import AddedToken
 
     raw.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in INTERNVL_EXTRA])
-    tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=raw,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        extra_special_tokens={**INTERNVL_NAMED},
-        errors="replace",
-        model_max_length=16384,
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
-    )
-    tokenizer.chat_template = INTERNVL_CHAT_TEMPLATE
+    tokenizer = tiny.qwen_tokenizer(raw, {**INTERNVL_NAMED}, 16384, INTERNVL_CHAT_TEMPLATE)
     size = {"height": TILE, "width": TILE}
     processor = InternVLProcessor(
         image_processor=GotOcr2ImageProcessor(
@@ -129,11 +114,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         downsample_ratio=0.5,
         tie_word_embeddings=True,
     )
-    config.architectures = ["InternVLForConditionalGeneration"]
-    torch.manual_seed(seed)
-    model = InternVLForConditionalGeneration(config).to(torch.float32).eval()
-    tiny.reinit_fan_in(model, seed)
-    model.generation_config = GenerationConfig(
-        bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
+    model = tiny.instantiate(
+        InternVLForConditionalGeneration, config, seed, **tiny.qwen_generation(tokenizer)
     )
     return model, processor

@@ -90,24 +90,10 @@ MOE = {
 
 def train_qwen3_tokenizer(chat_template: str) -> Any:
     """A ``Qwen2TokenizerFast`` in the Qwen3 layout (see the module docstring)."""
-    from transformers import Qwen2TokenizerFast
 
     special = tiny.QWEN2_VL_SPECIAL
     raw = tiny.train_bpe(tiny.corpus("qwen2_5_vl"), special, QWEN3_EXTRA)
-    tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=raw,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        extra_special_tokens=list(special[1:]),
-        errors="replace",
-        model_max_length=262144,
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
-    )
-    tokenizer.chat_template = chat_template
-    return tokenizer
+    return tiny.qwen_tokenizer(raw, list(special[1:]), 262144, chat_template)
 
 
 def vision_processors(patch_size: int = 16) -> tuple[Any, Any]:
@@ -144,23 +130,7 @@ def qwen_token_ids(tokenizer: Any) -> dict[str, int]:
     }
 
 
-def finish(model: Any, tokenizer: Any, seed: int) -> Any:
-    """Fan-in init, float32, eval, and the Instruct generation config (stop on ``<|im_end|>``
-    or ``<|endoftext|>``)."""
-    import torch
-    from transformers import GenerationConfig
-
-    model = model.to(torch.float32).eval()
-    tiny.reinit_fan_in(model, seed)
-    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
-    model.generation_config = GenerationConfig(
-        bos_token_id=pad, pad_token_id=pad, eos_token_id=[eos, pad]
-    )
-    return model
-
-
 def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
-    import torch
     from transformers import (
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
@@ -194,9 +164,7 @@ def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
         tie_word_embeddings=True,
     )
     model_cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
-    config.architectures = [model_cls.__name__]
-    torch.manual_seed(seed)
-    return finish(model_cls(config), tokenizer, seed), processor
+    return tiny.instantiate(model_cls, config, seed, **tiny.qwen_generation(tokenizer)), processor
 
 
 # Qwen3-Omni: Qwen3's layout, then its audio tokens (special).
@@ -234,10 +202,8 @@ def build_qwen3_omni(seed: int) -> tuple[Any, Any]:
     tokens per chunk), Qwen3-VL's vision encoder with DeepStack, and a sparse-MoE decoder with
     interleaved TMRoPE; ``Qwen3OmniMoeProcessor`` with the tiny Whisper front end of
     :mod:`mmrft.models.tiny`."""
-    import torch
     from tokenizers import AddedToken
     from transformers import (
-        Qwen2TokenizerFast,
         Qwen2VLVideoProcessor,
         Qwen3OmniMoeProcessor,
         Qwen3OmniMoeThinkerConfig,
@@ -250,19 +216,7 @@ def build_qwen3_omni(seed: int) -> tuple[Any, Any]:
     raw.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t in QWEN3_OMNI_AUDIO]
     )
-    tokenizer = Qwen2TokenizerFast(
-        tokenizer_object=raw,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        extra_special_tokens={**QWEN3_OMNI_NAMED},
-        errors="replace",
-        model_max_length=65536,
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
-    )
-    tokenizer.chat_template = QWEN3_OMNI_CHAT_TEMPLATE
+    tokenizer = tiny.qwen_tokenizer(raw, {**QWEN3_OMNI_NAMED}, 65536, QWEN3_OMNI_CHAT_TEMPLATE)
     image, _ = vision_processors()
     half = [0.5, 0.5, 0.5]
     video = Qwen2VLVideoProcessor(
@@ -304,10 +258,10 @@ def build_qwen3_omni(seed: int) -> tuple[Any, Any]:
         position_id_per_seconds=13,
         tie_word_embeddings=True,
     )
-    config.architectures = ["Qwen3OmniMoeThinkerForConditionalGeneration"]
-    torch.manual_seed(seed)
-    model = Qwen3OmniMoeThinkerForConditionalGeneration(config)
-    return finish(model, tokenizer, seed), processor
+    model = tiny.instantiate(
+        Qwen3OmniMoeThinkerForConditionalGeneration, config, seed, **tiny.qwen_generation(tokenizer)
+    )
+    return model, processor
 
 
 # Qwen3.5's split: Qwen2's with combining marks (\p{M}) kept inside words.
@@ -330,7 +284,6 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
     """Qwen3.5: a hybrid decoder (a Gated DeltaNet linear-attention layer, then a gated full
     attention layer with partial interleaved mRoPE: half of each 32-wide head rotates, sections
     2/3/3), Qwen3-VL's vision encoder without DeepStack, ``Qwen3_5Tokenizer``."""
-    import torch
     from transformers import (
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
@@ -340,19 +293,9 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
 
     special = tiny.QWEN2_VL_SPECIAL
     raw = tiny.train_bpe(tiny.corpus("qwen2_5_vl"), special, QWEN3_EXTRA, QWEN3_5_PRETOKENIZE_REGEX)
-    tokenizer = Qwen3_5Tokenizer(
-        tokenizer_object=raw,
-        bos_token=None,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token=None,
-        extra_special_tokens=list(special[1:]),
-        errors="replace",
-        model_max_length=262144,
-        clean_up_tokenization_spaces=False,
-        split_special_tokens=False,
+    tokenizer = tiny.qwen_tokenizer(
+        raw, list(special[1:]), 262144, QWEN3_5_CHAT_TEMPLATE, cls=Qwen3_5Tokenizer
     )
-    tokenizer.chat_template = QWEN3_5_CHAT_TEMPLATE
     image, video = vision_processors()
     processor = Qwen3VLProcessor(
         image_processor=image,
@@ -391,9 +334,10 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
         vision_end_token_id=ids["<|vision_end|>"],
         tie_word_embeddings=True,
     )
-    config.architectures = ["Qwen3_5ForConditionalGeneration"]
-    torch.manual_seed(seed)
-    return finish(Qwen3_5ForConditionalGeneration(config), tokenizer, seed), processor
+    model = tiny.instantiate(
+        Qwen3_5ForConditionalGeneration, config, seed, **tiny.qwen_generation(tokenizer)
+    )
+    return model, processor
 
 
 def build(family: str, seed: int) -> tuple[Any, Any]:
