@@ -4,9 +4,15 @@ A model family (Qwen2-VL, Qwen2.5-VL, ...) knows how to load a checkpoint and it
 how to turn chat messages with media into model inputs with the family's own Hugging Face
 processor and chat template, and which coordinate frame its boxes are written in:
 
-* ``"norm1000"``: integers 0–1000 relative to the image (Qwen2-VL);
+* ``"norm1000"``: integers 0–1000 relative to the image (Qwen2-VL, Qwen3-VL, Qwen3.5,
+  Qwen3-Omni, InternVL, GLM-4.1V, Gemma 3/4);
 * ``"input_pixels"``: absolute pixels of the *resized* model input, whose sides are multiples
-  of ``patch_size × merge_size`` (Qwen2.5-VL, Qwen3-VL).
+  of ``patch_size × merge_size`` (Qwen2.5-VL, Qwen2.5-Omni).
+
+For the group-shared forward (:mod:`mmrft.group`) a family also says where the prompt's tokens
+sit (:meth:`ModelFamily.rope_positions`: 1-D, or Qwen's 3-D mRoPE) and, when the prompt is not
+plain causal, how it attends (:meth:`ModelFamily.prompt_attention`, one mask per layer type
+with :meth:`ModelFamily.attention_layers`: Gemma's bidirectional images and sliding windows).
 
 Tasks keep ground truth in original-image pixels and ask the family for the input size
 (:meth:`ModelFamily.input_size`), which :meth:`ModelFamily.annotate` stores in a sample's meta
