@@ -10,6 +10,11 @@ Two paths, chosen by ``rollout.group_shared``:
   completion token ``t`` sits at ``max(prompt positions) + 1 + t``, exactly as in the training
   forward. Sampling is ours (temperature, then top-k, then top-p, as transformers' warpers
   are ordered), so the sampler's log-probs come for free; rows that stop leave the batch.
+  The prefill takes the family's own prompt attention and per-layer-type masks when it has
+  them (Gemma: bidirectional images, sliding windows; :func:`mmrft.group.attention_masks`)
+  and keeps every key of every attention layer, sliding ones too, plus the conv and recurrent
+  states of linear-attention layers (Qwen3.5; :func:`mmrft.group.prefix_cache`); decoding
+  steps get the model's own masks, whose windows count keys on the same left-padded rows.
 * **per-completion**: every conversation repeated ``n`` times and run through transformers
   ``generate`` in chunks of ``rollout.batch_size`` (the prompt and its media are processed
   ``n`` times, the method of every peer); kept as the reference and behind the switch.
