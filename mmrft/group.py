@@ -23,7 +23,15 @@ arXiv:2506.22950), so activation memory is set by the round, not by ``G``.
 
 The mask is a dense ``[rows, 1, L, L]`` tensor: boolean for SDPA, additive for eager attention.
 Kernels that take no arbitrary mask (flash-attention 2) cannot run this layout;
-:func:`check_attention` says so at start-up.
+:func:`check_attention` says so at start-up. A family whose prompt is not plain causal gives
+its own block (:meth:`~mmrft.family.ModelFamily.prompt_attention`: Gemma's images attend to
+themselves bidirectionally), and a model with sliding-window layers gets one mask per layer
+type, each window counted in rotary positions (:func:`attention_masks`).
+
+Models with recurrent layers (Qwen3.5's Gated DeltaNet: a state and a causal convolution along
+the sequence, which no mask confines to one completion) take the *prefix* path instead
+(:func:`packing`, :func:`prefix_logits`): the prompts run once with a cache whose keys, values
+and states stay graph tensors, and the completions continue from copies of it.
 """
 
 from __future__ import annotations
