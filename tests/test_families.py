@@ -289,3 +289,33 @@ def test_internvl_tiles_follow_the_pixel_budget(loaded: dict, images: dict) -> N
     assert len(batch["pixel_values"]) == 5  # a 2 × 2 grid for 4 : 3 (closest ratio) + thumbnail
     one = InternVL(MediaBudget(3136, 3136))
     assert len(one.prepare(processor, [conversation(images["wide"])])["pixel_values"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "token", "expected"),
+    [
+        ("qwen3_omni", "<|audio_pad|>", [13, 13 + 9]),  # 100 and 170 mel frames, chunks of 100
+        ("gemma4", "<|audio|>", [25, 43]),  # one token per 40 ms (ceil)
+    ],
+)
+def test_audio_placeholders_match_each_clip(
+    loaded: dict, tmp_path: Path, name: str, token: str, expected: list[int]
+) -> None:
+    """A 1 s and a 1.7 s clip (16 kHz) in one batch: one placeholder run per clip, of the
+    encoder's length, and the rows split back to one clip each."""
+    import numpy as np
+    import soundfile as sf
+
+    family, processor, _ = loaded[name]
+    clips = []
+    for seconds in (1.0, 1.7):
+        path = tmp_path / f"{seconds}.wav"
+        t = np.arange(int(16000 * seconds)) / 16000
+        sf.write(path, (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32), 16000)
+        parts = [{"type": "audio", "audio": str(path)}, {"type": "text", "text": "What?"}]
+        clips.append([{"role": "user", "content": parts}])
+    batch = family.prepare(processor, clips)
+    token_id = processor.tokenizer.convert_tokens_to_ids(token)
+    assert (batch["input_ids"] == token_id).sum(-1).tolist() == expected
+    rows = family.split_rows(batch, processor)
+    assert [len(r["input_features"]) for r in rows] == [1, 1]
