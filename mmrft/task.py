@@ -19,11 +19,12 @@ box tasks, ``{box_instruction}`` (the model family's coordinate convention).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from mmrft.answers import choice_index, normalise_text
 from mmrft.data import (
     LAYOUTS,
     DataError,
@@ -261,8 +262,65 @@ class Task:
         return out
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Expected primary metric of uniform guessing, when it is defined (else ``None``)."""
+        """Expected primary metric of a guess that ignores the media, when it is defined (else
+        ``None``). Tasks with a closed answer set use :func:`uniform_target_chance`: uniform
+        guessing over the sample's options that are the target of some sample of the split."""
         return None
+
+
+def uniform_target_chance(
+    samples: list[Sample],
+    options: Callable[[Sample], tuple[Iterable[Hashable], Hashable]],
+) -> float | None:
+    """Chance of a split: the expected accuracy of guessing uniformly among the answers that
+    can actually be correct, knowing nothing of the media.
+
+    ``options(sample)`` gives the sample's distinct answers (hashable keys: normalised option
+    texts, counts) and its correct one. With T = {correct answer of s : s in samples} (the
+    answers that occur as targets in the split) and O_s the options of sample s::
+
+        chance = (1 / N) · Σ_s 1 / |O_s ∩ T|
+
+    (the target of s is always in O_s ∩ T, so each term is the probability that a uniform
+    draw from O_s ∩ T is right). This is what a policy reaches that has learnt the answer
+    format and which answers ever occur, but not the media — the level the random-label warm
+    start is meant to leave. Options that are never correct do not dilute it: audio_pitch
+    lists 4 options but only "rising" / "falling" are targets, so its chance is 1/2, not 1/4.
+    When the split's targets are balanced over T (every bundled benchmark), it equals the
+    accuracy of the best constant answer in expectation; it is not inflated, as the best
+    constant answer measured on the split is, by the sampling noise of a small split's class
+    frequencies (a split whose targets are very unbalanced makes a constant answer a stronger
+    baseline than this). ``None`` for no samples.
+
+    >>> s = [Sample("a", [], "x", {}), Sample("b", [], "y", {})]
+    >>> uniform_target_chance(s, lambda x: (["x", "y", "z", "w"], x.target))
+    0.5
+    """
+    if not samples:
+        return None
+    keyed = [options(s) for s in samples]
+    targets = {correct for _, correct in keyed}
+    total = 0.0
+    for answers, correct in keyed:
+        possible = set(answers) & targets
+        possible.add(correct)
+        total += 1.0 / len(possible)
+    return total / len(samples)
+
+
+def choice_chance(samples: list[Sample]) -> float | None:
+    """:func:`uniform_target_chance` of multiple-choice samples: the options are
+    ``meta["choices"]`` (compared by normalised text, so a split whose options come in
+    different orders, or a target written as a letter, counts each option once)."""
+
+    def options(sample: Sample) -> tuple[list[str], str]:
+        choices = [normalise_text(c) for c in sample.meta["choices"]]
+        index = choice_index(sample.target, sample.meta["choices"])
+        if index is None:
+            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
+        return choices, choices[index]
+
+    return uniform_target_chance(samples, options)
 
 
 def task(name: str) -> Callable[[type[Task]], type[Task]]:

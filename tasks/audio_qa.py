@@ -72,7 +72,7 @@ from mmrft.data import (
     iter_json_list,
     read_records,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")
 """MMAU fields kept in ``meta`` (for per-category breakdowns)."""
@@ -111,7 +111,8 @@ class AudioQATask(Task):
     Template fields: ``{question}`` (the question followed by "Please choose the answer from the
     following options: [...]." as in R1-AQA) and ``{format_instruction}``. Reward: format +
     accuracy in choice mode (weights 1, 1; exact option text or letter, several options 0).
-    Metric: ``accuracy`` (0/1 per sample, primary); chance = mean of 1 / #options.
+    Metric: ``accuracy`` (0/1 per sample, primary); chance = uniform guessing
+    over the options that occur as targets (:func:`mmrft.task.uniform_target_chance`).
     """
 
     template = "{question}\n{format_instruction}"
@@ -263,7 +264,8 @@ class AudioQATask(Task):
         )
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Mean of 1 / #options (uniform guessing); ``None`` for no samples."""
-        if not samples:
-            return None
-        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)
+        """Uniform guessing among each sample's options that are the target of some sample
+        of the split (:func:`mmrft.task.uniform_target_chance`: 0.5 on the bundled pitch
+        benchmark, whose four options hold only two correct answers); ``None`` for no
+        samples."""
+        return choice_chance(samples)

@@ -57,7 +57,7 @@ from mmrft.data import (
     item_id,
     iter_json_list,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 from mmrft.typecheck import ConfigError
 
 REL_TOL = 0.05
@@ -232,7 +232,9 @@ class ChartQATask(Task):
         return record(norm, float(bool(norm) and norm == normalise_text(str(sample.target))))
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Mean of 1 / #choices when every sample has choices; ``None`` otherwise."""
+        """Uniform guessing among each sample's choices that are the target of some sample
+        of the split (:func:`mmrft.task.uniform_target_chance`) when every sample has
+        choices; ``None`` otherwise."""
         if not samples or any(not s.meta.get("choices") for s in samples):
             return None
-        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)
+        return choice_chance(samples)

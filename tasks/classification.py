@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 from mmrft.typecheck import ConfigError
 
 LETTERS = string.ascii_uppercase
@@ -39,7 +39,8 @@ class ClassificationTask(Task):
 
     Template fields: ``{question}`` (the sample's question, with the options appended when
     ``show_choices``) and ``{format_instruction}``. Reward: format + accuracy in choice mode
-    (weights 1, 1). Metric: ``accuracy`` (0/1 per sample); chance = mean of 1 / #options.
+    (weights 1, 1). Metric: ``accuracy`` (0/1 per sample); chance = uniform guessing over the
+    options that occur as targets (:func:`mmrft.task.uniform_target_chance`).
     """
 
     template = "{question}\n{format_instruction}"
@@ -138,7 +139,6 @@ class ClassificationTask(Task):
         )
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Mean over samples of 1 / #options (uniform guessing)."""
-        if not samples:
-            return None
-        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)
+        """Uniform guessing among each sample's options that are the target of some sample
+        of the split (:func:`mmrft.task.uniform_target_chance`); ``None`` for no samples."""
+        return choice_chance(samples)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from mmrft.answers import extract_answer, parse_number
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, ExampleData, Task, task
+from mmrft.task import EvalRecord, ExampleData, Task, task, uniform_target_chance
 
 
 def _is_count(value: Any) -> bool:
@@ -35,7 +35,8 @@ class CountingTask(Task):
 
     Template fields: ``{question}``, ``{format_instruction}``. Reward: format + accuracy in
     number mode (weights 1, 1; exact equality). Metric: ``accuracy`` (0/1 per sample); chance
-    = mean of 1 / (hi − lo + 1) over ``meta["count_range"]`` when every sample has one.
+    = uniform guessing over the counts of ``meta["count_range"]`` that occur as targets
+    (:func:`mmrft.task.uniform_target_chance`) when every sample has a range.
     """
 
     template = "{question} Answer with a number.\n{format_instruction}"
@@ -92,8 +93,15 @@ class CountingTask(Task):
         return EvalRecord(sample.id, completion, parsed, correct, None, {"accuracy": correct})
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Mean of 1 / (number of counts in ``count_range``); ``None`` unless every sample has one."""
+        """Uniform guessing among the counts of each sample's ``count_range`` that are the
+        target of some sample of the split (:func:`mmrft.task.uniform_target_chance`);
+        ``None`` unless every sample has a ``count_range``."""
         ranges = [s.meta.get("count_range") for s in samples]
         if not ranges or any(r is None for r in ranges):
             return None
-        return sum(1.0 / (hi - lo + 1) for lo, hi in ranges) / len(ranges)
+
+        def options(sample: Sample) -> tuple[range, int]:
+            lo, hi = sample.meta["count_range"]
+            return range(lo, hi + 1), sample.target
+
+        return uniform_target_chance(samples, options)

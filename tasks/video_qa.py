@@ -74,7 +74,7 @@ from mmrft.data import (
     iter_json_list,
     normalise_messages,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 
 LETTERS = string.ascii_uppercase
 PROBLEM_TYPES = ("multiple choice", "numerical")
@@ -147,8 +147,9 @@ class VideoQATask(Task):
     questions by "Answer with a number (e.g., 42 or 3.14).") and ``{format_instruction}``.
     Reward: format + accuracy in ``auto`` mode (weights 1, 1): choice matching where the sample
     has choices, number equality where its target is a number — decided per sample. Metric:
-    ``accuracy`` (0/1 per sample, primary); chance = mean of 1 / #options when every sample is
-    multiple choice, else undefined.
+    ``accuracy`` (0/1 per sample, primary); chance = uniform guessing over the options that
+    occur as targets (:func:`mmrft.task.uniform_target_chance`) when every sample is multiple
+    choice, else undefined.
     """
 
     template = "{question}\n{format_instruction}"
@@ -325,7 +326,9 @@ class VideoQATask(Task):
         )
 
     def chance(self, samples: list[Sample]) -> float | None:
-        """Mean of 1 / #options when every sample is multiple choice; ``None`` otherwise."""
+        """Uniform guessing among each sample's options that are the target of some sample
+        of the split (:func:`mmrft.task.uniform_target_chance`) when every sample is multiple
+        choice; ``None`` otherwise."""
         if not samples or any(problem_type(s) == "numerical" for s in samples):
             return None
-        return sum(1.0 / len(s.meta["choices"]) for s in samples) / len(samples)
+        return choice_chance(samples)

@@ -113,14 +113,23 @@ def test_chance_levels():
     numeric = Sample("n", [], 3, {"problem_type": "numerical"})
     assert video_qa.chance([*samples, numeric]) is None
     audio = build_task("audio_qa")
-    pitch, _ = audio.read(BENCH / "audio_pitch" / "mmau_test.json", fmt="mmau")
-    assert audio.chance(pitch) == pytest.approx(0.25)
+    # audio_pitch lists 4 options ("falling", "rising", "steady", "rising then falling") but
+    # only "rising" and "falling" are ever correct, and every sample lists both: chance 1/2
+    for name, fmt in (("test.jsonl", "mmrft"), ("mmau_test.json", "mmau")):
+        pitch, _ = audio.read(BENCH / "audio_pitch" / name, fmt=fmt)
+        assert {s.target for s in pitch} == {"rising", "falling"}
+        assert all(len(s.meta["choices"]) == 4 for s in pitch)
+        assert audio.chance(pitch) == pytest.approx(0.5)
+    # with a sample whose target is "x": T = {rising, falling, x}; "x" is one of its 3
+    # options → 1, each pitch sample still 1/2
     three = Sample("a", [], "x", {"choices": ["x", "y", "z"]})
-    assert audio.chance([three, pitch[0]]) == pytest.approx((1 / 3 + 1 / 4) / 2)
+    assert audio.chance([three, *pitch]) == pytest.approx((1 + len(pitch) / 2) / (1 + len(pitch)))
     chart = build_task("chart_qa")
     charts, _ = chart.read(BENCH / "charts" / "test.jsonl")
     assert chart.chance(charts) is None  # value questions have no options
     largest = [s for s in charts if s.meta.get("choices")]
+    # every category letter the charts show is the answer of some chart: 1 / #choices each
+    assert {s.target for s in largest} == set("ABCDE")
     expected = sum(1 / len(s.meta["choices"]) for s in largest) / len(largest)
     assert chart.chance(largest) == pytest.approx(expected)
     assert build_task("temporal_grounding").chance(samples) is None

@@ -248,13 +248,30 @@ def test_counting_evaluate():
 
 
 def test_chance():
+    """Chance = mean over samples of 1 / |the sample's options that are some sample's target|
+    (mmrft.task.uniform_target_chance); every value below is worked out by hand."""
     classification = build_task("classification")
     two = Sample("a", [], "x", {"choices": ["x", "y"]})
-    four = Sample("b", [], "x", {"choices": ["x", "y", "z", "w"]})
-    assert classification.chance([two, four]) == pytest.approx((1 / 2 + 1 / 4) / 2)
+    four = Sample("b", [], "y", {"choices": ["x", "y", "z", "w"]})
+    # targets {x, y}: both samples can only be right with x or y → 1/2 each; z, w never count
+    assert classification.chance([two, four]) == pytest.approx(0.5)
+    # one sample's options in a different order, its target given as a letter ("B" = x)
+    lettered = Sample("c", [], "B", {"choices": ["z", "x", "y"]})
+    only_x = Sample("d", [], "x", {"choices": ["x", "w"]})
+    # targets {x}: every sample has exactly one option that is ever correct → 1
+    assert classification.chance([lettered, only_x]) == pytest.approx(1.0)
+    # targets {x, y, z}: 1/2 (x, y of two) + 1/3 (x, y, z of four) + 1/3 (z, x, y) → 7/18
+    third = Sample("e", [], "z", {"choices": ["z", "x", "y"]})
+    assert classification.chance([two, four, third]) == pytest.approx((1 / 2 + 2 / 3) / 3)
     assert classification.chance([]) is None
     counting = build_task("counting")
-    assert counting.chance([Sample("n", [], 2, {"count_range": [1, 6]})]) == pytest.approx(1 / 6)
+    in_range = [Sample(f"n{k}", [], k, {"count_range": [1, 6]}) for k in (2, 3, 3)]
+    # targets {2, 3} of 1–6: 1/2 each; a sample of range [3, 4] holds only 3 → 1
+    assert counting.chance(in_range) == pytest.approx(1 / 2)
+    narrow = Sample("m", [], 3, {"count_range": [3, 4]})
+    assert counting.chance([*in_range, narrow]) == pytest.approx((3 / 2 + 1) / 4)
+    every = [Sample(f"k{k}", [], k, {"count_range": [1, 6]}) for k in range(1, 7)]
+    assert counting.chance(every) == pytest.approx(1 / 6)
     assert counting.chance([Sample("n", [], 2, {})]) is None
     assert build_task("grounding").chance([grounding_sample("pixels")]) is None
 
