@@ -166,6 +166,37 @@ def clip_box(box: Sequence[float], width: float, height: float) -> list[float]:
     ]
 
 
+EDGE_TOLERANCE = 0.05
+"""How far past the image's edges a *predicted* box may reach and still be scored, as a share
+of the image side: x in [−0.05 W, 1.05 W] and y in [−0.05 H, 1.05 H] of the original image.
+Every frame is a linear scale of the image, so the tolerance is the same in each: 50 units
+of the norm1000 frame (Qwen2-VL, Qwen3-VL: −50 … 1050), 0.05 of norm1, 5 % of the input's
+pixels (Qwen2.5-VL: 5.6 px of a 112-px input) — wide enough for rounding, the ``x2 = W`` vs
+``W − 1`` edge conventions and a box drawn a little generously round an object at the
+border, which are then clipped to the image (:func:`clip_box`) and scored. A box reaching
+further (``[9, 9, 9111, 91]`` on a 112-px image) locates nothing in the image: verifiers and
+evaluations score it the minimum with the reason ``box outside image`` rather than clip it to
+a whole-width box and score that (:func:`outside_image`)."""
+
+
+def outside_image(
+    box: Sequence[float], width: float, height: float, tolerance: float = EDGE_TOLERANCE
+) -> bool:
+    """True when ``box`` (original-image pixels) reaches more than ``tolerance`` of the image
+    side past any edge (:data:`EDGE_TOLERANCE`), or lies wholly outside the image.
+
+    >>> outside_image([9, 9, 9111, 91], 112, 112), outside_image([-3, 0, 115, 112], 112, 112)
+    (True, False)
+    >>> outside_image([112, 0, 116, 50], 112, 112)  # within the tolerance, but no area inside
+    True
+    """
+    x1, y1, x2, y2 = box
+    mx, my = tolerance * width, tolerance * height
+    if x1 < -mx or y1 < -my or x2 > width + mx or y2 > height + my:
+        return True
+    return box_area(clip_box(box, width, height)) <= 0
+
+
 def is_degenerate(box: Sequence[float]) -> bool:
     """True unless ``box`` is four finite numbers with x1 < x2 and y1 < y2."""
     if len(box) != 4 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in box):

@@ -53,7 +53,7 @@ from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, parse_detections
 from mmrft.verifiers.detection import detection as detection_reward
 
 from mmrft.answers import extract_answer
-from mmrft.boxes import clip_box, from_pixels, is_degenerate, to_pixels
+from mmrft.boxes import clip_box, from_pixels, is_degenerate, outside_image, to_pixels
 from mmrft.data import DataError, Sample
 from mmrft.family import ModelFamily
 from mmrft.metrics import average_precision, coco_map
@@ -219,14 +219,16 @@ class DetectionTask(Task):
     def evaluate_one(self, completion: str, sample: Sample) -> DetectionRecord:
         """Strict parse: exactly one answer block read by
         :func:`~mmrft.verifiers.detection.parse_detections` (at most ``max_boxes`` boxes), each box
-        read in ``meta["box_frame"]``, converted to original pixels and clipped to the image.
+        read in ``meta["box_frame"]``, converted to original pixels and clipped to the image (a
+        box past the edge tolerance :data:`mmrft.boxes.EDGE_TOLERANCE` or wholly outside the
+        image fails the answer: ``box outside image``).
 
         ``parsed`` is the list of ``{"box": [x1, y1, x2, y2] (original pixels), "score":
         confidence}`` (``[]`` for an explicit "none"; ``None`` when unparsable). Values:
         ``image_ap50`` (AP@0.5 of this image; for an image without instances 1 when no box is
         given, else 0; ``score`` is this value) and ``detection`` (the detection reward). An
         unparsable answer scores 0 with the reason (``no answer tag``, ``no box``, ``too many
-        boxes``, ``bad confidence``, ``degenerate box``, ...) and counts as no detections in
+        boxes``, ``bad confidence``, ``degenerate box``, ``box outside image``, ...) and counts as no detections in
         the split's AP. Raises ``ValueError`` for a sample without ``box_frame`` (a setup error).
         """
         frame = _box_frame(sample)
@@ -251,6 +253,8 @@ class DetectionTask(Task):
             pixels = to_pixels(d.box, frame, sample.meta)
             if is_degenerate(pixels):
                 return failed("degenerate box")
+            if outside_image(pixels, float(width), float(height)):
+                return failed("box outside image")
             score = 1.0 if d.confidence is None else d.confidence
             parsed.append({"box": clip_box(pixels, float(width), float(height)), "score": score})
         if target:

@@ -42,7 +42,15 @@ from typing import Any, ClassVar
 from PIL import Image, UnidentifiedImageError
 
 from mmrft.answers import extract_answer
-from mmrft.boxes import box_iou, clip_box, format_box, is_degenerate, parse_one_box, to_pixels
+from mmrft.boxes import (
+    box_iou,
+    clip_box,
+    format_box,
+    is_degenerate,
+    outside_image,
+    parse_one_box,
+    to_pixels,
+)
 from mmrft.data import (
     DataError,
     OnError,
@@ -222,11 +230,13 @@ class GroundingTask(Task):
 
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """Strict parse: exactly one answer block holding exactly one box, read in
-        ``meta["box_frame"]``, converted to original pixels and clipped to the image.
+        ``meta["box_frame"]``, converted to original pixels and clipped to the image (a box
+        reaching further past an edge than :data:`mmrft.boxes.EDGE_TOLERANCE`, 5 % of the image
+        side, or wholly outside it, scores 0 with ``box outside image``).
 
         Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0. Unparsable answers
         score 0 with the parser's reason (``no answer tag``, ``no box``, ``several boxes``,
-        ``degenerate box``); ``parsed`` is the predicted box in original pixels.
+        ``degenerate box``, ``box outside image``); ``parsed`` is the predicted box in original pixels.
         Raises ``ValueError`` for a sample without ``box_frame`` (a setup error, not the model's).
         """
         frame = _box_frame(sample)
@@ -244,8 +254,10 @@ class GroundingTask(Task):
         pixels = to_pixels(box, frame, sample.meta)
         if is_degenerate(pixels):
             return failed("degenerate box")
-        width, height = sample.meta["image_size"]
-        iou = box_iou(clip_box(pixels, float(width), float(height)), sample.target)
+        width, height = float(sample.meta["image_size"][0]), float(sample.meta["image_size"][1])
+        if outside_image(pixels, width, height):
+            return failed("box outside image")
+        iou = box_iou(clip_box(pixels, width, height), sample.target)
         correct = float(iou >= ACC_IOU)
         parsed = [round(v, 2) for v in pixels]
         return EvalRecord(

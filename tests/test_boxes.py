@@ -14,6 +14,7 @@ from mmrft.boxes import (
     format_box,
     from_pixels,
     is_degenerate,
+    outside_image,
     parse_boxes,
     parse_one_box,
     to_pixels,
@@ -159,6 +160,19 @@ def test_geometry():
     assert box_iou([0, 0, 10, 10], [5, 0, 15, 10]) == pytest.approx(1 / 3)
     assert box_iou([0, 0, 0, 0], [0, 0, 0, 0]) == 0.0
     assert clip_box([-5, -5, 700, 500], 640, 480) == [0, 0, 640, 480]
+
+
+def test_outside_image_tolerance():
+    # 640×480: 5 % of the side is 32 px in x and 24 px in y
+    assert not outside_image([-32, -24, 672, 504], 640, 480)  # exactly at the tolerance
+    assert outside_image([-33, 0, 100, 100], 640, 480)
+    assert outside_image([0, 0, 100, 505], 640, 480)
+    assert outside_image([9, 9, 9111, 91], 112, 112)  # the reported box
+    assert not outside_image([9, 9, 117, 91], 112, 112)  # 5 px past a 112-px image: 5.6 px slack
+    assert outside_image([640, 0, 660, 100], 640, 480)  # within the slack but no area inside
+    assert not outside_image([0, 0, 1, 1], 640, 480)
+    # the same 5 % in every frame: norm1000 1050 is pixels 672 on a 640-px-wide image
+    assert to_pixels([0, 0, 1050, 1000], "norm1000", {"image_size": [640, 480]})[2] == 672
 
 
 def test_is_degenerate():

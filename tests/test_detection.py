@@ -194,11 +194,22 @@ def test_frames():
     assert value(answer(norm), scene(frame="norm1000"), frame="pixels") < 0.1
 
 
-def test_boxes_are_clipped_to_the_image():
+def test_boxes_are_clipped_to_the_image_within_the_edge_tolerance():
+    # 400-px image: up to 5 % of the side (20 px) past an edge is clipped and scored
     sample = scene(target=[[300, 300, 400, 400]])
-    assert value(answer("[[300, 300, 480, 480]]"), sample) == pytest.approx(1.0)
-    (outside,) = run([answer("[[500, 500, 600, 600]]")], sample)  # off the image: no match
-    assert (outside.value, outside.reason) == (0.0, "no match")
+    assert value(answer("[[300, 300, 420, 420]]"), sample) == pytest.approx(1.0)
+    assert value(answer("[[300, 300, 420, 420]]"), sample, mode="ap") == pytest.approx(1.0)
+    # further past an edge, wholly off the image, or the reported [9, 9, 9111, 91]: the
+    # answer scores the minimum with a reason, even beside a correct box
+    for far in ("[300, 300, 480, 480]", "[500, 500, 600, 600]", "[9, 9, 9111, 91]"):
+        for mode in ("visual_rft", "ap"):
+            (score,) = run([answer(f"[[300, 300, 400, 400], {far}]")], sample, mode=mode)
+            assert (score.value, score.reason) == (0.0, "box outside image"), (far, mode)
+    # the norm1000 frame: 1050 is the last value accepted (1000 + 50)
+    norm = scene(target=[[300, 300, 400, 400]], frame="norm1000")
+    assert value(answer("[[750, 750, 1050, 1050]]"), norm) == pytest.approx(1.0)
+    (score,) = run([answer("[[750, 750, 1051, 1000]]")], norm)
+    assert (score.value, score.reason) == (0.0, "box outside image")
 
 
 # -- labels --------------------------------------------------------------------------------------
@@ -365,10 +376,10 @@ def test_adversarial_corpus(completion, reason):
     assert (score.value, score.reason) == (0.0, reason)
 
 
-def test_huge_numbers_are_clipped_not_crashing():
-    # 1e300 on every side becomes the whole image after clipping: a whole-image box.
+def test_huge_numbers_are_rejected_not_crashing():
+    # 1e300 on every side lies far outside the image: rejected, not clipped to the whole image.
     (score,) = run([answer("[[-1e300, -1e300, 1e300, 1e300]]")], SMALL)
-    assert (score.value, score.reason) == (0.0, "no match")
+    assert (score.value, score.reason) == (0.0, "box outside image")
     (score,) = run([answer("[[0, 0, 1e308, 1e308]]")], SMALL, frame="norm1")  # × 400: inf
     assert (score.value, score.reason) == (0.0, "degenerate box")
 

@@ -647,6 +647,8 @@ def test_detection_evaluate():
         (boxes(([0, 0, 100, 100], 1.0)), 0.0, None),  # a whole-image box matches nothing
         (boxes(*[(a, 0.5)] * 6), 0.0, "too many boxes"),
         (boxes(([10, 0, 0, 10], 0.9)), 0.0, "degenerate box"),
+        (boxes((a, 0.9), ([9, 9, 9111, 91], 0.5)), 0.0, "box outside image"),
+        (boxes((a, 0.9), (b, 0.8), ([60, 60, 83, 83], 0.1)), 1.0, None),  # 3 px past: clipped
         (boxes((a, 1.5)), 0.0, "bad confidence"),
         ("<answer>a circle at the top</answer>", 0.0, "no box"),
         (json.dumps([{"bbox_2d": a}]), 0.0, "no answer tag"),

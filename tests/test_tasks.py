@@ -204,9 +204,17 @@ def test_grounding_evaluate_failures():
     record = task.evaluate_one("<answer>[40, 10, 80, 50]</answer>", sample)
     assert record.reason is None and record.score == 0.0
     assert record.values["iou"] == pytest.approx(1 / 3)
-    # A box past the image edge is clipped before the IoU.
-    record = task.evaluate_one("<answer>[20, 10, 60, 130]</answer>", sample)
-    assert record.values["iou"] == pytest.approx(40 / 90)
+    # A box slightly past the image edge (within 5 % of the 100-px height) is clipped before
+    # the IoU; one further past, or the reported [9, 9, 9111, 91], is a failure with a reason.
+    record = task.evaluate_one("<answer>[20, 10, 60, 104]</answer>", sample)
+    assert record.values["iou"] == pytest.approx(40 / 90) and record.reason is None
+    for box in ("[20, 10, 60, 130]", "[9, 9, 9111, 91]", "[-20, 10, 60, 50]"):
+        record = task.evaluate_one(f"<answer>{box}</answer>", sample)
+        assert (record.score, record.reason, record.values["iou"]) == (
+            0.0,
+            "box outside image",
+            0.0,
+        ), box
     with pytest.raises(ValueError, match="no meta\\['box_frame'\\]"):
         task.evaluate_one("<answer>[1, 2, 3, 4]</answer>", Sample("x", [], [1, 2, 3, 4], {}))
 

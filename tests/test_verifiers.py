@@ -321,10 +321,34 @@ def test_iou_box_in_think_only_scores_zero():
     assert reasons(run("iou", [completion], [grounding()])) == ["no answer tag"]
 
 
-def test_iou_clips_to_image():
+def test_iou_clips_to_image_within_the_edge_tolerance():
+    # 400-px image, norm1000: the tolerance is 5 % of the side, 50 units (20 px) past an edge
     sample = grounding(target=(300, 300, 400, 400))
-    (score,) = run("iou", [box_answer("[750, 750, 1200, 1200]")], [sample])
-    assert score.value == pytest.approx(1.0)
+    for edge in ("1040", "1050"):  # 16 px and 20 px past the edge: clipped to 400, IoU 1
+        (score,) = run("iou", [box_answer(f"[750, 750, {edge}, {edge}]")], [sample])
+        assert (score.value, score.reason) == (pytest.approx(1.0), None)
+    # just past the tolerance, and far past it: the minimum with a reason, never clipped
+    for box in ("[750, 750, 1051, 1000]", "[750, 750, 1200, 1200]", "[-60, 750, 1000, 1000]"):
+        (score,) = run("iou", [box_answer(box)], [sample])
+        assert (score.value, score.reason) == (0.0, "box outside image"), box
+
+
+def test_iou_box_far_outside_the_image_scores_the_minimum():
+    # the reported case: [9, 9, 9111, 91] on a 112-px image, clipped it would be [9, 9, 112, 91]
+    # (IoU 0.74 with this target) and thresholded a hit; it must be a miss with a reason
+    sample = grounding("pixels", target=(9, 9, 85, 91), image_size=[112, 112])
+    for threshold in (None, 0.5):
+        (score,) = run("iou", [box_answer("[9, 9, 9111, 91]")], [sample], threshold=threshold)
+        assert (score.value, score.reason) == (0.0, "box outside image")
+    # 5 % of 112 px = 5.6 px of slack: x2 = 117 is clipped and scored, x2 = 118 is not
+    (score,) = run("iou", [box_answer("[9, 9, 117, 91]")], [sample])
+    assert score.value == pytest.approx(76 / 103) and score.reason is None
+    (score,) = run("iou", [box_answer("[9, 9, 118, 91]")], [sample])
+    assert (score.value, score.reason) == (0.0, "box outside image")
+    # the same box written in the norm1000 frame: 81339 ≫ 1050
+    sample = grounding("norm1000", target=(9, 9, 85, 91), image_size=[112, 112])
+    (score,) = run("iou", [box_answer("[80, 80, 81339, 812]")], [sample])
+    assert (score.value, score.reason) == (0.0, "box outside image")
 
 
 def test_iou_float_boxes_and_key_case():

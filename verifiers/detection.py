@@ -17,7 +17,7 @@ import numpy as np
 
 from mmrft.answers import extract_answer, normalise_text
 from mmrft.boxes import _BOX as BOX_PATTERN
-from mmrft.boxes import clip_box, is_degenerate, parse_boxes, to_pixels
+from mmrft.boxes import clip_box, is_degenerate, outside_image, parse_boxes, to_pixels
 from mmrft.data import Sample
 from mmrft.metrics import coco_match, interpolated_precision, iou_matrix
 from mmrft.rewards import Score, verifier
@@ -268,6 +268,8 @@ def _score_one(text: str, sample: Sample, p: dict[str, Any]) -> Score:
             return Score(0.0, reason=str(exc))
         if is_degenerate(pixels):
             return Score(0.0, reason="degenerate box")
+        if outside_image(pixels, float(size[0]), float(size[1])):
+            return Score(0.0, reason="box outside image")
         boxes.append(clip_box(pixels, float(size[0]), float(size[1])))
 
     if not target:  # "no objects": only the empty answer is right
@@ -355,14 +357,18 @@ def detection(
     1000 + 200 · ``max_boxes`` characters (``answer too long``, :data:`MAX_CHARS_PER_BOX`).
     Boxes are read in ``frame`` (``auto``: ``meta["box_frame"]``), converted to original-image
     pixels with ``meta["image_size"]`` (and ``meta["input_size"]`` for ``input_pixels``), and
-    clipped to the image; a box outside the image becomes empty and matches nothing. Target:
+    clipped to the image when it reaches at most :data:`mmrft.boxes.EDGE_TOLERANCE` (5 % of
+    the image side: 50 units of norm1000) past an edge; an answer with a box reaching further,
+    or lying wholly outside the image, scores 0 (``box outside image``), as one with a
+    degenerate box does. Target:
     a list of boxes ``[x1, y1, x2, y2]`` in original pixels, or of ``{"box": [...], "label":
     "cat"}`` (``bbox`` / ``bbox_2d`` also name the box).
 
     Score 0 with a reason: :func:`extract_answer` reasons (``no answer tag``, ...),
     :func:`parse_detections` reasons (``no box``, ``bad confidence``, ...), ``too many boxes``,
     ``answer too long``, ``degenerate box`` (any box with x2 ≤ x1, y2 ≤ y1 or a non-finite
-    value), ``no boxes``, ``boxes for no objects``, ``no match``; data problems: ``bad target``,
+    value), ``box outside image`` (any box past the edge tolerance or wholly outside),
+    ``no boxes``, ``boxes for no objects``, ``no match``; data problems: ``bad target``,
     ``target has no labels``, ``no image size``, ``no box frame``, ``meta has no valid
     'input_size' [w, h]``.
     Parts: ``iou``, ``confidence`` (visual_rft) or ``ap``, ``length_factor`` (ap), and

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from mmrft.answers import extract_answer
-from mmrft.boxes import box_area, box_iou, clip_box, is_degenerate, parse_one_box, to_pixels
+from mmrft.boxes import box_iou, clip_box, is_degenerate, outside_image, parse_one_box, to_pixels
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
 
@@ -48,11 +48,11 @@ def _score_one(text: str, sample: Sample, frame: str, threshold: float | None, t
         return Score(0.0, reason=str(exc))
     if is_degenerate(pixels):
         return Score(0.0, reason="degenerate box")
-    clipped = clip_box(pixels, float(size[0]), float(size[1]))
-    if box_area(clipped) <= 0:
+    width, height = float(size[0]), float(size[1])
+    if outside_image(pixels, width, height):
         return Score(0.0, reason="box outside image")
 
-    iou = box_iou(clipped, sample.target)
+    iou = box_iou(clip_box(pixels, width, height), sample.target)
     value = iou if threshold is None else float(iou >= threshold)
     return Score(value, reason=None if value > 0 else "no overlap", parts={"iou": iou})
 
@@ -76,11 +76,15 @@ def iou(
     ``(x1,y1),(x2,y2)``, ...). The box is read in ``frame`` (``auto``: the model family's
     ``meta["box_frame"]``) and converted with ``meta["image_size"]`` (and ``meta["input_size"]``
     for ``input_pixels``) to the target's frame, original-image pixels, then clipped to the
-    image. The target is ``[x1, y1, x2, y2]`` in original-image pixels.
+    image when it reaches at most :data:`mmrft.boxes.EDGE_TOLERANCE` (5 % of the image side:
+    50 units of norm1000) past an edge; a box reaching further, or lying wholly outside the
+    image, scores 0 (``box outside image``), never its clipped IoU. The target is
+    ``[x1, y1, x2, y2]`` in original-image pixels.
 
     Score 0 with a reason: ``no answer tag`` (and the other :func:`extract_answer` reasons),
     ``no box``, ``several boxes``, ``degenerate box`` (x2 ≤ x1 or y2 ≤ y1, inverted boxes
-    included), ``box outside image``, ``no overlap``; data problems: ``bad target box``,
+    included), ``box outside image`` (past the edge tolerance, or no area inside the image),
+    ``no overlap``; data problems: ``bad target box``,
     ``no image size``, ``no box frame``, ``meta has no valid 'input_size' [w, h]``.
 
     >>> from mmrft.data import Sample
