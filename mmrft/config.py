@@ -589,18 +589,21 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def config_names() -> dict[str, Path]:
     """The bundled run configs by the name ``mmrft train NAME`` takes: ``configs/NAME.yaml``,
-    then ``configs/recipes/NAME.yaml`` (a top-level config wins a clash). Launcher configs
-    (``configs/accelerate/``) are not run configs and are left out."""
+    then ``configs/recipes/NAME.yaml`` (a top-level config wins a clash), and the CPU learning
+    recipes ``configs/learn/NAME.yaml`` as ``learn/NAME`` (benchmarks/learning.py runs them).
+    Launcher configs (``configs/accelerate/``) are not run configs and are left out."""
     names: dict[str, Path] = {}
     for folder in (CONFIG_DIR, CONFIG_DIR / "recipes"):
         for path in sorted(folder.glob("*.yaml")):
             names.setdefault(path.stem, path)
+    for path in sorted((CONFIG_DIR / "learn").glob("*.yaml")):
+        names.setdefault(f"learn/{path.stem}", path)
     return names
 
 
 def resolve_config_path(name: str | Path | None) -> Path:
     """A config file path as given (relative to the current directory), else a bundled config by
-    name: ``NAME``, ``NAME.yaml`` or ``recipes/NAME`` (:func:`config_names`). The hint of an
+    name: ``NAME``, ``NAME.yaml``, ``recipes/NAME`` or ``learn/NAME`` (:func:`config_names`). The hint of an
     unknown name lists only names that load."""
     if name is None:
         return DEFAULT_CONFIG

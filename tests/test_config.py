@@ -121,6 +121,11 @@ def test_bundled_configs_load_by_name_and_hints_name_only_loadable_configs():
         for name in (path.stem, f"{path.stem}.yaml", f"recipes/{path.stem}"):
             assert resolve_config_path(name) == path
     assert resolve_config_path("demo") == REPO / "configs" / "demo.yaml"
+    learn = sorted((REPO / "configs" / "learn").glob("*.yaml"))
+    assert learn  # the CPU learning recipes (benchmarks/learning.py) load as learn/NAME
+    for path in learn:
+        for name in (f"learn/{path.stem}", f"learn/{path.stem}.yaml"):
+            assert resolve_config_path(name) == path
     names = config_names()
     assert "multi_gpu" not in names  # launcher configs are not run configs
     with pytest.raises(ConfigError, match=r"config 'time_r2' not found; did you mean 'time_r1'"):
@@ -129,7 +134,7 @@ def test_bundled_configs_load_by_name_and_hints_name_only_loadable_configs():
         with pytest.raises(ConfigError) as info:
             resolve_config_path(wrong)
         hint = str(info.value).rsplit(";", 1)[1]
-        hinted = set(re.findall(r"[a-z0-9_]+", hint)) - {"did", "you", "mean", "or", "valid"}
+        hinted = set(re.findall(r"[a-z0-9_/]+", hint)) - {"did", "you", "mean", "or", "valid"}
         assert hinted and hinted <= set(names), hint
     for name in names:
         load_config(name)  # every name a hint may give loads
