@@ -1,0 +1,80 @@
+"""benchmarks/learning.py: the capacity check's config, the targets, the table and the figure;
+end to end on one recipe with a tiny budget (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from mmrft.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def learning():
+    spec = importlib.util.spec_from_file_location("learning", REPO / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_path):
+    bench = learning()
+    names = bench.recipes()
+    assert names == sorted(p.stem for p in (REPO / "configs" / "learn").glob("*.yaml"))
+    for name in names:
+        rl = load_config(f"learn/{name}")
+        assert rl.warm_start.labels == "random" and rl.warm_start.steps > 0  # format only
+        assert rl.train.threads == 2
+        sft = load_config(f"learn/{name}", bench.sft_overrides(rl, tmp_path, name))
+        assert sft.warm_start.labels == "target" and sft.train.steps == 0
+        assert sft.warm_start.steps == rl.warm_start.steps + rl.train.steps
+        # the same model, data, media budget and evaluation
+        assert (sft.model, sft.data, sft.task) == (rl.model, rl.data, rl.task)
+        assert sft.eval.before and not sft.eval.after
+
+
+def test_targets_and_table(tmp_path):
+    bench = learning()
+    assert bench.target(0.25, "eval/classification/accuracy") == pytest.approx(0.625)
+    assert bench.target(0.5, "eval/audio_qa/accuracy") == pytest.approx(0.75)
+    assert bench.target(None, "eval/grounding/acc@0.5") == 0.5
+    row = {
+        "recipe": "audio_pitch",
+        "task": "audio_qa",
+        "metric": "eval/audio_qa/accuracy",
+        "chance": 0.5,
+        "before": 0.5,
+        "after": 0.8,
+        "sft": None,
+        "target": 0.75,
+        "rl_seconds": 12.3,
+        "steps": [0, 25],
+        "values": [0.5, 0.8],
+    }
+    lines = bench.table([row, {**row, "recipe": "other", "after": 0.6}]).splitlines()
+    assert lines[2] == (
+        "| audio_pitch | audio_qa | accuracy | 0.500 | 0.500 | 0.800 | — | 0.750 | yes | 12 |"
+    )
+    assert "| 0.600 | — | 0.750 | no |" in lines[3]
+    bench.plot([row], tmp_path / "learning.png")
+    assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_learning_runs_one_recipe_end_to_end(tmp_path):
+    bench = learning()
+    tiny = ["train.steps=2", "warm_start.steps=2", "eval.every=1", "data.max_test_samples=4"]
+    assert bench.main(["--only", "audio_pitch", "--out", str(tmp_path), *tiny]) == 0
+    rows = json.loads((tmp_path / "learning.json").read_text())
+    (row,) = rows
+    assert row["recipe"] == "audio_pitch" and row["chance"] == pytest.approx(0.5)
+    assert row["steps"] == [0, 1, 2] and len(row["values"]) == 3
+    assert row["sft"] is not None and 0.0 <= row["sft"] <= 1.0
+    sft = json.loads((tmp_path / "audio_pitch-sft" / "summary.json").read_text())
+    assert sft["steps"] == 0
+    assert "| audio_pitch | audio_qa | accuracy |" in (tmp_path / "learning.md").read_text()
+    assert (tmp_path / "learning.png").is_file()
