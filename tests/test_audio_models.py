@@ -177,7 +177,7 @@ def test_prepare_batch_with_two_lengths(loaded: dict, media: dict, name: str) ->
     family, processor, model = loaded[name]
     batch = family.prepare(processor, [conversation(media["short"]), conversation(media["long"])])
     assert set(batch) == {"input_ids", "attention_mask", "input_features", "feature_attention_mask"}
-    frames = tiny.TINY_AUDIO_SECONDS * 100
+    frames = (tiny.QWEN2_AUDIO_SECONDS if name == "qwen2_audio" else tiny.TINY_AUDIO_SECONDS) * 100
     assert batch["input_features"].shape == (2, tiny.TINY_MEL_BINS, frames)
     assert batch["input_features"].dtype == torch.float32
     # 1 s → 100 frames → 25 tokens; 1.7 s (44.1 kHz resampled) → 170 frames → 42 tokens
@@ -314,15 +314,16 @@ def test_omni_images_video_and_audio_in_one_batch(
 
 
 def test_audio_budget_truncates_or_rejects(model_dirs: dict, media: dict) -> None:
-    path = str(model_dirs["qwen2_audio"])
-    family = Qwen2Audio()  # 30 s budget, capped by the tiny window of 10 s
+    # the tiny Omni's 10 s window (tiny Qwen2-Audio keeps the released 30 s one)
+    path = str(model_dirs["qwen2_5_omni"])
+    family = Qwen25Omni()  # 30 s budget, capped by the tiny window of 10 s
     processor = family.load_processor(path)
     assert family.max_audio_seconds(processor) == tiny.TINY_AUDIO_SECONDS
     before = AUDIO_STATS["truncated"]
     batch = family.prepare(processor, [conversation(media["twelve"])])
     assert batch["feature_attention_mask"].sum().item() == 1000  # 10 s of frames
     assert AUDIO_STATS["truncated"] == before + 1
-    short = Qwen2Audio(audio=AudioBudget(max_seconds=2.0))
+    short = Qwen25Omni(audio=AudioBudget(max_seconds=2.0))
     assert (
         short.prepare(processor, [conversation(media["long"])])["feature_attention_mask"].sum()
         == 170
@@ -331,13 +332,13 @@ def test_audio_budget_truncates_or_rejects(model_dirs: dict, media: dict) -> Non
         short.prepare(processor, [conversation(media["twelve"])])["feature_attention_mask"].sum()
         == 200
     )
-    strict = Qwen2Audio(audio=AudioBudget(max_seconds=5.0, policy="error"))
+    strict = Qwen25Omni(audio=AudioBudget(max_seconds=5.0, policy="error"))
     with pytest.raises(DataError, match=r"twelve\.wav.*longer than the 5 s limit"):
         strict.prepare(processor, [conversation(media["twelve"])])
     with pytest.raises(DataError, match=r"twelve\.wav"):
         strict.check_media(Sample("s", conversation(media["twelve"])))
     strict.check_media(Sample("s", conversation(media["long"])))
-    window = Qwen2Audio(audio=AudioBudget(max_seconds=None, policy="error"))
+    window = Qwen25Omni(audio=AudioBudget(max_seconds=None, policy="error"))
     window.load_processor(path)  # the processor's 10 s window is the bound
     with pytest.raises(DataError, match=r"twelve\.wav.*10 s limit"):
         window.check_media(Sample("s", conversation(media["twelve"])))

@@ -1,7 +1,8 @@
 """The vLLM rollout engine on this machine's CPU (``make test-vllm``; marker ``vllm``).
 
-These run in ``.venv-vllm`` (vLLM's CPU build, see requirements-vllm.txt) on the bench model
-(``mmrft make-tiny --bench``: head_dim 64, which vLLM's CPU attention accepts). They check that
+These run in ``.venv-vllm`` (vLLM's CPU build, see requirements-vllm.txt) on the committed tiny
+models (head_dim 32, the smallest vLLM's CPU attention accepts): Qwen2.5-VL for images and
+videos, Qwen2-VL for images, Qwen2-Audio for audio. They check that
 the engine sees what the trainer sees (prompt token parity; greedy completions equal to the
 ``hf`` engine's; sampler log-probs equal to the training forward's within 1e-3), that weights
 pushed after an optimizer step are the ones it samples with, that the parity check stops a
@@ -22,7 +23,6 @@ pytestmark = pytest.mark.vllm
 
 from mmrft.config import VLLMConfig, load_config  # noqa: E402
 from mmrft.group import rollout_logps  # noqa: E402
-from mmrft.models.tiny import bench_model  # noqa: E402
 from mmrft.policy import load_policy  # noqa: E402
 from mmrft.rewards import Score, verifier  # noqa: E402
 from mmrft.rollout import HFEngine, Sampling  # noqa: E402
@@ -48,14 +48,18 @@ def length_reward(completions, samples):
     return [Score(min(len(c), 30) / 30) for c in completions]
 
 
+MODELS = REPO / "assets" / "models"
+
+
 @pytest.fixture(scope="module")
 def model_path() -> Path:
-    return bench_model(REPO / "assets")
+    return MODELS / "tiny-qwen2_5_vl"
 
 
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> dict[str, list[str]]:
-    """Two images and two 8-frame videos (a square moving right / left) at 112 px."""
+    """Two images and two 8-frame videos (a square moving right / left) at 112 px, and two
+    one-second clips (a 440 Hz and an 880 Hz tone) at 16 kHz."""
     import sys
 
     import numpy as np
@@ -66,7 +70,9 @@ def media(tmp_path_factory) -> dict[str, list[str]]:
 
     folder = tmp_path_factory.mktemp("media")
     rng = np.random.default_rng(0)
-    out: dict[str, list[str]] = {"image": [], "video": []}
+    import soundfile
+
+    out: dict[str, list[str]] = {"image": [], "video": [], "audio": []}
     for i, colour in enumerate([(220, 40, 40), (40, 80, 220)]):
         frames = []
         for t in range(8):
@@ -78,11 +84,20 @@ def media(tmp_path_factory) -> dict[str, list[str]]:
         save_mp4(np.stack(frames), 4, folder / f"video-{i}.mp4")
         out["image"].append(str(folder / f"image-{i}.png"))
         out["video"].append(str(folder / f"video-{i}.mp4"))
+        t = np.arange(16000) / 16000
+        soundfile.write(
+            folder / f"tone-{i}.wav", 0.5 * np.sin(2 * np.pi * 440 * (i + 1) * t), 16000
+        )
+        out["audio"].append(str(folder / f"tone-{i}.wav"))
     return out
 
 
 def conversations(media: dict[str, list[str]], kind: str) -> list[list[dict]]:
-    question = {"image": "What colour is the shape?", "video": "Which way does it move?"}[kind]
+    question = {
+        "image": "What colour is the shape?",
+        "video": "Which way does it move?",
+        "audio": "Is the tone high or low?",
+    }[kind]
     return [
         [
             {
@@ -137,6 +152,31 @@ def test_the_same_seeds_give_the_same_samples(setup, media) -> None:
     torch.manual_seed(7)
     b = engine.generate(conversations(media, "image"), 3, Sampling(8))
     assert a.completion_ids == b.completion_ids
+
+
+@pytest.mark.parametrize(("family", "kind"), [("qwen2_vl", "image"), ("qwen2_audio", "audio")])
+def test_other_families_greedy_and_logprobs(media, family, kind) -> None:
+    """Qwen2-VL (images) and Qwen2-Audio (audio, each clip as the trainer's feature extractor
+    read it): greedy tokens equal the hf engine's, sampler log-probs the training forward's."""
+    path = MODELS / f"tiny-{family}"
+    cfg = load_config(None, [f"model.path={path}", "train.steps=0", *BUDGET])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    # a second engine in the process replaces vLLM's process-wide groups, so this test runs
+    # after the module engine's last use
+    engine = VLLMEngine(policy, SETTINGS, {kind: 1}, str(path))
+    convs = conversations(media, kind)
+    engine.check_parity(convs, ["a", "b"])
+    greedy = Sampling(12, greedy=True)
+    hf = HFEngine(policy, 8).generate(convs, 1, greedy)
+    assert engine.generate(convs, 1, greedy).completion_ids == hf.completion_ids
+    torch.manual_seed(0)
+    out = engine.generate(convs, 2, Sampling(10, top_p=0.9, top_k=50))
+    with torch.no_grad():
+        logps, mask, _ = rollout_logps(policy, out, list(range(4)), group_shared=True)
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max()) <= 1e-3
 
 
 def test_pushed_weights_are_the_ones_sampled(model_path, media) -> None:

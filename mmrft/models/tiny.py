@@ -26,8 +26,9 @@ family's real special tokens and chat template. Nothing is downloaded.
 
 The audio families share one tiny audio front end: 16 kHz, 16 mel bins (the real models use
 128), 10 ms hop, 10 s windows (``chunk_length``; the real ones are 30 s, so the encoders' position
-tables are 500 instead of 1500 frames). One second of audio becomes 25 ``<|AUDIO|>`` tokens, as in
-the real models.
+tables are 500 instead of 1500 frames), except tiny Qwen2-Audio, which keeps the released 30 s
+window because vLLM's Qwen2-Audio takes exactly 3000 mel frames per clip. One second of audio
+becomes 25 ``<|AUDIO|>`` tokens, as in the real models.
 
 Determinism: fixed seeds, a corpus generated in a fixed order, no timestamps; building twice
 gives byte-identical files with the same library versions (:func:`tree_digest` checks it).
@@ -226,6 +227,9 @@ TINY_MEL_BINS = 16
 TINY_HOP = 160
 TINY_AUDIO_SECONDS = 10
 TINY_AUDIO_POSITIONS = TINY_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2
+# tiny Qwen2-Audio: the released 30 s window (3000 frames, 1500 positions), which vLLM's
+# Qwen2-Audio requires of every clip's features
+QWEN2_AUDIO_SECONDS = 30
 AUDIO_ENCODER = {
     "d_model": 32,
     "encoder_layers": 2,
@@ -245,20 +249,22 @@ PRETOKENIZE_REGEX = (
 TINY_MIN_PIXELS = 56 * 56
 TINY_MAX_PIXELS = 112 * 112
 
-# Architecture of both tiny models (text part shared). head_dim = 64 / 4 = 16, so the mRoPE
-# sections (temporal, height, width) sum to head_dim / 2 = 8.
+# Text part of the tiny Qwen2-VL, Qwen2.5-VL, Qwen2-Audio and Qwen2.5-Omni models.
+# head_dim = 64 / 2 = 32, the smallest head vLLM's CPU attention accepts (so `rollout.engine:
+# vllm` runs on these models), and the mRoPE sections (temporal, height, width) sum to
+# head_dim / 2 = 16. One KV head: grouped-query attention stays in the path.
 TEXT = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
     "max_position_embeddings": 4096,
     "rms_norm_eps": 1e-6,
     "rope_parameters": {
         "rope_type": "default",
         "rope_theta": 1000000.0,
-        "mrope_section": [2, 3, 3],
+        "mrope_section": [4, 6, 6],
     },
     "hidden_act": "silu",
     "use_cache": True,
@@ -526,15 +532,16 @@ def build_processor(family: str, tokenizer: Any) -> Any:
     )
 
 
-def build_feature_extractor() -> Any:
-    """The tiny Whisper log-mel front end shared by the audio families (see the constants)."""
+def build_feature_extractor(seconds: int = TINY_AUDIO_SECONDS) -> Any:
+    """The tiny Whisper log-mel front end shared by the audio families (see the constants),
+    padding or cutting each clip to a window of ``seconds``."""
     from transformers import WhisperFeatureExtractor
 
     return WhisperFeatureExtractor(
         feature_size=TINY_MEL_BINS,
         sampling_rate=TINY_SAMPLING_RATE,
         hop_length=TINY_HOP,
-        chunk_length=TINY_AUDIO_SECONDS,
+        chunk_length=seconds,
         n_fft=400,
         padding_value=0.0,
         return_attention_mask=True,
@@ -552,7 +559,7 @@ def build_audio_processor(family: str, tokenizer: Any) -> Any:
 
     if family == "qwen2_audio":
         return Qwen2AudioProcessor(
-            feature_extractor=build_feature_extractor(),
+            feature_extractor=build_feature_extractor(QWEN2_AUDIO_SECONDS),
             tokenizer=tokenizer,
             chat_template=QWEN2_AUDIO_CHAT_TEMPLATE,
         )
@@ -573,7 +580,7 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
     """``Qwen2AudioConfig`` or ``Qwen2_5OmniThinkerConfig`` with tiny sizes.
 
     Qwen2-Audio: the real model unties ``lm_head`` and uses 1-D RoPE (θ = 10 000) in a Qwen2
-    decoder. Omni thinker: Qwen2.5-VL's decoder (mRoPE sections 2/3/3 of head_dim/2 = 8, θ = 10⁶,
+    decoder. Omni thinker: Qwen2.5-VL's decoder (mRoPE sections 4/6/6 of head_dim/2 = 16, θ = 10⁶,
     tied embeddings as in the tiny VL models), its vision encoder, and an audio encoder that
     attends within windows of ``2·n_window`` = 100 mel frames (1 s; the real one: 2 s).
     """
@@ -595,7 +602,11 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
             "tie_word_embeddings": False,
             **token_ids,
         }
-        audio = {**AUDIO_ENCODER, "model_type": "qwen2_audio_encoder"}
+        audio = {
+            **AUDIO_ENCODER,
+            "max_source_positions": QWEN2_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2,
+            "model_type": "qwen2_audio_encoder",
+        }
         config = Qwen2AudioConfig(
             audio_config=audio, text_config=text, audio_token_index=ids["<|AUDIO|>"]
         )
@@ -639,8 +650,7 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
 
 # The "bench" size (``mmrft make-tiny --bench``): a random-init Qwen2.5-VL of about 41 M
 # parameters for the performance benchmarks (benchmarks/vs_trl.py): text 512 wide, 8 layers,
-# 8 heads of 64 (vLLM's CPU attention and real kernels want head_dim ≥ 32; the tiny models'
-# is 16), vision tower 256 wide and 8 deep. Too large to commit (165 MB); built on demand.
+# 8 heads of 64, vision tower 256 wide and 8 deep. Too large to commit (165 MB); built on demand.
 BENCH_TEXT = {
     **TEXT,
     "hidden_size": 512,

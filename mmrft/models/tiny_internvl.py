@@ -90,6 +90,8 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
     pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
     text = {
         **{k: v for k, v in tiny.TEXT.items() if k != "rope_parameters"},
+        "num_attention_heads": 4,  # head_dim 16
+        "num_key_value_heads": 2,
         "model_type": "qwen2",
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
         "vocab_size": len(tokenizer),

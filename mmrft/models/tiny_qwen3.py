@@ -60,12 +60,19 @@ def extend(template: str, old: str, new: str) -> str:
     return template.replace(old, new)
 
 
-# Text part of the tiny Qwen3 models: tiny.TEXT with an explicit head_dim (Qwen3 decouples it
-# from hidden_size / heads) and interleaved mRoPE.
+# Text part of the tiny Qwen3 models: tiny.TEXT's widths with 4 heads of an explicit head_dim
+# 16 (Qwen3 decouples it from hidden_size / heads; mRoPE sections 2/3/3 sum to 16 / 2) and
+# interleaved mRoPE.
 QWEN3_TEXT = {
     **{k: v for k, v in tiny.TEXT.items() if k != "rope_parameters"},
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
     "head_dim": 16,
-    "rope_parameters": {**tiny.TEXT["rope_parameters"], "mrope_interleaved": True},
+    "rope_parameters": {
+        **tiny.TEXT["rope_parameters"],
+        "mrope_section": [2, 3, 3],
+        "mrope_interleaved": True,
+    },
 }
 QWEN3_VISION = {
     "depth": 2,
