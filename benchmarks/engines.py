@@ -5,11 +5,15 @@
 The bench model (``mmrft make-tiny --bench``, 41 M parameters), the work of
 ``benchmarks/vs_trl.py``: P = 2 prompts × G = 8 completions of exactly 32 tokens
 (``ignore_eos``), temperature 1, for 224 × 224 images and for 16-frame 224-pixel videos; 2
-threads. Each engine generates the same batch ``ROUNDS`` times, alternating; printed: the
-median seconds per batch and their ratio. The ``hf`` engine is group-shared (one prefill per
+threads. Each engine generates the same batch ``ROUNDS`` times, alternating; before each vLLM
+round the policy's weights are pushed into it (``sync_weights``, timed apart), which also drops
+its prefix, encoder and multimodal caches, as after every training step, so no round reuses
+the last one's prompt or media work. Printed: the median seconds per batch, their ratio, and
+the push's seconds. The ``hf`` engine is group-shared (one prefill per
 prompt, its KV cache copied for each completion); vLLM shares the prompt's cached blocks
 between the ``n = G`` samples of a request (paged attention) and runs its own CPU kernels. The
-last line is JSON: ``{"image": {"hf_s": …, "vllm_s": …, "speedup": …}, "video": {…}}``.
+last line is JSON: ``{"image": {"hf_s": …, "vllm_s": …, "push_s": …, "speedup": …}, "video":
+{…}}``.
 """
 
 from __future__ import annotations
@@ -70,18 +74,27 @@ def main() -> None:
         task = build_task(cfg.task.name, cfg.task.params)
         samples: list[Sample] = task.read(data[kind], fmt=cfg.data.format)[0][:P]
         conversations = [task.prompt(s, policy.family) for s in samples]
-        seconds: dict[str, list[float]] = {name: [] for name in engines}
+        seconds: dict[str, list[float]] = {name: [] for name in [*engines, "push"]}
         for _ in range(ROUNDS + 1):  # the first round warms both up and is not counted
             for name, engine in engines.items():
+                if name == "vllm":  # as after a training step's weight push: nothing cached
+                    started = time.perf_counter()
+                    engine.sync_weights()
+                    seconds["push"].append(time.perf_counter() - started)
                 started = time.perf_counter()
                 rollouts = engine.generate(conversations, G, sampling)
                 seconds[name].append(time.perf_counter() - started)
                 assert all(len(c) == NEW_TOKENS for c in rollouts.completion_ids)
-        hf, vllm = (statistics.median(seconds[n][1:]) for n in ("hf", "vllm"))
-        out[kind] = {"hf_s": round(hf, 3), "vllm_s": round(vllm, 3), "speedup": round(hf / vllm, 2)}
+        hf, vllm, push = (statistics.median(seconds[n][1:]) for n in ("hf", "vllm", "push"))
+        out[kind] = {
+            "hf_s": round(hf, 3),
+            "vllm_s": round(vllm, 3),
+            "push_s": round(push, 3),
+            "speedup": round(hf / vllm, 2),
+        }
         print(
             f"{kind}: hf {hf:.2f} s, vllm {vllm:.2f} s per batch of {P} × {G} × {NEW_TOKENS} "
-            f"tokens ({hf / vllm:.2f}×)",
+            f"tokens ({hf / vllm:.2f}×); weight push {push:.2f} s",
             flush=True,
         )
     engines["vllm"].close()

@@ -187,13 +187,16 @@ class VLLMEngine:
                 "is_checkpoint_format": True,
             },
         )
-        # every cache derived from the old weights, on both sides of the engine (the
-        # scheduler's and the model runner's): prefixes, encoder outputs, multimodal items
+        self.drop_caches()
+        if self.sleep and self.sleeping:
+            self.llm.sleep(level=1)
+
+    def drop_caches(self) -> None:
+        """Drop every cache derived from the weights, on both sides of the engine (the
+        scheduler's and the model runner's): prefixes, encoder outputs, multimodal items."""
         self.llm.reset_prefix_cache()
         self.llm.llm_engine.reset_encoder_cache()
         self.llm.reset_mm_cache()
-        if self.sleep and self.sleeping:
-            self.llm.sleep(level=1)
 
     def close(self) -> None:
         """Shut the engine down and release vLLM's process-wide state (its process groups),
