@@ -473,6 +473,11 @@ def begin(run: Run) -> int:
         if cfg.warm_start.steps and run.train_samples:
             losses = warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
             run.runlog.warm_start(losses)
+            if run.reference is not None:
+                run.reference = warm_started_reference(run.policy, run.run_dir, save=run.rank == 0)
+    saved = run.run_dir / REFERENCE_FILE  # the warm start's reference, not model.path's
+    if checkpoint is not None and run.reference is not None and saved.is_file():
+        run.reference = warm_started_reference(run.policy, run.run_dir, save=False)
     run.engine.sync_weights()  # an engine with its own weights starts from the loop's
     if checkpoint is None and cfg.eval.before and run.test_samples:
         run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
@@ -484,6 +489,36 @@ def begin(run: Run) -> int:
         distributed.load_full_optimizer_state(run.policy.model, run.optimizer, state["optimizer"])
     _check_replicas(run.policy, "start")
     return start_step
+
+
+REFERENCE_FILE = "reference.safetensors"
+
+
+def warm_started_reference(policy: Policy, run_dir: Path, save: bool) -> Policy:
+    """The KL reference after a warm start: a frozen copy of the warm-started policy, the model
+    RL starts from (the papers' reference is the SFT model RL begins with). The reference read
+    from ``model.path`` would be the model *before* the warm start: KL to it pulls the policy
+    back to not writing the answer format at all.
+
+    ``save``: write its weights to ``run_dir/reference.safetensors``; otherwise (a resumed
+    run) read them from there, so the reference is the same model after a resume. With LoRA
+    the copy keeps the adapters (the warm start trained them), so it is a frozen peft model.
+    Unsharded runs only (:func:`mmrft.config.check_config` refuses a warm start with β > 0
+    under ``train.sharding``).
+    """
+    import copy
+
+    from safetensors.torch import load_model, save_model
+
+    model = copy.deepcopy(policy.model).eval()
+    for param in model.parameters():
+        param.requires_grad_(False)
+    path = run_dir / REFERENCE_FILE
+    if save:
+        save_model(model, str(path))
+    else:
+        load_model(model, str(path))
+    return Policy(policy.family, model, policy.processor)
 
 
 def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 from mmrft.config import load_config
 from mmrft.rewards import NonFiniteRewardError
 from mmrft.trainer import train
+from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "assets/models/tiny-qwen2_5_vl"
@@ -335,6 +336,32 @@ def test_kl_folded_into_the_reward(tmp_path):
     )  # policy = reference at step 1
     assert lines[1]["train/kl_in_reward"] > 0  # they differ after one update
     assert "train/kl" not in lines[1]  # no KL term in the loss
+
+
+def test_kl_reference_is_the_warm_started_model_also_after_a_resume(tmp_path):
+    """After a warm start the KL reference is the model RL starts from (KL 0 at step 1), not
+    ``model.path``'s (KL to it pulled the policy back to writing no answer tags), and a resumed
+    run compares against the same warm-started model."""
+    settings = [
+        "warm_start.steps=5",
+        "warm_start.lr=3e-2",
+        "optim.lr=5e-2",
+        "algorithm.beta=0.5",
+        "algorithm.kl_mode=reward",
+        "checkpoint.every=1",
+        "eval.after=false",
+    ]
+    full = train(tiny_config(tmp_path, "name=full", "train.steps=2", *settings))
+    lines = _metric_lines(Path(full["run_dir"]))
+    assert lines[0]["train/kl_in_reward"] == pytest.approx(0.0, abs=1e-6)
+    assert lines[1]["train/kl_in_reward"] > 0
+    train(tiny_config(tmp_path, "name=cut", "train.steps=1", *settings))
+    resumed = train(tiny_config(tmp_path, "name=cut", "train.steps=2", *settings))
+    again = _metric_lines(Path(resumed["run_dir"]))
+    assert [m["step"] for m in again] == [1, 2]
+    assert again[1]["train/kl_in_reward"] == pytest.approx(lines[1]["train/kl_in_reward"], rel=1e-4)
+    with pytest.raises(ConfigError, match=r"warm_start.steps: with algorithm.beta > 0"):
+        tiny_config(tmp_path, *settings, "train.sharding=fsdp_full")
 
 
 def test_heartbeat_names_the_phase_it_waits_on(caplog):
