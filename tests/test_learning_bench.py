@@ -32,6 +32,7 @@ def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_p
         sft = load_config(f"learn/{name}", bench.sft_overrides(rl, tmp_path, name))
         assert sft.warm_start.labels == "target" and sft.train.steps == 0
         assert sft.warm_start.steps == rl.warm_start.steps + rl.train.steps
+        assert sft.warm_start.lr == rl.optim.lr  # the RL stage's lr
         # the same model, data, media budget and evaluation
         assert (sft.model, sft.data, sft.task) == (rl.model, rl.data, rl.task)
         assert sft.eval.before and not sft.eval.after
