@@ -29,6 +29,7 @@ from test_distributed import rank_batch
 REPO = Path(__file__).resolve().parents[1]
 
 BASE = [
+    "warm_start.steps=0",  # the demo's warm start is refused beside β > 0 under sharding
     "rollout.group_size=4",
     "rollout.max_new_tokens=6",
     "train.micro_batch_size=3",  # several micro-batches per rank
@@ -312,8 +313,14 @@ def test_sharded_checkpoints_resume_on_any_world_size(mode, tmp_path):
     The evaluation at step 3 generates on rank 0 alone (no collective may run inside)."""
     # rewards are all 0 this early; the entropy bonus and the KL term (a sharded reference
     # model) still give every step a gradient, so each step moves the weights and the
-    # optimizer state
-    sharded = [f"train.sharding={mode}", "algorithm.entropy_coef=0.01", "algorithm.beta=0.04"]
+    # optimizer state; no warm start (refused beside β > 0 under sharding: the reference
+    # would have to be the warm-started model)
+    sharded = [
+        f"train.sharding={mode}",
+        "algorithm.entropy_coef=0.01",
+        "algorithm.beta=0.04",
+        "warm_start.steps=0",
+    ]
     torchrun(tmp_path, 2, steps=2, extra=sharded)
     from transformers import AutoModelForImageTextToText
 
