@@ -474,10 +474,14 @@ def begin(run: Run) -> int:
             losses = warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
             run.runlog.warm_start(losses)
             if run.reference is not None:
-                run.reference = warm_started_reference(run.policy, run.run_dir, save=run.rank == 0)
+                run.reference = None  # model.path's copy goes before the new one is made
+                run.reference = warm_started_reference(
+                    run.policy, run.run_dir, save=run.rank == 0, load=False
+                )
     saved = run.run_dir / REFERENCE_FILE  # the warm start's reference, not model.path's
     if checkpoint is not None and run.reference is not None and saved.is_file():
-        run.reference = warm_started_reference(run.policy, run.run_dir, save=False)
+        run.reference = None
+        run.reference = warm_started_reference(run.policy, run.run_dir, save=False, load=True)
     run.engine.sync_weights()  # an engine with its own weights starts from the loop's
     if checkpoint is None and cfg.eval.before and run.test_samples:
         run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
@@ -494,14 +498,17 @@ def begin(run: Run) -> int:
 REFERENCE_FILE = "reference.safetensors"
 
 
-def warm_started_reference(policy: Policy, run_dir: Path, save: bool) -> Policy:
+def warm_started_reference(policy: Policy, run_dir: Path, save: bool, load: bool) -> Policy:
     """The KL reference after a warm start: a frozen copy of the warm-started policy, the model
     RL starts from (the papers' reference is the SFT model RL begins with). The reference read
     from ``model.path`` would be the model *before* the warm start: KL to it pulls the policy
     back to not writing the answer format at all.
 
-    ``save``: write its weights to ``run_dir/reference.safetensors``; otherwise (a resumed
-    run) read them from there, so the reference is the same model after a resume. With LoRA
+    ``save`` (rank 0 after the warm start): write its weights to
+    ``run_dir/reference.safetensors``; ``load`` (a resumed run, every rank): read them from
+    there, so the reference is the same model after a resume. The other ranks after the warm
+    start only copy their own policy (identical on every rank), never reading a file rank 0
+    may still be writing. With LoRA
     the copy keeps the adapters (the warm start trained them), so it is a frozen peft model.
     Unsharded runs only (:func:`mmrft.config.check_config` refuses a warm start with β > 0
     under ``train.sharding``).
@@ -516,7 +523,7 @@ def warm_started_reference(policy: Policy, run_dir: Path, save: bool) -> Policy:
     path = run_dir / REFERENCE_FILE
     if save:
         save_model(model, str(path))
-    else:
+    if load:
         load_model(model, str(path))
     return Policy(policy.family, model, policy.processor)
 
