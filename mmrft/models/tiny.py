@@ -230,6 +230,7 @@ TINY_AUDIO_POSITIONS = TINY_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2
 # tiny Qwen2-Audio: the released 30 s window (3000 frames, 1500 positions), which vLLM's
 # Qwen2-Audio requires of every clip's features
 QWEN2_AUDIO_SECONDS = 30
+QWEN2_AUDIO_POSITIONS = QWEN2_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2
 AUDIO_ENCODER = {
     "d_model": 32,
     "encoder_layers": 2,
@@ -604,7 +605,7 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
         }
         audio = {
             **AUDIO_ENCODER,
-            "max_source_positions": QWEN2_AUDIO_SECONDS * TINY_SAMPLING_RATE // TINY_HOP // 2,
+            "max_source_positions": QWEN2_AUDIO_POSITIONS,
             "model_type": "qwen2_audio_encoder",
         }
         config = Qwen2AudioConfig(
