@@ -460,7 +460,12 @@ from mmrft.sandbox import SandboxPool
 if os.geteuid() == 0:  # become nobody, with the interpreter reachable (it may live in /root)
     sb._unshare(sb._CLONE_NEWNS)
     sb._mount(None, "/", None, sb._MS_REC | sb._MS_PRIVATE)
-    needed = [*sb._filesystem_view(None, None).essential, os.path.dirname(__file__)]
+    # the package too: a checkout in a directory closed to nobody (mktemp -d) stays importable
+    needed = [
+        *sb._filesystem_view(None, None).essential,
+        os.path.dirname(__file__),
+        os.path.join({repo!r}, "mmrft"),
+    ]
     covers = {{}}  # a directory closed to nobody -> what beneath it must stay reachable
     for path in sb._unreachable(65534, 65534, needed)[1]:
         parts = path.strip("/").split("/")
