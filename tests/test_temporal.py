@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import random
 import time
 
 import pytest
@@ -112,6 +113,23 @@ def test_rejects_with_reason(text, reason):
     assert parse_interval(text, duration=30.0) == (None, reason)
     (score,) = run([answer(text)])
     assert (score.value, score.reason) == (0.0, reason)
+
+
+@pytest.mark.parametrize("text", [".2.2 to 3", "0.2 to .2.2", "..5 to 1", "1.2.3 to 4", "3.4."])
+def test_dotted_junk_is_no_interval(text):
+    # ".2.2" crashed the verifier (float(".2.2")) in a CPU training run of video_temporal
+    assert parse_interval(text, duration=30.0) == (None, "no interval")
+
+
+def test_random_time_like_answers_never_raise():
+    """Answers built from the characters of times, units and separators, as a sampling
+    policy writes them: every one scores in [0, 1], a zero with a reason."""
+    rng = random.Random(0)
+    pieces = list("0123456789.:-−eE ,[]") + ["to", "s", "sec", "min", "h", " - ", "..", "::"]
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(1, 14))) for _ in range(3000)]
+    for score in run([answer(t) for t in texts], [SAMPLE] * len(texts)):
+        assert 0.0 <= score.value <= 1.0
+        assert score.value > 0 or score.reason
 
 
 def test_end_within_tolerance_is_clipped():

@@ -77,7 +77,7 @@ def _read(text: str, m: re.Match) -> _Time | None:
     token = text[start : m.start("unit") if m.group("unit") else m.end()].rstrip()
     if start > 0 and text[start - 1] == ".":  # ".5": the dot is the number's
         start -= 1
-        if _glued(text, start) or ":" in token:
+        if _glued(text, start) or ":" in token or "." in token:  # ".2.2" is not a number
             return None
         token = "." + token
     negative = start > 0 and text[start - 1] in "-−" and not _glued(text, start - 1)
