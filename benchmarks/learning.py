@@ -10,7 +10,8 @@ For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/N
 1. **capacity check** (skipped with ``--no-sft``): ordinary supervised training on the *true*
    labels, with the same model, data, media budget and budget of optimizer steps as the RL
    recipe (``warm_start.steps + train.steps`` steps of ``warm_start.batch_size`` samples at the
-   RL stage's lr ``optim.lr``; ``warm_start.labels=target``, no RL), then the recipe's own evaluation.
+   RL stage's lr ``optim.lr``; ``warm_start.labels=target``, no RL), then the recipe's own
+   evaluation.
    Its figure, the *SFT ceiling*, says what this model can learn from this data in this many
    steps: a task whose SFT stays at chance cannot be expected to learn by RL either.
 2. **RL recipe**, as written: the format-only warm start (random labels, so the evaluation
@@ -25,8 +26,9 @@ target, RL seconds), ``--out/learning.json`` (the same figures) and ``--out/lear
 
 Targets (issue "Learning that shows"): the held-out primary metric after RL at least halfway
 from chance to 1.0; grounding Acc@0.5 and temporal grounding R1@0.5 at least 0.5, detection
-AP50 at least 0.3, and 0.5 for a metric without a chance level (chart QA). RL seconds are the RL loop's wall time (``summary.json`` ``train_seconds``: rollouts,
-verifiers, updates and the periodic evaluations), without the warm start and model loading.
+AP50 at least 0.3, and 0.5 for a metric without a chance level (chart QA). RL seconds are the
+RL loop's wall time (``summary.json`` ``train_seconds``: rollouts, verifiers, updates and the
+periodic evaluations), without the warm start and model loading.
 
 Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings.
 """

@@ -142,18 +142,24 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
     )
 
 
+def answer_completion(reference: str) -> str:
+    """The shortest correct completion for a reference answer, before the end-of-turn token:
+    ``<answer>reference</answer>`` (what the warm start trains on)."""
+    return f"<answer>{reference}</answer>"
+
+
 def answers_over_budget(
     tokenizer: Any, task: Task, samples: list[Sample], max_new_tokens: int
 ) -> tuple[int, int]:
-    """(how many, longest): samples whose shortest correct completion, ``<answer>reference
-    </answer>`` and the end-of-turn token, is longer than ``max_new_tokens`` tokens. Such a
-    sample can never earn the full reward (it is cut off before the answer closes), which no
-    training curve shows by itself: the tiny detection recipe lost every 3- and 4-box image to
-    a 112-token budget this way. (0, 0) for a task without reference answers."""
+    """(how many, longest): samples whose shortest correct completion (:func:`answer_completion`
+    and the end-of-turn token) is longer than ``max_new_tokens`` tokens. Such a sample can never
+    earn the full reward (it is cut off before the answer closes), which no training curve shows
+    by itself: the tiny detection recipe lost every 3- and 4-box image to a 112-token budget
+    this way. (0, 0) for a task without reference answers."""
     texts = []
     for sample in samples:
         try:
-            texts.append(f"<answer>{task.reference_answer(sample)}</answer>")
+            texts.append(answer_completion(task.reference_answer(sample)))
         except NotImplementedError:
             return 0, 0
         except Exception:  # a check, not a gate: a sample it cannot phrase is not counted
@@ -268,7 +274,7 @@ def warm_start(
             )
             rows = policy.family.split_rows(prepared, policy.processor)
             completions = [
-                policy.tokenizer.encode(f"<answer>{a}</answer>", add_special_tokens=False)
+                policy.tokenizer.encode(answer_completion(a), add_special_tokens=False)
                 + [end_of_turn]
                 for a in answers
             ]
