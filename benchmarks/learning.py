@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         header = (
             f"Measured {date.today().isoformat()} on {platform.machine()} "
             f"({platform.processor() or 'CPU'}), 2 threads per run; command: "
-            f"`python benchmarks/learning.py {' '.join(sys.argv[1:])}`".rstrip()
+            f"`{' '.join(['python benchmarks/learning.py', *sys.argv[1:]])}`"
         )
         (out / "learning.md").write_text(header + "\n\n" + table(rows) + "\n")
         (out / "learning.json").write_text(json.dumps(rows, indent=1) + "\n")

@@ -198,6 +198,16 @@ def test_accuracy_number_string_target_and_tolerances():
     assert values(run("accuracy", texts, [sample] * 2, abs_tol=6)) == [1.0, 1.0]
 
 
+def test_accuracy_partial_within_ranks_near_misses():
+    """Shaping: with w = 3 a count off by k scores max(0, 1 − k/3); exact is still 1 and an
+    unparsable answer still 0 with its reason."""
+    sample = Sample("n", [], target=4)
+    texts = ["4", "3", "6", "1", "9", "many", "3 or 4"]
+    scores = run("accuracy", [answer(t) for t in texts], [sample] * len(texts), partial_within=3)
+    assert values(scores) == pytest.approx([1.0, 2 / 3, 1 / 3, 0.0, 0.0, 0.0, 0.0])
+    assert reasons(scores) == [None] + ["wrong number"] * 4 + ["no number", "several numbers"]
+
+
 def test_accuracy_auto_mode_is_per_sample():
     samples = [MC, Sample("n", [], target=3), Sample("e", [], target="cat")]
     completions = [answer("B"), answer("three"), answer("Cat")]
@@ -256,7 +266,13 @@ def test_accuracy_math_in_a_worker_thread():
 
 @pytest.mark.parametrize(
     "params",
-    [{"rel_tol": -0.1}, {"abs_tol": float("nan")}, {"mode": "fuzzy"}, {"answer_tag": "<a>"}],
+    [
+        {"rel_tol": -0.1},
+        {"abs_tol": float("nan")},
+        {"partial_within": -1},
+        {"mode": "fuzzy"},
+        {"answer_tag": "<a>"},
+    ],
 )
 def test_accuracy_bad_params_fail_at_bind(params):
     with pytest.raises(ConfigError):

@@ -58,15 +58,21 @@ def _check_choice(answer: str, sample: Sample) -> Score:
     return _score(picked == correct, "wrong option")
 
 
-def _check_number(answer: str, target: Any, rel_tol: float, abs_tol: float) -> Score:
+def _check_number(
+    answer: str, target: Any, rel_tol: float, abs_tol: float, partial_within: float
+) -> Score:
     expected = _target_number(target)
     if expected is None:
         return Score(0.0, reason="target not a number")
     value, reason = parse_number(answer)
     if value is None:
         return Score(0.0, reason=reason)
-    ok = abs(value - expected) <= max(abs_tol, rel_tol * abs(expected))
-    return _score(ok, "wrong number")
+    error = abs(value - expected)
+    if error <= max(abs_tol, rel_tol * abs(expected)):
+        return Score(1.0)
+    if partial_within > 0:
+        return Score(max(0.0, 1.0 - error / partial_within), reason="wrong number")
+    return Score(0.0, reason="wrong number")
 
 
 def _check_exact(answer: str, target: Any) -> Score:
@@ -143,6 +149,7 @@ def accuracy(
     mode: Mode = "auto",
     rel_tol: float = 0.0,
     abs_tol: float = 0.0,
+    partial_within: float = 0.0,
     answer_tag: str = "answer",
 ) -> list[Score]:
     """1 if the answer equals the target, else 0 with the reason. Range [0, 1].
@@ -159,7 +166,10 @@ def accuracy(
       itself a letter (:func:`choice_index`).
     * ``number``: exactly one number in the answer (:func:`parse_number`), correct when
       |answer − target| ≤ max(abs_tol, rel_tol · |target|); the default tolerances mean
-      equality.
+      equality. Reward shaping for training (never for evaluation): with
+      ``partial_within`` = w > 0 a wrong number scores max(0, 1 − |answer − target| / w)
+      instead of 0, so with w = 3 a count off by one earns 2/3 and one off by three or more
+      nothing; a near miss then ranks above a far one within a group.
     * ``exact``: :func:`normalise_text` equality (lower case, articles and surrounding
       punctuation dropped); never a substring test. A list target lists accepted answers.
     * ``math``: ``math_verify.parse`` of target and answer (retried inside ``$…$``), then
@@ -182,7 +192,11 @@ def accuracy(
     >>> [(x.value, x.reason) for x in scores]
     [(0.0, 'no answer tag'), (1.0, None)]
     """
-    for name, value in (("rel_tol", rel_tol), ("abs_tol", abs_tol)):
+    for name, value in (
+        ("rel_tol", rel_tol),
+        ("abs_tol", abs_tol),
+        ("partial_within", partial_within),
+    ):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
     if not answer_tag or not answer_tag.replace("_", "").isalnum():
@@ -201,7 +215,7 @@ def accuracy(
         if sample_mode == "choice":
             scores.append(_check_choice(answer, sample))
         elif sample_mode == "number":
-            scores.append(_check_number(answer, sample.target, rel_tol, abs_tol))
+            scores.append(_check_number(answer, sample.target, rel_tol, abs_tol, partial_within))
         elif sample_mode == "math":
             scores.append(_check_math(answer, sample.target))
         else:
