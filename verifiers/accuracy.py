@@ -70,9 +70,8 @@ def _check_number(
     error = abs(value - expected)
     if error <= max(abs_tol, rel_tol * abs(expected)):
         return Score(1.0)
-    if partial_within > 0:
-        return Score(max(0.0, 1.0 - error / partial_within), reason="wrong number")
-    return Score(0.0, reason="wrong number")
+    partial = max(0.0, 1.0 - error / partial_within) if partial_within else 0.0
+    return Score(partial, reason="wrong number")
 
 
 def _check_exact(answer: str, target: Any) -> Score:
