@@ -4,6 +4,7 @@
     python benchmarks/learning.py --only audio_pitch shapes_kind
     python benchmarks/learning.py --out runs/learning --no-sft
     python benchmarks/learning.py --only shapes_kind -- optim.lr=3e-4   # overrides for both runs
+    python benchmarks/learning.py --seeds 3                # every recipe at train.seed 0, 1, 2
 
 For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/NAME`` runs):
 
@@ -18,11 +19,18 @@ For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/N
    before RL is at chance and every gain is RL's), GRPO, the evaluation every ``eval.every``
    steps and after.
 
-Both runs write ordinary run directories under ``--out`` (``NAME-sft``, ``NAME``), with
-``summary.json``, ``metrics.jsonl`` and ``report.png``. This script then writes
+``--seeds N`` runs both N times, at ``train.seed`` 0 … N−1 (the seed of the data order, the
+warm start's random labels, the sampling and the model's dropout-free initialisation of the
+optimizer state), and the table gives the mean and the [min, max] over seeds of the figures
+after RL and of the SFT ceiling. A target is *met* only when the **minimum** over seeds meets
+it: a recipe that learns at one seed and not at another has not met it.
+
+Both runs write ordinary run directories under ``--out`` (``NAME-sK-sft``, ``NAME-sK``, K the
+seed), with ``summary.json``, ``metrics.jsonl`` and ``report.png``. This script then writes
 ``--out/learning.md`` (the table: task, metric, chance, before RL, after RL, SFT ceiling,
-target, RL seconds), ``--out/learning.json`` (the same figures) and ``--out/learning.png``
-(the held-out metric against the RL step for every task, each with its chance level dotted).
+target, RL seconds), ``--out/learning.json`` (the same figures, every seed's among them) and
+``--out/learning.png`` (the held-out metric against the RL step for every task: the mean over
+seeds, the band between the lowest and highest seed, the chance level dotted).
 
 Targets (issue "Learning that shows"): the held-out primary metric after RL at least halfway
 from chance to 1.0; grounding Acc@0.5 and temporal grounding R1@0.5 at least 0.5, detection
@@ -30,7 +38,9 @@ AP50 at least 0.3, and 0.5 for a metric without a chance level (chart QA). RL se
 RL loop's wall time (``summary.json`` ``train_seconds``: rollouts, verifiers, updates and the
 periodic evaluations), without the warm start and model loading.
 
-Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings.
+Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings. The header
+of ``learning.md`` names the CPU model: floating-point paths differ between CPUs, and a recipe
+on a knife-edge can learn on one and not on another (the reason for ``--seeds``).
 """
 
 from __future__ import annotations
@@ -106,19 +116,82 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
+def spread(values: list[float | None]) -> dict[str, float | None]:
+    """Mean, min and max of one figure over seeds (``None`` when any seed has none)."""
+    if not values or any(v is None for v in values):
+        return {"mean": None, "min": None, "max": None}
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values)}
+
+
+def fmt_spread(s: dict[str, float | None]) -> str:
+    """``mean [min, max]``, or the mean alone when every seed gave the same figure."""
+    if s["mean"] is None or s["min"] == s["max"]:
+        return fmt(s["mean"])
+    return f"{fmt(s['mean'])} [{fmt(s['min'])}, {fmt(s['max'])}]"
+
+
+def met(row: dict[str, Any]) -> str:
+    """ "yes" when the *lowest* seed's figure after RL reaches the target."""
+    low = row["after"]["min"]
+    return "—" if low is None else ("yes" if low >= row["target"] else "no")
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| recipe | task | metric | chance | before RL | after RL | SFT ceiling | target | met | RL seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | task | metric | seeds | chance | before RL | after RL: mean [min, max] | "
+        "SFT ceiling: mean [min, max] | target | met (min) | RL seconds |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        met = "—" if r["after"] is None else ("yes" if r["after"] >= r["target"] else "no")
         lines.append(
             f"| {r['recipe']} | {r['task']} | {r['metric'].rsplit('/', 1)[-1]} | "
-            f"{fmt(r['chance'])} | {fmt(r['before'])} | {fmt(r['after'])} | {fmt(r['sft'])} | "
-            f"{fmt(r['target'])} | {met} | {fmt(r['rl_seconds'], 0)} |"
+            f"{len(r['seeds'])} | {fmt(r['chance'])} | {fmt_spread(r['before'])} | "
+            f"{fmt_spread(r['after'])} | {fmt_spread(r['sft'])} | {fmt(r['target'])} | "
+            f"{met(r)} | {fmt(r['rl_seconds']['mean'], 0)} |"
         )
     return "\n".join(lines)
+
+
+def recipe_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One table row from a recipe's runs, one per seed: each run ``{"seed", "summary",
+    "sft", "steps", "values"}``; the figures as ``{"mean", "min", "max"}`` over seeds."""
+    first = runs[0]["summary"]
+    return {
+        "recipe": name,
+        "task": first["task"],
+        "metric": first["metric"],
+        "chance": first["chance"],
+        "target": target(first["chance"], first["metric"]),
+        "seeds": [r["seed"] for r in runs],
+        "before": spread([r["summary"]["before"] for r in runs]),
+        "after": spread([r["summary"]["after"] for r in runs]),
+        "sft": spread([r["sft"] for r in runs]),
+        "rl_steps": first["steps"],
+        "rl_seconds": spread([r["summary"]["train_seconds"] for r in runs]),
+        "runs": [
+            {
+                "seed": r["seed"],
+                "before": r["summary"]["before"],
+                "after": r["summary"]["after"],
+                "sft": r["sft"],
+                "rl_seconds": r["summary"]["train_seconds"],
+                "steps": r["steps"],
+                "values": r["values"],
+            }
+            for r in runs
+        ],
+    }
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -131,14 +204,29 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, r in enumerate(rows):
         colour = colours[i % len(colours)]
-        label = f"{r['recipe']} ({r['metric'].rsplit('/', 1)[-1]})"
-        ax.plot(r["steps"], r["values"], marker="o", ms=3, lw=1.6, color=colour, label=label)
+        label = f"{r['recipe']} ({r['metric'].rsplit('/', 1)[-1]}, {len(r['seeds'])} seeds)"
+        # the steps every seed evaluated at (the same schedule, unless a run stopped early)
+        steps = sorted(set.intersection(*(set(run["steps"]) for run in r["runs"])))
+        curves = [[dict(zip(run["steps"], run["values"]))[s] for s in steps] for run in r["runs"]]
+        mean = [sum(v) / len(v) for v in zip(*curves)]
+        ax.plot(steps, mean, marker="o", ms=3, lw=1.6, color=colour, label=label)
+        if len(curves) > 1:
+            low, high = [min(v) for v in zip(*curves)], [max(v) for v in zip(*curves)]
+            ax.fill_between(steps, low, high, color=colour, alpha=0.18, lw=0)
         if r["chance"] is not None:
             ax.axhline(r["chance"], color=colour, linestyle=":", lw=1)
-        if r["sft"] is not None:
+        if r["sft"]["mean"] is not None:
+            ax.errorbar(
+                [steps[-1] if steps else 0],
+                [r["sft"]["mean"]],
+                yerr=[[r["sft"]["mean"] - r["sft"]["min"]], [r["sft"]["max"] - r["sft"]["mean"]]],
+                color=colour,
+                capsize=3,
+                lw=1,
+            )
             ax.scatter(
-                [r["steps"][-1] if r["steps"] else 0],
-                [r["sft"]],
+                [steps[-1] if steps else 0],
+                [r["sft"]["mean"]],
                 marker="*",
                 s=90,
                 color=colour,
@@ -148,7 +236,11 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("RL step (0: after the format-only warm start)")
     ax.set_ylabel("held-out primary metric")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title("Learning on CPU: held-out metric vs RL step (dotted: chance; ★: SFT ceiling)")
+    ax.set_title(
+        "Learning on CPU: held-out metric vs RL step, mean over seeds (band: min–max;\n"
+        "dotted: chance; ★: SFT ceiling, bar: its min–max)",
+        fontsize=10,
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -161,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="recipes to run (default: all)")
     parser.add_argument("--out", default=str(REPO / "runs" / "learning"), help="output folder")
     parser.add_argument("--no-sft", action="store_true", help="skip the capacity checks")
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="runs per recipe, at train.seed 0 … N-1 (default 1)"
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     args = parser.parse_args(argv)
 
@@ -172,36 +267,29 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"no recipe {', '.join(unknown)} under {LEARN}; have {', '.join(recipes())}")
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if args.seeds < 1:
+        parser.error("--seeds needs at least 1")
     rows = []
     started = time.perf_counter()
     for name in names:
-        cfg = load_config(f"learn/{name}", args.overrides)
-        sft = None
-        if not args.no_sft:
-            summary = run_one(name, [*args.overrides, *sft_overrides(cfg, out, name)])
-            sft = summary["before"]
-        summary = run_one(name, [*args.overrides, f"output_dir={out}", f"name={name}"])
-        steps, values = eval_curve(Path(summary["run_dir"]), summary["metric"])
-        rows.append(
-            {
-                "recipe": name,
-                "task": summary["task"],
-                "metric": summary["metric"],
-                "chance": summary["chance"],
-                "before": summary["before"],
-                "after": summary["after"],
-                "sft": sft,
-                "target": target(summary["chance"], summary["metric"]),
-                "rl_steps": summary["steps"],
-                "rl_seconds": summary["train_seconds"],
-                "steps": steps,
-                "values": values,
-            }
-        )
+        runs = []
+        for seed in range(args.seeds):
+            overrides = [*args.overrides, f"train.seed={seed}"]
+            cfg = load_config(f"learn/{name}", overrides)
+            sft = None
+            if not args.no_sft:
+                check = sft_overrides(cfg, out, f"{name}-s{seed}")
+                sft = run_one(name, [*overrides, *check])["before"]
+            summary = run_one(name, [*overrides, f"output_dir={out}", f"name={name}-s{seed}"])
+            steps, values = eval_curve(Path(summary["run_dir"]), summary["metric"])
+            runs.append(
+                {"seed": seed, "summary": summary, "sft": sft, "steps": steps, "values": values}
+            )
+        rows.append(recipe_row(name, runs))
         # written after every recipe, so an interrupted run keeps what it measured
         header = (
-            f"Measured {date.today().isoformat()} on {platform.machine()} "
-            f"({platform.processor() or 'CPU'}), 2 threads per run; command: "
+            f"Measured {date.today().isoformat()} on {cpu_model()} ({platform.machine()}), "
+            f"2 threads per run, train.seed 0 … {args.seeds - 1}; command: "
             f"`{' '.join(['python benchmarks/learning.py', *sys.argv[1:]])}`"
         )
         (out / "learning.md").write_text(header + "\n\n" + table(rows) + "\n")

@@ -38,30 +38,59 @@ def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_p
         assert sft.eval.before and not sft.eval.after
 
 
+def run(seed, after, sft=None, values=None):
+    summary = {
+        "task": "audio_qa",
+        "metric": "eval/audio_qa/accuracy",
+        "chance": 0.5,
+        "before": 0.5,
+        "after": after,
+        "steps": 25,
+        "train_seconds": 12.3 + seed,
+    }
+    steps = [0, 25]
+    return {
+        "seed": seed,
+        "summary": summary,
+        "sft": sft,
+        "steps": steps,
+        "values": values or [0.5, after],
+    }
+
+
 def test_targets_and_table(tmp_path):
     bench = learning()
     assert bench.target(0.25, "eval/classification/accuracy") == pytest.approx(0.625)
     assert bench.target(0.5, "eval/audio_qa/accuracy") == pytest.approx(0.75)
     assert bench.target(None, "eval/grounding/acc@0.5") == 0.5
-    row = {
-        "recipe": "audio_pitch",
-        "task": "audio_qa",
-        "metric": "eval/audio_qa/accuracy",
-        "chance": 0.5,
-        "before": 0.5,
-        "after": 0.8,
-        "sft": None,
-        "target": 0.75,
-        "rl_seconds": 12.3,
-        "steps": [0, 25],
-        "values": [0.5, 0.8],
-    }
-    lines = bench.table([row, {**row, "recipe": "other", "after": 0.6}]).splitlines()
+    one = bench.recipe_row("audio_pitch", [run(0, 0.8)])
+    lines = bench.table([one, bench.recipe_row("other", [run(0, 0.6)])]).splitlines()
     assert lines[2] == (
-        "| audio_pitch | audio_qa | accuracy | 0.500 | 0.500 | 0.800 | — | 0.750 | yes | 12 |"
+        "| audio_pitch | audio_qa | accuracy | 1 | 0.500 | 0.500 | 0.800 | — | 0.750 | yes | 12 |"
     )
     assert "| 0.600 | — | 0.750 | no |" in lines[3]
-    bench.plot([row], tmp_path / "learning.png")
+    bench.plot([one], tmp_path / "learning.png")
+    assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_seeds_give_mean_min_max_and_the_minimum_decides_met(tmp_path):
+    bench = learning()
+    # mean 0.8 is above the target 0.75, but the worst seed (0.7) is not: not met
+    row = bench.recipe_row("audio_pitch", [run(0, 0.9, 1.0), run(1, 0.7, 0.9), run(2, 0.8, 0.8)])
+    assert row["seeds"] == [0, 1, 2]
+    assert row["after"] == pytest.approx({"mean": 0.8, "min": 0.7, "max": 0.9})
+    assert row["sft"] == pytest.approx({"mean": 0.9, "min": 0.8, "max": 1.0})
+    assert row["rl_seconds"]["mean"] == pytest.approx(13.3)
+    assert [r["after"] for r in row["runs"]] == [0.9, 0.7, 0.8]
+    line = bench.table([row]).splitlines()[2]
+    assert line == (
+        "| audio_pitch | audio_qa | accuracy | 3 | 0.500 | 0.500 | 0.800 [0.700, 0.900] | "
+        "0.900 [0.800, 1.000] | 0.750 | no | 13 |"
+    )
+    good = bench.recipe_row("x", [run(0, 0.9), run(1, 0.76)])
+    assert bench.met(good) == "yes"
+    assert bench.spread([0.5, None]) == {"mean": None, "min": None, "max": None}
+    bench.plot([row, good], tmp_path / "learning.png")  # mean curve with a min-max band
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -73,9 +102,11 @@ def test_learning_runs_one_recipe_end_to_end(tmp_path):
     rows = json.loads((tmp_path / "learning.json").read_text())
     (row,) = rows
     assert row["recipe"] == "audio_pitch" and row["chance"] == pytest.approx(0.5)
-    assert row["steps"] == [0, 1, 2] and len(row["values"]) == 3
-    assert row["sft"] is not None and 0.0 <= row["sft"] <= 1.0
-    sft = json.loads((tmp_path / "audio_pitch-sft" / "summary.json").read_text())
+    assert row["seeds"] == [0]
+    (only,) = row["runs"]
+    assert only["steps"] == [0, 1, 2] and len(only["values"]) == 3
+    assert 0.0 <= row["sft"]["min"] <= row["sft"]["max"] <= 1.0
+    sft = json.loads((tmp_path / "audio_pitch-s0-sft" / "summary.json").read_text())
     assert sft["steps"] == 0
     assert "| audio_pitch | audio_qa | accuracy |" in (tmp_path / "learning.md").read_text()
     assert (tmp_path / "learning.png").is_file()
