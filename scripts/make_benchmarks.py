@@ -35,6 +35,17 @@ Images (``<name>/images/<split>-NNNN.png``, ``meta.image_size = [W, H]``):
   runs that string and stores what it wrote, so executing the target reproduces the image
   pixel for pixel (same matplotlib); it writes ``chart.png`` into the working directory
   (``meta.output_file``). ``meta.kind``, ``categories``, ``values``, ``colour``, ``title``.
+* ``zoom_marks`` (``classification``; "looking closer", for crop/zoom tool rollouts): large
+  images, 1024–1536 px per side, of neutral gray clutter (gray rectangles and discs) with one
+  small mark: a ring (outer diameter 16–20 px) of a random one of the 4 colours around a dark
+  gap and a centre dot (7–8.8 px) of the asked colour. "What colour is the dot in the middle of
+  the small ring?"; ``meta.choices`` the 4 colours (fixed order), target the dot's colour,
+  balanced; the ring's colour is drawn independently (``meta.ring_colour``).
+  ``meta.target_box`` the ring's tight box (the region to zoom into), ``meta.dot_box`` the
+  dot's, both ``[x1, y1, x2, y2]`` in original pixels. At the small budgets of the tiny
+  recipes (56–112 px per side) the dot is under one input pixel, blended with its ring, and
+  its colour unreadable; a crop twice the ring's size, resized to the same budget, shows it
+  (``benchmarks/zoom_oracle.py`` measures both).
 
 Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` shown over
 ``[i / fps, (i + 1) / fps)`` s, ``meta.duration`` s, ``meta.fps``, ``meta.frame_size = [W, H]``):
@@ -58,6 +69,15 @@ Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` sh
   (``"<answer>B</answer>"``), ``path`` (``"./videos/<id>.mp4"``, relative to the JSON file as
   Video-R1's paths are to its data root), ``data_source``; no ``process`` (the chain of thought
   only Video-R1-COT-165k, the SFT file, carries).
+* ``zoom_video`` (``video_qa``, multiple choice; "looking closer" in time): 112×112 px, 8–10 s
+  at 20 fps, a static neutral background; a disc (20–28 px) of one of the 4 colours flashes on
+  6–10 frames (0.3–0.5 s). "What colour is the dot that flashes briefly in the video?";
+  ``meta.choices`` the 4 colours (fixed order), target the colour, balanced;
+  ``meta.target_span`` ``[start, end]`` s of the flash (frames ``start·fps … end·fps − 1``),
+  ``meta.target_box`` its box in frame pixels. The flash always falls between the frames of the
+  8-frame (the tiny video recipes) and the 16-frame (``VideoBudget``'s default, Video-R1's)
+  uniform samplings, at least one frame to spare, so it is never sampled at those counts;
+  sampling densely inside the span shows it.
 
 Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` s,
 ``meta.sample_rate`` Hz; faint white noise under the tones):
@@ -837,6 +857,180 @@ def write_audio_pitch(folder: Path, split: str, n: int, rng: np.random.Generator
         write_json(folder / "mmau_test.json", mmau)
 
 
+# -- zoom benchmarks ("looking closer": crop / zoom tool rollouts) -----------------------------
+ZOOM_SIDES = (1024, 1536)  # px, range of each side of a zoom_marks image
+ZOOM_RING = (16, 20)  # px, range of the ring mark's outer diameter
+ZOOM_GAP = 0.64  # the dark gap's diameter / the ring's outer diameter
+ZOOM_DOT = 0.44  # the centre dot's diameter / the ring's outer diameter (7–8.8 px)
+ZOOM_CELL_GREYS = (200, 208, 216, 224, 232)  # background cells: few grays keep the PNG 4-bit
+ZOOM_DISC_GREYS = (100, 130, 160)  # neutral distractor discs
+ZOOM_GAP_GREY = 40
+ZOOM_QUESTION = "What colour is the dot in the middle of the small ring?"
+ZOOM_VIDEO_FPS = 20  # frames/s stored
+ZOOM_VIDEO_SIZE = 112  # px, square frames
+# Uniform samplings the flash avoids: 8 frames (the tiny video recipes, configs/learn/video_*.yaml)
+# and 16 (mmrft.video.VideoBudget's default at 2 fps, Video-R1's training setting).
+ZOOM_VIDEO_BASE_FRAMES = (8, 16)
+ZOOM_VIDEO_QUESTION = "What colour is the dot that flashes briefly in the video?"
+
+
+def draw_disc(image: Array, cx: float, cy: float, diameter: float, rgb: Array) -> list[int]:
+    """Fill the disc of ``diameter`` px centred at ``(cx, cy)`` px with ``rgb`` (pixel-centre
+    test over the disc's window only; the disc must lie inside ``image``). Returns its tight
+    box ``[x1, y1, x2, y2]`` in pixels, ``x2``/``y2`` exclusive."""
+    r = diameter / 2
+    x0, y0 = int(np.floor(cx - r)), int(np.floor(cy - r))
+    x1, y1 = int(np.ceil(cx + r)), int(np.ceil(cy + r))
+    ys, xs = np.mgrid[y0:y1, x0:x1]
+    mask = (xs + 0.5 - cx) ** 2 + (ys + 0.5 - cy) ** 2 <= r**2
+    image[y0:y1, x0:x1][mask] = rgb
+    bx1, by1, bx2, by2 = tight_box(mask)
+    return [bx1 + x0, by1 + y0, bx2 + x0, by2 + y0]
+
+
+def guillotine(
+    rng: np.random.Generator, width: int, height: int, min_side: int, max_side: int
+) -> list[tuple[int, int, int, int]]:
+    """Cut a ``width × height`` px canvas into rectangles ``(x1, y1, x2, y2)`` (exclusive
+    ends) by random straight cuts across the longer side, until each is at most ``max_side``
+    px (then kept with probability 1/2 per round) or too short to cut into two of at least
+    ``min_side`` px. Needs ``max_side ≥ 2·min_side``."""
+    cells, stack = [], [(0, 0, width, height)]
+    while stack:
+        x1, y1, x2, y2 = stack.pop()
+        longest = max(x2 - x1, y2 - y1)
+        if longest < 2 * min_side or (longest <= max_side and rng.random() < 0.5):
+            cells.append((x1, y1, x2, y2))
+        elif x2 - x1 >= y2 - y1:
+            cut = int(rng.integers(x1 + min_side, x2 - min_side + 1))
+            stack += [(x1, y1, cut, y2), (cut, y1, x2, y2)]
+        else:
+            cut = int(rng.integers(y1 + min_side, y2 - min_side + 1))
+            stack += [(x1, y1, x2, cut), (x1, cut, x2, y2)]
+    return cells
+
+
+def neutral_canvas(
+    rng: np.random.Generator,
+    width: int,
+    height: int,
+    cells: tuple[int, int],
+    discs: int,
+    disc_sizes: tuple[int, int],
+) -> Array:
+    """Mild neutral clutter, ``(height, width, 3)`` uint8: the canvas cut into rectangles
+    (:func:`guillotine` with sides ``cells`` px) of light grays (``ZOOM_CELL_GREYS``), then
+    ``discs`` darker gray discs (``ZOOM_DISC_GREYS``, diameters ``disc_sizes`` px) at random
+    positions. No colour anywhere: only the mark is saturated."""
+    image = np.empty((height, width, 3), dtype=np.uint8)
+    for x1, y1, x2, y2 in guillotine(rng, width, height, *cells):
+        image[y1:y2, x1:x2] = ZOOM_CELL_GREYS[int(rng.integers(0, len(ZOOM_CELL_GREYS)))]
+    for _ in range(discs):
+        diameter = int(rng.integers(disc_sizes[0], disc_sizes[1] + 1))
+        cx = float(rng.uniform(diameter, width - diameter))
+        cy = float(rng.uniform(diameter, height - diameter))
+        grey = ZOOM_DISC_GREYS[int(rng.integers(0, len(ZOOM_DISC_GREYS)))]
+        draw_disc(image, cx, cy, diameter, np.full(3, grey, dtype=np.uint8))
+    return image
+
+
+def write_zoom_marks(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``zoom_marks``: images of 1024–1536 px per side (each side drawn apart) with neutral
+    clutter (:func:`neutral_canvas`: cells 200–800 px, 40 discs of 8–40 px) and one mark at a
+    random position (≥ its diameter + 4 px from the edges, so a crop twice its size fits): a
+    ring of outer diameter 16–20 px in a random one of the 4 colours, a dark gap, and a centre
+    dot (0.44 × the diameter, 7–8.8 px) of the asked colour (jittered ±15 per channel; targets
+    balanced, the ring's colour drawn independently, so it says nothing about the dot's)."""
+    (folder / "images").mkdir(exist_ok=True)
+    colours = list(COLOURS)
+    records = []
+    for i, colour in enumerate(balanced(rng, colours, n)):
+        width, height = (int(v) for v in rng.integers(ZOOM_SIDES[0], ZOOM_SIDES[1] + 1, size=2))
+        image = neutral_canvas(rng, width, height, (200, 800), 40, (8, 40))
+        diameter = int(rng.integers(ZOOM_RING[0], ZOOM_RING[1] + 1))
+        margin = diameter + 4
+        cx = float(rng.uniform(margin, width - margin))
+        cy = float(rng.uniform(margin, height - margin))
+        ring = colours[int(rng.integers(0, len(colours)))]
+        box = draw_disc(image, cx, cy, diameter, colour_value(ring, rng))
+        draw_disc(image, cx, cy, ZOOM_GAP * diameter, np.full(3, ZOOM_GAP_GREY, dtype=np.uint8))
+        dot = draw_disc(image, cx, cy, ZOOM_DOT * diameter, colour_value(colour, rng))
+        relative = f"images/{split}-{i:04d}.png"
+        save_png(image, folder / relative)
+        meta = {
+            "choices": colours,
+            "image_size": [width, height],
+            "target_box": box,
+            "dot_box": dot,
+            "ring_colour": ring,
+        }
+        records.append(
+            user_record(
+                f"{folder.name}-{split}-{i:04d}", "image", relative, ZOOM_QUESTION, colour, meta
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
+def uniform_frame_indices(total_frames: int, frames: int) -> list[int]:
+    """The ``frames`` frame indices spread uniformly over ``[0, total_frames − 1]`` that
+    qwen-vl-utils and :func:`mmrft.video.frame_indices` sample (``linspace``, rounded)."""
+    return [int(i) for i in np.round(np.linspace(0, total_frames - 1, frames))]
+
+
+def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``zoom_video``: 112×112 px clips of 8, 9 or 10 s at 20 fps over a static neutral
+    background (:func:`neutral_canvas`: cells 16–64 px, 6 discs of 6–14 px); a disc of
+    20–28 px in one of the 4 colours (targets balanced) flashes on 6–10 frames (0.3–0.5 s)
+    at a random position. The flash lies between the frames of the 8- and the 16-frame
+    uniform samplings (:func:`uniform_frame_indices`) with at least one frame to spare on
+    each side, its start drawn uniformly among such places (the length drawn again, one frame
+    shorter, while none fits): sampled at either count, it is never seen."""
+    (folder / "videos").mkdir(exist_ok=True)
+    fps, size = ZOOM_VIDEO_FPS, ZOOM_VIDEO_SIZE
+    colours = list(COLOURS)
+    records = []
+    for i, colour in enumerate(balanced(rng, colours, n)):
+        duration = int(rng.integers(8, 11))  # s
+        n_frames = duration * fps
+        base = neutral_canvas(rng, size, size, (16, 64), 6, (6, 14))
+        length = int(rng.integers(6, 11))  # frames
+        sampled = {i for k in ZOOM_VIDEO_BASE_FRAMES for i in uniform_frame_indices(n_frames, k)}
+        while True:
+            starts = [
+                f
+                for f in range(1, n_frames - length)
+                if not any(f - 1 <= s <= f + length for s in sampled)
+            ]
+            if starts or length == 6:
+                break
+            length -= 1
+        first = starts[int(rng.integers(0, len(starts)))]
+        diameter = int(rng.integers(20, 29))
+        cx, cy = (float(v) for v in rng.uniform(diameter / 2 + 2, size - diameter / 2 - 2, 2))
+        flash = base.copy()
+        box = draw_disc(flash, cx, cy, diameter, colour_value(colour, rng))
+        frames = np.repeat(base[None], n_frames, axis=0)
+        frames[first : first + length] = flash
+        video_id = f"{split}-{i:04d}"
+        relative = f"videos/{video_id}.mp4"
+        save_mp4(frames, fps, folder / relative)
+        meta = {
+            "choices": colours,
+            "duration": float(duration),
+            "fps": fps,
+            "frame_size": [size, size],
+            "target_span": [round(first / fps, 3), round((first + length) / fps, 3)],
+            "target_box": box,
+        }
+        records.append(
+            user_record(
+                f"{folder.name}-{video_id}", "video", relative, ZOOM_VIDEO_QUESTION, colour, meta
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
 # -- registry --------------------------------------------------------------------------------
 Writer = Callable[[Path, str, int, np.random.Generator], None]
 
@@ -867,6 +1061,8 @@ BENCHMARKS: dict[str, Benchmark] = {
     ),
     "audio_beeps": Benchmark(109, "counting", write_audio_beeps, {"train": 80, "test": 40}),
     "audio_pitch": Benchmark(110, "classification", write_audio_pitch, {"train": 64, "test": 32}),
+    "zoom_marks": Benchmark(111, "classification", write_zoom_marks, {"train": 400, "test": 100}),
+    "zoom_video": Benchmark(112, "video_qa", write_zoom_video, {"train": 200, "test": 50}),
 }
 
 

@@ -48,6 +48,8 @@ BUNDLED = {
         "video_qa",
         ["qwen2_5_vl"],
     ),
+    "zoom_marks": ("zoom_marks", "test.jsonl", "mmrft", "classification", ["qwen2_5_vl"]),
+    "zoom_video": ("zoom_video", "test.jsonl", "mmrft", "video_qa", ["qwen2_5_vl"]),
     "audio_beeps": ("audio_beeps", "test.jsonl", "mmrft", "counting", ["qwen2_audio"]),
     "audio_pitch": ("audio_pitch", "test.jsonl", "mmrft", "audio_qa", ["qwen2_audio"]),
     "audio_pitch__r1_aqa": (
