@@ -36,6 +36,7 @@ BASE = [
     "algorithm.clip_low=0.05",
     "algorithm.clip_high=0.05",
     "optim.lr=1e-2",
+    "algorithm.beta=0",  # the demo's KL term needs a reference model these checks do not build
 ]
 CASES = {
     # ZeRO-3 with a sharded reference model (β > 0: stored reference log-probs, all completions
@@ -264,7 +265,8 @@ def test_sharding_mode_is_validated():
         load_config(REPO / "configs/demo.yaml", ["train.sharding=fsdp"])
     with pytest.raises(ConfigError, match=r"train\.sharding.*model\.lora\.enabled"):
         load_config(
-            REPO / "configs/demo.yaml", ["train.sharding=fsdp_full", "model.lora.enabled=true"]
+            REPO / "configs/demo.yaml",
+            ["train.sharding=fsdp_full", "model.lora.enabled=true", "algorithm.beta=0"],
         )
 
 
@@ -297,7 +299,9 @@ def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
         "-m", "mmrft.cli", "train", "demo", f"output_dir={tmp_path}", "name=ws",
         "warm_start.steps=2", f"train.steps={steps}", "train.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=6", "eval.before=false", "eval.every=3", "eval.batch_size=20",
-        "data.max_test_samples=4", "checkpoint.every=1", "train.threads=1", *extra,
+        "data.max_test_samples=4", "checkpoint.every=1", "train.threads=1",
+        "algorithm.beta=0",  # a sharded run refuses the demo's warm start beside β > 0
+        *extra,
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -439,7 +443,9 @@ def _mixed_media_worker(rank: int, world: int, port: int, out_dir: str) -> None:
         from mmrft.trainer import deepspeed_config
 
         torch.set_num_threads(1)
-        cfg = load_config(REPO / "configs/demo.yaml", ["train.sharding=deepspeed_zero2"])
+        cfg = load_config(
+            REPO / "configs/demo.yaml", ["train.sharding=deepspeed_zero2", "algorithm.beta=0"]
+        )
         policy = load_policy(cfg.model, torch.device("cpu"))
         optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
         distributed.prepare_optimizer(
