@@ -28,6 +28,7 @@ from mmrft.data import DataError, Sample
 from mmrft.plugins import (
     MODEL_FAMILIES,
     TASKS,
+    TOOLS,
     VERIFIERS,
     PluginError,
     UnknownNameError,
@@ -219,6 +220,21 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
             table.add_row(escape(name), escape(str(where)))
         console.print(table)
         return 0
+    if args.what == "tools":
+        table = Table(title="tools (multi-turn rollouts)")
+        for column in ("name", "aliases", "timeout", "description"):
+            table.add_column(column, overflow="fold")
+        for name in TOOLS.names():
+            spec = TOOLS.get(name)
+            if spec.name == name:  # an alias is listed with its tool
+                table.add_row(
+                    escape(name),
+                    escape(", ".join(spec.aliases)),
+                    f"{spec.timeout_s:g} s",
+                    escape(spec.description),
+                )
+        console.print(table)
+        return 0
     registry = {"tasks": TASKS, "verifiers": VERIFIERS, "models": MODEL_FAMILIES}[args.what]
     table = Table(title=args.what)
     table.add_column("name")
@@ -308,9 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser(
-        "list", help="list registered tasks, verifiers, model families or bundled configs"
+        "list", help="list registered tasks, verifiers, model families, tools or bundled configs"
     )
-    p.add_argument("what", choices=["tasks", "verifiers", "models", "configs"])
+    p.add_argument("what", choices=["tasks", "verifiers", "models", "tools", "configs"])
     p.add_argument(
         "--plugin", action="append", default=[], help="plugin file.py or module to import"
     )

@@ -1,7 +1,7 @@
 """One registry for tasks, verifiers and model families, and the plugin loader.
 
-Built-ins (``mmrft.tasks``, ``mmrft.verifiers``, ``mmrft.models``) register themselves
-through the same decorators a user's plugin uses. A user plugin is named in a config's
+Built-ins (``mmrft.tasks``, ``mmrft.verifiers``, ``mmrft.models``, ``mmrft.tools``) register
+themselves through the same decorators a user's plugin uses. A user plugin is named in a config's
 ``plugins:`` list (or ``--plugin`` on the command line) as one of
 
 * a file path ``path/to/my_rewards.py`` (imported by path),
@@ -9,7 +9,8 @@ through the same decorators a user's plugin uses. A user plugin is named in a co
 * nothing at all: installed packages exposing the entry-point group ``mmrft.plugins`` are
   imported automatically.
 
-Importing the plugin runs its ``@verifier`` / ``@task`` / ``@model_family`` decorators.
+Importing the plugin runs its ``@verifier`` / ``@task`` / ``@model_family`` / ``@tool``
+decorators.
 """
 
 from __future__ import annotations
@@ -95,8 +96,11 @@ class Registry(Generic[T]):
 TASKS: Registry[Any] = Registry("task")
 VERIFIERS: Registry[Any] = Registry("verifier")
 MODEL_FAMILIES: Registry[Any] = Registry("model family")
+TOOLS: Registry[Any] = Registry("tool")
+"""Tools of multi-turn rollouts (:mod:`mmrft.tool`); an alias is registered as one more name
+of the same :class:`~mmrft.tool.ToolSpec`."""
 
-_BUILTIN_PACKAGES = ("mmrft.verifiers", "mmrft.tasks", "mmrft.models")
+_BUILTIN_PACKAGES = ("mmrft.verifiers", "mmrft.tasks", "mmrft.models", "mmrft.tools")
 _builtins_loaded = False
 
 
