@@ -32,6 +32,7 @@ from mmrft.plugins import (
     VERIFIERS,
     PluginError,
     UnknownNameError,
+    first_paragraph,
     load_plugins,
 )
 from mmrft.rewards import RewardError
@@ -250,17 +251,6 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
         table.add_row(escape(name), escape(params), escape(first_paragraph(fn.__doc__) + extra))
     console.print(table)
     return 0
-
-
-def first_paragraph(doc: str | None) -> str:
-    """The first paragraph of a docstring on one line (a summary that runs over several lines
-    is kept whole)."""
-    lines = []
-    for line in (doc or "").strip().splitlines():
-        if not line.strip():
-            break
-        lines.append(line.strip())
-    return " ".join(lines)
 
 
 def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:

@@ -58,6 +58,17 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
     return "valid: " + ", ".join(valid) if valid else "nothing is registered"
 
 
+def first_paragraph(doc: str | None) -> str:
+    """The first paragraph of a docstring on one line (a summary that runs over several lines
+    is kept whole)."""
+    lines = []
+    for line in (doc or "").strip().splitlines():
+        if not line.strip():
+            break
+        lines.append(line.strip())
+    return " ".join(lines)
+
+
 class Registry(Generic[T]):
     """Name → object mapping for one kind of plugin (``task``, ``verifier``, ``model family``)."""
 

@@ -72,7 +72,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mmrft.boxes import to_pixels
-from mmrft.plugins import TOOLS, Registry, UnknownNameError, did_you_mean
+from mmrft.plugins import TOOLS, Registry, UnknownNameError, did_you_mean, first_paragraph
 from mmrft.video import VideoBudget
 
 if TYPE_CHECKING:
@@ -442,7 +442,7 @@ def tool(
         spec = ToolSpec(
             name=name,
             fn=fn,
-            description=description or _first_paragraph(fn.__doc__) or name,
+            description=description or first_paragraph(fn.__doc__) or name,
             parameters=parameters,
             aliases=aliases,
             timeout_s=float(timeout_s),
@@ -453,15 +453,6 @@ def tool(
         return fn
 
     return register
-
-
-def _first_paragraph(doc: str | None) -> str:
-    lines = []
-    for line in (doc or "").strip().splitlines():
-        if not line.strip():
-            break
-        lines.append(line.strip())
-    return " ".join(lines)
 
 
 ToolRegistry = Registry[Any] | Mapping[str, ToolSpec]

@@ -243,25 +243,12 @@ def test_rotate(picture):
 
 
 # -- video_frames ---------------------------------------------------------------------------
-def write_clip(path: Path, seconds: float = 3.0, fps: int = 10, size: int = 64) -> Path:
-    """An H.264 mp4 of ``seconds × fps`` frames: a 16-pixel red square moving right (as in
-    test_video.py)."""
-    av = pytest.importorskip("av", reason="PyAV writes the test clips (pip install av)")
-    import numpy as np
+def write_clip(path: Path) -> Path:
+    """test_video.py's clip: 3 s at 10 fps, a 16-pixel red square moving right."""
+    pytest.importorskip("av", reason="PyAV writes the test clips (pip install av)")
+    from test_video import write_clip as write
 
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = size, size, "yuv420p"
-        n = round(seconds * fps)
-        for i in range(n):
-            image = np.zeros((size, size, 3), dtype=np.uint8)
-            x = round(i * (size - 16) / max(n - 1, 1))
-            image[size // 2 - 8 : size // 2 + 8, x : x + 16, 0] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    return write(path)
 
 
 @pytest.fixture(scope="module")
