@@ -11,7 +11,10 @@ One step, in the order the code runs (:meth:`Collector.collect`)::
    Today that is :class:`DataStream` (a seeded order that is a pure function of the position,
    so a resume continues it); a sampler plugin implements the same :class:`PromptSource`.
 2. **generate**: the engine samples ``G = rollout.group_size`` completions per prompt,
-   group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only.
+   group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only. With tools
+   (``rollout.tools.names``) this is the multi-turn loop (:class:`mmrft.trajectory.ToolLoop`):
+   turn 1 as above, then every trajectory that called a tool gets the observation appended
+   and continues, all of them in one batch per turn, until it answers or a budget ends it.
 3. **verify**: the weighted reward of every completion, reasons counted.
 4. **shape**: DAPO's overlong penalty, then the auxiliary rollouts: completions sampled on
    perturbed prompts that shape the reward of the real ones without being trained on
@@ -55,6 +58,7 @@ from mmrft.policy import Policy
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward
 from mmrft.rollout import Engine, Rollouts, Sampling
 from mmrft.task import Task
+from mmrft.trajectory import LoopLimits, ToolLoop
 from mmrft.typecheck import ConfigError
 from mmrft.video import with_shuffled_frames
 
@@ -337,6 +341,43 @@ def build_auxiliaries(cfg: RunConfig, reward: WeightedReward) -> list[AuxiliaryR
 
 
 # ---------------------------------------------------------------------------------------------
+# Stage 2 with tools
+
+
+def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop | None:
+    """The multi-turn loop ``rollout.tools`` asks for, or ``None`` (no tools named). Start-up
+    checks, each a :class:`ConfigError` naming the key: unknown tool names (with the closest
+    registered one), an engine without :meth:`~mmrft.rollout.Engine.continue_rows`, a family
+    without tool observations, a chat template that cannot render them."""
+    from mmrft.family import ModelFamily
+    from mmrft.tool import enabled_tools
+
+    tools = cfg.rollout.tools
+    if not tools.names:
+        return None
+    try:
+        enabled = enabled_tools(tools.names)
+    except KeyError as exc:
+        raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
+    if not callable(getattr(engine, "continue_rows", None)):
+        raise ConfigError(
+            f"rollout.tools: the '{engine.name}' engine cannot continue trajectories yet; "
+            "use rollout.engine=hf"
+        )
+    family = policy.family
+    if type(family).observation_row is ModelFamily.observation_row:
+        raise ConfigError(
+            f"rollout.tools: model family '{family.name}' cannot tokenise tool observations "
+            "yet (the Qwen-VL families can)"
+        )
+    for name, value in (("max_turns", tools.max_turns), ("max_media", tools.max_media)):
+        if value < 1:
+            raise ConfigError(f"rollout.tools.{name}: must be at least 1, got {value}")
+    limits = LoopLimits(tools.max_turns, tools.max_tokens, tools.max_media, tools.max_visual_tokens)
+    return ToolLoop(family, policy.processor, enabled, limits)
+
+
+# ---------------------------------------------------------------------------------------------
 # The collector
 
 
@@ -375,6 +416,7 @@ class Collector:
             rollout.top_k,
             ignore_eos=rollout.ignore_eos,
         )
+        self.tool_loop = build_tool_loop(cfg, policy, engine)
 
     def collect(self, step: int) -> StepBatch:
         """This process's share of step ``step``'s batch (collective under several processes:
@@ -429,6 +471,8 @@ class Collector:
         }
         for aux in self.auxiliaries:
             counts.update(aux.metrics())
+        if self.tool_loop is not None:
+            counts.update(self.tool_loop.metrics())
         return StepBatch(
             samples=kept_samples,
             rollouts=kept,
@@ -453,7 +497,11 @@ class Collector:
         samples = [self.samples[i] for i in drawn[rank * P : (rank + 1) * P]]
         conversations = [self.task.prompt(s, self.policy.family) for s in samples]
         G = self.cfg.rollout.group_size
-        rollouts = self.engine.generate(conversations, G, self.sampling)
+        if self.tool_loop is not None:
+            conversations = [self.tool_loop.with_tools(c) for c in conversations]
+            rollouts = self.tool_loop.run(self.engine, conversations, samples, G, self.sampling)
+        else:
+            rollouts = self.engine.generate(conversations, G, self.sampling)
         t0 = time.perf_counter()
         rnd = Round(
             samples=samples,
@@ -461,7 +509,10 @@ class Collector:
             conversations=conversations,
             rollouts=rollouts,
             scored=self.reward(
-                rollouts.texts, [s for s in samples for _ in range(G)], context=f"at step {step}"
+                rollouts.texts,
+                [s for s in samples for _ in range(G)],
+                context=f"at step {step}",
+                trajectories=rollouts.trajectories,
             ),
             group_size=G,
         )

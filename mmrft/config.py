@@ -203,6 +203,35 @@ class VLLMConfig:
 
 
 @dataclass
+class ToolsConfig:
+    """Multi-turn rollouts with tools (:mod:`mmrft.trajectory`); off while ``names`` is empty."""
+
+    names: list[str] = _f(
+        [],
+        "Tools the model may call (registered names, e.g. [crop] or [image_zoom_in]; `mmrft list tools`); empty = single-turn rollouts.",
+    )
+    max_turns: int = _f(
+        5,
+        "Model turns per trajectory (DeepEyes: 5); a call in the last turn ends it with reason max_turns.",
+    )
+    max_tokens: int = _f(
+        0,
+        "Tokens of a trajectory after the prompt, model and observation tokens together; an observation that would pass it ends the trajectory (reason max_tokens) and is not added; each turn also gets at most rollout.max_new_tokens; 0 = max_turns × rollout.max_new_tokens + 4096.",
+    )
+    max_media: int = _f(
+        4, "Images and clips tools may add to one trajectory (reason max_media past it)."
+    )
+    max_visual_tokens: int = _f(
+        0,
+        "Visual tokens tools may add to one trajectory (reason max_visual_tokens past it); 0 = no bound beyond max_tokens.",
+    )
+    describe: bool = _f(
+        True,
+        "Tell the model which tools exist: the chat template's own tools= when it has one, else a system message in Qwen's function-calling form from the tools' JSON schemas.",
+    )
+
+
+@dataclass
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = _f(
         "hf",
@@ -235,6 +264,10 @@ class RolloutConfig:
     timeout_s: float = _f(
         0.0,
         "Time budget of one generate() call (seconds; transformers max_time); completions cut by it count as truncated; 0 = none.",
+    )
+    tools: ToolsConfig = field(
+        default_factory=ToolsConfig,
+        metadata={"help": "Multi-turn rollouts with tools (crop, video_frames, ...)."},
     )
 
 

@@ -53,13 +53,19 @@ def evaluate(
     max_new_tokens: int,
     progress: Progress | None = None,
     engine: Engine | None = None,
+    tool_loop: Any = None,
 ) -> EvalResult:
     """Greedy-decode every sample once and score it with the task's strict evaluation.
 
     Prompts go to the engine (``engine``, e.g. a run's vLLM engine holding the current weights;
     by default the ``hf`` engine on ``policy``) ``batch_size`` at a time (the batches the engine
     would form itself, so the completions are the same), each batch advancing a bar on
-    ``progress`` (a live :func:`mmrft.runlog.progress_bar`) when one is given."""
+    ``progress`` (a live :func:`mmrft.runlog.progress_bar`) when one is given.
+
+    With ``tool_loop`` (a run's :class:`mmrft.trajectory.ToolLoop`) every sample runs the
+    multi-turn tool loop greedily, the task scores its last turn, each record keeps the whole
+    trajectory, and the metrics add ``tools/turns_mean``, ``tools/use_rate``,
+    ``tools/call_success`` and the ``tools/stop/<reason>`` shares."""
     start = time.perf_counter()
     engine = engine or HFEngine(policy, batch_size)
     conversations = [task.prompt(s, policy.family) for s in samples]
@@ -67,7 +73,13 @@ def evaluate(
     bar = None if progress is None else progress.add_task("eval", total=len(samples), info="")
     rollouts = Rollouts()
     for begin in range(0, len(conversations), batch_size):
-        rollouts.extend(engine.generate(conversations[begin : begin + batch_size], 1, sampling))
+        chunk = conversations[begin : begin + batch_size]
+        if tool_loop is None:
+            rollouts.extend(engine.generate(chunk, 1, sampling))
+        else:
+            chunk = [tool_loop.with_tools(c) for c in chunk]
+            part = samples[begin : begin + batch_size]
+            rollouts.extend(tool_loop.run(engine, chunk, part, 1, sampling))
         if bar is not None:
             progress.update(bar, completed=len(rollouts.texts))  # type: ignore[union-attr]
     if bar is not None:
@@ -76,6 +88,10 @@ def evaluate(
     metrics = task.aggregate(records)
     metrics["primary"] = metrics.get(task.primary_metric, float("nan"))
     metrics["truncated"] = sum(rollouts.truncated) / max(len(samples), 1)
+    if tool_loop is not None:
+        for record, trajectory in zip(records, rollouts.trajectories or []):
+            record.trajectory = trajectory.to_json()
+        metrics.update(tool_loop.metrics(prefix="tools"))
     categories = task.categories(records, samples)
     return EvalResult(task.name, metrics, records, time.perf_counter() - start, categories)
 

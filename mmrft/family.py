@@ -148,6 +148,14 @@ class ModelFamily:
             for conv in conversations
         ]
 
+    def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
+        """One prepared row (:meth:`split_rows`) of ``text``, a chat-template fragment holding
+        one placeholder block per media part of ``parts`` (chat content parts: PIL images,
+        frame-list videos), with those media loaded by the family's budgets: a tool's
+        observation, tokenised alone and appended to a trajectory (:mod:`mmrft.trajectory`).
+        Families that do not implement it cannot run tool rollouts (refused at start-up)."""
+        raise NotImplementedError(f"model family '{self.name}' has no tool observations")
+
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         """(w, h) in pixels of the image as the model sees it after resizing."""
         raise NotImplementedError

@@ -58,6 +58,7 @@ except ImportError:
 
 from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
+from mmrft.trajectory import joined_row, with_media
 
 GROUP_ATTENTION = ("sdpa", "eager")
 
@@ -115,9 +116,16 @@ def pack(
     prompts: Sequence[dict[str, Any]],
     completions: Sequence[Sequence[Sequence[int]]],
     pad_token_id: int,
+    trajectories: Sequence[Sequence[Any]] | None = None,
 ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Model inputs of packed rows: row ``r`` is ``prompts[r]`` followed by the completions
     ``completions[r]`` (see the module docstring).
+
+    ``trajectories`` (parallel to ``completions``; tool rollouts, :mod:`mmrft.trajectory`):
+    a completion whose trajectory added media gets the positions of its own whole
+    ``[prompt | trajectory]`` sequence from the family's function (mRoPE of every turn's
+    images and clips), and its media join the row's after the prompt's and the earlier
+    completions', the order of their placeholders in the row.
 
     Returns ``(inputs, rows, cols, ids, mask, keep)``: the keyword arguments of the model call
     (without ``logits_to_keep``); for every completion (in order, row by row) the row index and
@@ -134,17 +142,24 @@ def pack(
     allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)  # padding attends to itself only
     first = min(prompt_lengths) - 1  # the first position whose logits are kept
     spans: list[tuple[int, int, int, int]] = []  # (row, prompt length, start, length)
+    media_rows = []
     for r, (row, comps) in enumerate(zip(prompts, completions)):
         lp = prompt_lengths[r]
+        row_trajectories = trajectories[r] if trajectories is not None else [None] * len(comps)
+        media_rows.append(with_media(row, [t for t in row_trajectories if t is not None]))
         input_ids[r, :lp] = row["input_ids"]
         position_ids[:, r, :lp] = positions[r]
         allowed[r, :lp, :lp] = prompt_block(family, model, row)
         after = int(positions[r].max()) + 1
         start = lp
-        for comp in comps:
+        for comp, trajectory in zip(comps, row_trajectories):
             n = len(comp)
             input_ids[r, start : start + n] = torch.as_tensor(list(comp), dtype=torch.long)
-            position_ids[:, r, start : start + n] = after + torch.arange(n)
+            if trajectory is not None and trajectory.has_media:
+                own = family.rope_positions(model, joined_row(row, trajectory, family.token_keys))
+                position_ids[:, r, start : start + n] = own[:, lp:]
+            else:
+                position_ids[:, r, start : start + n] = after + torch.arange(n)
             allowed[r, start : start + n, :lp] = True
             allowed[r, start : start + n, start : start + n] = torch.ones(
                 n, n, dtype=torch.bool
@@ -166,7 +181,7 @@ def pack(
         ids[j, :n] = input_ids[r, start : start + n]
         mask[j, :n] = 1
 
-    media = family.collate_rows(list(prompts), pad_token_id)
+    media = family.collate_rows(media_rows, pad_token_id)
     for key in ("input_ids", "attention_mask", *family.token_keys):
         media.pop(key, None)
     inputs = {
@@ -223,10 +238,12 @@ def group_logps(
     completions: Sequence[Sequence[int]],
     micro_group: int = 0,
     with_entropy: bool = False,
+    trajectories: Sequence[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log π(c_t | prompt, c_<t) of ``completions[i]`` given ``prompts[prompt_index[i]]``, the
     completions of one prompt sharing packed rows of at most ``micro_group`` (0 = the whole
-    group) in one forward.
+    group) in one forward. ``trajectories``: the tool trajectories of the completions (their
+    media and positions, :func:`pack`); the prefix path takes none with media.
 
     Returns ``(logps [n, C], mask [n, C], entropy [n, C] or None)`` on the policy's device, in
     the order of ``completions``: the same as :func:`mmrft.policy.completion_logps` on the
@@ -236,10 +253,19 @@ def group_logps(
     order = rounds(prompt_index, micro_group)
     round_prompts = [prompts[prompt_index[members[0]]] for members in order]
     round_completions = [[completions[i] for i in members] for members in order]
+    round_trajectories = (
+        None if trajectories is None else [[trajectories[i] for i in members] for members in order]
+    )
     if packing(model) == "prefix":
+        if trajectories is not None and any(t.has_media for t in trajectories):
+            raise ValueError(
+                "the prefix path cannot place a trajectory's media (use rollout_logps)"
+            )
         logits, ids, mask = prefix_logits(policy, round_prompts, round_completions)
     else:
-        logits, ids, mask = packed_logits(policy, round_prompts, round_completions)
+        logits, ids, mask = packed_logits(
+            policy, round_prompts, round_completions, round_trajectories
+        )
     ids, mask = ids.to(device), mask.to(device)
     logps = selective_log_softmax(logits, ids)
     entropy = entropy_from_logits(logits) if with_entropy else None
@@ -259,12 +285,13 @@ def packed_logits(
     policy: Any,
     prompts: Sequence[dict[str, Any]],
     completions: Sequence[Sequence[Sequence[int]]],
+    trajectories: Sequence[Sequence[Any]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Logits ``[n, C, V]`` (float32) predicting each token of every completion, row by row, with
     its ids and 0/1 mask ``[n, C]``: one forward of the packed rows (:func:`pack`)."""
     device, family, model = policy.device, policy.family, policy.model
     inputs, rows, cols, ids, mask, keep = pack(
-        family, model, prompts, completions, policy.pad_token_id
+        family, model, prompts, completions, policy.pad_token_id, trajectories
     )
     inputs = {k: _to(v, device) for k, v in inputs.items()}
     _cast_media(inputs, family, model)
@@ -384,17 +411,38 @@ def rollout_logps(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The training forward of the completions ``indices`` of ``rollouts``
     (:class:`mmrft.rollout.Rollouts`): packed behind one prompt per round (:func:`group_logps`)
-    or one ``[prompt | completion]`` sequence each (:func:`mmrft.policy.completion_logps`)."""
-    from mmrft.policy import completion_logps
+    or one ``[prompt | completion]`` sequence each (:func:`mmrft.policy.completion_logps`).
+
+    Tool trajectories (``rollouts.trajectories``): the mask returned is the loss mask (the
+    model's own tokens only); trajectories with media take the per-completion path on models
+    packed by prefix (Qwen3.5), whose cache copies cannot place later images."""
+    from mmrft.policy import completion_logps, pad_completions
 
     completions = [rollouts.completion_ids[i] for i in indices]
-    if group_shared:
+    trajectories = (
+        None if rollouts.trajectories is None else [rollouts.trajectories[i] for i in indices]
+    )
+    media = trajectories is not None and any(t.has_media for t in trajectories)
+    if group_shared and not (media and packing(policy.model) == "prefix"):
         prompt_index = [rollouts.prompt_index[i] for i in indices]
-        return group_logps(
-            policy, rollouts.prompts, prompt_index, completions, micro_group, with_entropy
+        logps, mask, entropy = group_logps(
+            policy,
+            rollouts.prompts,
+            prompt_index,
+            completions,
+            micro_group,
+            with_entropy,
+            trajectories,
         )
-    rows = [rollouts.prompts[rollouts.prompt_index[i]] for i in indices]
-    return completion_logps(policy, rows, completions, with_entropy=with_entropy)
+    else:
+        rows = [rollouts.prompts[rollouts.prompt_index[i]] for i in indices]
+        logps, mask, entropy = completion_logps(
+            policy, rows, completions, with_entropy=with_entropy, trajectories=trajectories
+        )
+    if trajectories is not None:
+        loss_mask, _ = pad_completions([t.loss_mask for t in trajectories], 0)
+        mask = mask * loss_mask[:, : mask.shape[1]].to(mask.device)
+    return logps, mask, entropy
 
 
 # -- prefix caches: families whose prompt cannot be packed behind a block mask -----------------

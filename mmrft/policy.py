@@ -177,6 +177,7 @@ def completion_logps(
     prompt_rows: list[dict[str, Any]],
     completions: list[list[int]],
     with_entropy: bool = False,
+    trajectories: list[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log π(c_t | prompt, c_<t) for each completion token.
 
@@ -184,19 +185,29 @@ def completion_logps(
         prompt_rows: one prepared prompt per completion (``ModelFamily.split_rows`` output).
         completions: completion token ids (ending with the end-of-turn token when the model
             stopped, cut at the length limit otherwise).
+        trajectories: tool rollouts (:mod:`mmrft.trajectory`), one per completion: their
+            observations' media follow each prompt's media and their token types mark the
+            observations' placeholders, so the model places every turn's images and computes
+            the multimodal positions over the whole sequence. The mask stays the token mask
+            (the caller applies the loss mask).
     Returns:
         ``(logps [B, C], mask [B, C], entropy [B, C] or None)`` on the policy's device.
     """
+    from mmrft.trajectory import with_media
+
     device = policy.device
+    if trajectories is not None:
+        prompt_rows = [with_media(row, [t]) for row, t in zip(prompt_rows, trajectories)]
     prompt = policy.family.collate_rows(prompt_rows, policy.pad_token_id)
     completion_ids, completion_mask = pad_completions(completions, policy.pad_token_id)
     input_ids = torch.cat([prompt.pop("input_ids"), completion_ids], dim=1).to(device)
     attention_mask = torch.cat([prompt.pop("attention_mask"), completion_mask], dim=1).to(device)
     for key in policy.family.token_keys:  # per-token tensors: completion tokens are text (0)
         if key in prompt:
-            prompt[key] = torch.cat(
-                [prompt[key], torch.zeros_like(completion_ids, dtype=prompt[key].dtype)], dim=1
-            )
+            types = torch.zeros_like(completion_ids, dtype=prompt[key].dtype)
+            for i, t in enumerate(trajectories or []):  # but observations' placeholders
+                types[i, : len(t.token_types)] = torch.tensor(t.token_types, dtype=types.dtype)
+            prompt[key] = torch.cat([prompt[key], types], dim=1)
     media = {k: v.to(device) for k, v in prompt.items()}
     for key in policy.family.media_keys:  # patch values follow the model's dtype
         if key in media:

@@ -6,7 +6,13 @@ A verifier is a plain function, batched::
     def my_check(completions: list[str], samples: list[Sample], *, strict: bool = True):
         return [Score(1.0) if ok(c, s) else Score(0.0, reason="no answer tag") for ...]
 
-Contract (DESIGN.md): one result per completion, in order; a result is a :class:`Score`, a
+A verifier that also wants to see multi-turn tool rollouts declares a third positional
+parameter named ``trajectories``: it then receives, per completion, the
+:class:`mmrft.trajectory.Trajectory` (turns, calls, observations' facts) or ``None`` for a
+single-turn completion. Verifiers without it are called exactly as before, on the last turn's
+text.
+
+Contract: one result per completion, in order; a result is a :class:`Score`, a
 plain float, or ``None`` for "not applicable to this sample" (it then adds nothing to the
 reward and is not averaged into the verifier's metric). A verifier never raises on model
 output: malformed output scores ``low`` with a short ``reason``. Parameters are keyword-only
@@ -185,11 +191,26 @@ class VerifierSpec:
     def doc(self) -> str:
         return (self.fn.__doc__ or "").strip()
 
+    @property
+    def wants_trajectories(self) -> bool:
+        """Whether the function takes ``trajectories`` (a third positional parameter)."""
+        import inspect
+
+        positional = [
+            p.name
+            for p in inspect.signature(self.fn).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        return len(positional) >= 3 and positional[2] == "trajectories"
+
     def bind(self, params: Mapping[str, Any] | None = None) -> BoundVerifier:
         """Check ``params`` (names, types, then values via an empty call) and bind them."""
         checked = bind_keyword_params(self.fn, params or {}, where=f"verifier '{self.name}'")
         try:
-            self.fn([], [], **checked)
+            if self.wants_trajectories:
+                self.fn([], [], [], **checked)
+            else:
+                self.fn([], [], **checked)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"verifier '{self.name}': {exc}") from exc
         return BoundVerifier(self, checked)
@@ -242,17 +263,26 @@ class BoundVerifier:
         return self.spec.name
 
     def __call__(
-        self, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str = "",
+        trajectories: Sequence[Any] | None = None,
     ) -> list[Score | None]:
         """Score a batch and check what the verifier returned; a breach of the contract raises
         a :class:`RewardError` naming this verifier, ``context`` (``"at step 12"``) and the
-        samples (see the module docstring)."""
+        samples (see the module docstring). ``trajectories``: the tool rollouts' records, for
+        a verifier that takes them (``None`` per completion when absent)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
         ids = [_sample_id(s) for s in samples]
         where = f" {context}" if context else ""
         try:
-            raw = self.spec.fn(list(completions), list(samples), **self.params)
+            if self.spec.wants_trajectories:
+                given = list(trajectories) if trajectories is not None else [None] * len(samples)
+                raw = self.spec.fn(list(completions), list(samples), given, **self.params)
+            else:
+                raw = self.spec.fn(list(completions), list(samples), **self.params)
             count = len(raw)
         except Exception as exc:
             raise VerifierError(
@@ -370,15 +400,20 @@ class WeightedReward:
         return low, high
 
     def __call__(
-        self, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str = "",
+        trajectories: Sequence[Any] | None = None,
     ) -> RewardBreakdown:
         """Score a batch. ``context`` (e.g. ``"at step 12"``) goes into every error and timeout
-        message. A NaN or inf total (weights times scores overflowing) is an error too."""
+        message. A NaN or inf total (weights times scores overflowing) is an error too.
+        ``trajectories``: tool rollouts' records for the verifiers that take them."""
         total = [0.0] * len(completions)
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
         for bound, weight in self.verifiers:
-            scores = self._scores(bound, completions, samples, context)
+            scores = self._scores(bound, completions, samples, context, trajectories)
             by_name[bound.name] = scores
             for i, score in enumerate(scores):
                 if score is None:
@@ -423,10 +458,11 @@ class WeightedReward:
         completions: Sequence[str],
         samples: Sequence[Sample],
         context: str,
+        trajectories: Sequence[Any] | None = None,
     ) -> list[Score | None]:
         try:
             return call_with_budget(
-                lambda: bound(completions, samples, context),
+                lambda: bound(completions, samples, context, trajectories),
                 self.timeout_s,
                 f"verifier '{bound.name}'",
             )

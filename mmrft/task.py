@@ -71,6 +71,8 @@ class EvalRecord:
         score: the task's primary per-sample metric (accuracy 0/1, IoU, ...).
         reason: why nothing usable was parsed (``"no answer tag"``, ...), else ``None``.
         values: every per-sample metric; the benchmark result is the mean of each.
+        trajectory: a tool rollout's record turn by turn (:meth:`Trajectory.to_json`), when
+            the evaluation ran the tool loop; ``completion`` is then its last turn.
     """
 
     id: str
@@ -79,9 +81,10 @@ class EvalRecord:
     score: float
     reason: str | None = None
     values: dict[str, float] = field(default_factory=dict)
+    trajectory: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "id": self.id,
             "completion": self.completion,
             "parsed": self.parsed,
@@ -89,6 +92,9 @@ class EvalRecord:
             "reason": self.reason,
             **self.values,
         }
+        if self.trajectory is not None:
+            out["trajectory"] = self.trajectory
+        return out
 
 
 class Task:

@@ -151,6 +151,9 @@ class Observation:
         images: images to show the model (PIL, RGB), in order.
         videos: video clips to show the model (:class:`VideoClip`), in order.
         reason: ``None`` when ``ok``; else a short machine-readable reason (module docstring).
+        info: JSON-serialisable facts about the result for records and trajectory-aware
+            verifiers, not shown to the model (``crop``: ``box_px``, the region cut in pixels
+            of image ``image_index``).
     """
 
     ok: bool
@@ -158,6 +161,7 @@ class Observation:
     images: list[Image.Image] = field(default_factory=list)
     videos: list[VideoClip] = field(default_factory=list)
     reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def fail(cls, reason: str, text: str) -> Observation:

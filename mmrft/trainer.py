@@ -682,14 +682,15 @@ def log_step(
     cfg, G = run.cfg, run.cfg.rollout.group_size
     rollouts, scored = batch.generated, batch.scored
     times = {k: v for k, v in stats.items() if k.startswith(("time/", "rollout/"))}
-    generated_tokens = sum(len(c) for c in rollouts.completion_ids)
-    trained_tokens = sum(len(c) for c in batch.rollouts.completion_ids)
+    # the model's own tokens (tool observations are not generated and not trained on)
+    generated_tokens = sum(rollouts.loss_tokens(i) for i in range(len(rollouts.texts)))
+    trained_tokens = sum(batch.rollouts.loss_tokens(i) for i in range(len(batch.rollouts.texts)))
     metrics = {
         **scored.metrics("train/reward"),
         **{f"train/{k}": v for k, v in stats.items() if k not in times},
         **{f"rollout/{k}": v for k, v in group_stats(torch.tensor(scored.total), G).items()},
         **batch.counts,
-        "rollout/len_mean": float(np.mean([len(c) for c in rollouts.completion_ids])),
+        "rollout/len_mean": generated_tokens / max(len(rollouts.texts), 1),
         "rollout/truncated": float(np.mean(rollouts.truncated)),
         "train/lr": run.scheduler.get_last_lr()[0],
         "train/epoch": run.stream.position / max(len(run.train_samples), 1),
@@ -767,6 +768,7 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
                     # an engine with its own weights (vLLM) holds the current ones; hf builds
                     # its own with the evaluation batch size
                     engine=None if run.engine.name == "hf" else run.engine,
+                    tool_loop=run.collector.tool_loop,
                 )
             write_eval(result, directory, {"step": step})
             run.runlog.metrics(
@@ -811,7 +813,7 @@ def _update(
     n = len(rollouts.completion_ids)
     # step-wide denominators over every rank, so the summed gradients equal one big batch's
     num_seqs = distributed.sum_scalar(float(n))
-    num_tokens = distributed.sum_scalar(float(sum(len(c) for c in rollouts.completion_ids)))
+    num_tokens = distributed.sum_scalar(float(sum(rollouts.loss_tokens(i) for i in range(n))))
     if num_seqs == 0:
         return {"active_frac": 0.0}
     needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
@@ -1078,6 +1080,11 @@ def _completion_rows(
                 "media": samples[i].media(),
                 "target": samples[i].target,
                 "completion": rollouts.texts[i],
+                **(
+                    {"trajectory": rollouts.trajectories[i].to_json()}
+                    if rollouts.trajectories is not None
+                    else {}
+                ),
                 "reward": scored.total[i],
                 "scores": {k: (s[i].value if s[i] else None) for k, s in scored.scores.items()},
                 "reasons": {

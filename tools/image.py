@@ -88,7 +88,8 @@ def crop(context: ToolContext, *, bbox_2d: list[float], image_index: int = 0) ->
         )
     region = fit_pixels(image.crop((left, top, right, bottom)), context.max_pixels)
     text = f"Zoomed-in region {_fmt(bbox_2d)} of image {image_index}."
-    return Observation(ok=True, text=text, images=[region])
+    info = {"box_px": [left, top, right, bottom], "image_index": image_index}
+    return Observation(ok=True, text=text, images=[region], info=info)
 
 
 @tool(

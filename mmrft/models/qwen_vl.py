@@ -395,9 +395,16 @@ class QwenVLFamily(ModelFamily):
         videos, processor kwargs)``, images resized by the pixel budget (PIL), videos sampled
         and resized by the video budget (``[T, 3, H, W]`` uint8 each, their metadata in the
         kwargs' ``video_metadata``), both in prompt order across the batch."""
+        texts = self.render(processor, conversations, add_generation_prompt)
+        return (texts, *self.load_vision(processor, texts, conversations))
+
+    def load_vision(
+        self, processor: Any, texts: list[str], conversations: list[list[dict[str, Any]]]
+    ) -> tuple[list[Any] | None, list[Any] | None, dict[str, Any]]:
+        """``(images, videos, processor kwargs)`` of ``conversations`` as :meth:`load_media`
+        describes, for ``texts`` already rendered (the video budget counts their tokens)."""
         from mmrft.video import count_text_tokens, process_vision_info, timestamp_step_tokens
 
-        texts = self.render(processor, conversations, add_generation_prompt)
         loaded = [self._with_loaded_media(conv) for conv in conversations]
         with_metadata = self.video_metadata or _TRANSFORMERS_5
         text_tokens = step_tokens = None
@@ -429,7 +436,18 @@ class QwenVLFamily(ModelFamily):
             if with_metadata:
                 videos, metadata = (list(x) for x in zip(*videos))
                 kwargs["video_metadata"] = metadata
-        return texts, images, videos, kwargs
+        return images, videos, kwargs
+
+    def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
+        """One prepared row (:meth:`split_rows`) of ``text``, a chat-template fragment that
+        already holds one placeholder block per media part, with the media of ``parts`` (chat
+        content parts, in order: PIL images, frame-list videos) loaded by the family's own
+        budgets (``smart_resize`` of the images, the video budget of the clips). Used for a
+        tool's observation, which is tokenised alone and appended to a trajectory."""
+        conversation = [{"role": "user", "content": parts}]
+        images, videos, kwargs = self.load_vision(processor, [text], [conversation])
+        batch = self._process(processor, [text], images, videos, kwargs)
+        return self.split_rows(batch, processor)[0]
 
     def _process(
         self,

@@ -27,6 +27,8 @@ class Sampling:
         greedy: argmax decoding (evaluation).
         ignore_eos: end-of-turn tokens are never sampled: every completion is
             ``max_new_tokens`` long (benchmarks).
+        stop_token_ids: more tokens that end a completion (kept, like end-of-turn tokens):
+            ``</tool_call>`` in tool rollouts.
     """
 
     max_new_tokens: int
@@ -35,6 +37,7 @@ class Sampling:
     top_k: int = 0
     greedy: bool = False
     ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass
@@ -56,7 +59,12 @@ class Rollouts:
         seconds: wall-clock generation time.
         timings: a breakdown of ``seconds`` where the engine measures one
             (``encode_s`` media encoders, ``prefill_s`` prompt passes without the encoders,
-            ``decode_s`` token-by-token decoding).
+            ``decode_s`` token-by-token decoding; tool rollouts add ``tool_s``).
+        trajectories: multi-turn tool rollouts only (:mod:`mmrft.trajectory`): per completion
+            its :class:`~mmrft.trajectory.Trajectory`, whose ``loss_mask`` marks the model's own
+            tokens among ``completion_ids`` (observations: 0) and whose ``media`` are the
+            observations' media tensors, after the prompt's; ``texts`` then holds each
+            trajectory's last turn. ``None`` for single-turn rollouts.
     """
 
     prompts: list[dict[str, Any]] = field(default_factory=list)
@@ -67,6 +75,13 @@ class Rollouts:
     logprobs: list[list[float]] | None = None
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
+    trajectories: list[Any] | None = None
+
+    def loss_tokens(self, i: int) -> int:
+        """Tokens of completion ``i`` that the loss counts: the model's own."""
+        if self.trajectories is None:
+            return len(self.completion_ids[i])
+        return sum(self.trajectories[i].loss_mask)
 
     @property
     def prompt_rows(self) -> list[dict[str, Any]]:
@@ -107,12 +122,19 @@ class Rollouts:
             logprobs=None if self.logprobs is None else [self.logprobs[i] for i in indices],
             seconds=self.seconds,
             timings=dict(self.timings),
+            trajectories=None
+            if self.trajectories is None
+            else [self.trajectories[i] for i in indices],
         )
 
     def extend(self, other: Rollouts) -> None:
         """Append ``other``'s completions and prompts (and add its seconds and timings).
         Sampler log-probs are kept only when both sides have them."""
         had_any = bool(self.completion_ids)
+        if had_any and (self.trajectories is None) != (other.trajectories is None):
+            raise ValueError("cannot mix single-turn rollouts and tool trajectories")
+        if other.trajectories is not None:
+            self.trajectories = (self.trajectories or []) + other.trajectories
         offset = len(self.prompts)
         self.prompts += other.prompts
         self.prompt_index += [offset + i for i in other.prompt_index]
@@ -145,6 +167,12 @@ class Engine(Protocol):
     def generate(
         self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
     ) -> Rollouts: ...
+
+    def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
+        """One more turn of each prepared row (a prompt and a trajectory so far,
+        :func:`mmrft.trajectory.joined_row`): one completion per row, in order, continued
+        from the row's exact ids and media (never re-tokenised)."""
+        ...
 
     def sync_weights(self) -> None: ...
 

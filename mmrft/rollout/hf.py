@@ -89,6 +89,49 @@ class HFEngine:
         out.seconds = time.perf_counter() - start
         return out
 
+    @torch.no_grad()
+    def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
+        """One completion per prepared row (a prompt and a trajectory so far): each row is
+        prefilled whole, with its media and the family's positions over the whole row
+        (mRoPE: every turn's images and clips where they are), then decoded as a group-shared
+        prompt with one member. Both paths use this (the per-completion one too), so every
+        later turn of a tool rollout reports sampler log-probs."""
+        policy, family, model = self.policy, self.policy.family, self.policy.model
+        start = time.perf_counter()
+        was_training = model.training
+        model.eval()
+        out = Rollouts(prompts=list(rows))
+        try:
+            encode = [0.0]
+            with _timed(family.vision_tower(model), encode):
+                positions = [family.rope_positions(model, row) for row in rows]
+                first_logits, prefix = [], []
+                for begin in range(0, len(rows), self.batch_size):
+                    logits, caches = self._prefill(
+                        rows[begin : begin + self.batch_size],
+                        positions[begin : begin + self.batch_size],
+                    )
+                    first_logits += logits
+                    prefix += caches
+            t1 = time.perf_counter()
+            for begin in range(0, len(rows), self.batch_size):
+                members = list(range(begin, min(begin + self.batch_size, len(rows))))
+                decoded = self._decode(
+                    members, first_logits, prefix, positions, sampling, start, begin
+                )
+                for k, (ids, logprobs, truncated) in zip(members, decoded):
+                    text = policy.tokenizer.decode(ids, skip_special_tokens=True)
+                    out.add(k, ids, text, truncated, logprobs)
+            out.timings = {
+                "encode_s": encode[0],
+                "prefill_s": t1 - start - encode[0],
+                "decode_s": time.perf_counter() - t1,
+            }
+        finally:
+            model.train(was_training)
+        out.seconds = time.perf_counter() - start
+        return out
+
     # -- group-shared ------------------------------------------------------------------------
     def _generate_shared(
         self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling, start: float
@@ -113,9 +156,8 @@ class HFEngine:
         jobs = [k for k in range(len(out.prompts)) for _ in range(n)]  # group-contiguous
         for begin in range(0, len(jobs), self.batch_size):
             members = jobs[begin : begin + self.batch_size]
-            for k, (ids, logprobs, truncated) in zip(
-                members, self._decode(members, first_logits, prefix, positions, sampling, start)
-            ):
+            decoded = self._decode(members, first_logits, prefix, positions, sampling, start, begin)
+            for k, (ids, logprobs, truncated) in zip(members, decoded):
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
                 out.add(k, ids, text, truncated, logprobs)
         t2 = time.perf_counter()
@@ -179,9 +221,11 @@ class HFEngine:
         positions: list[torch.Tensor],
         sampling: Sampling,
         start: float,
+        offset: int = 0,
     ) -> list[tuple[list[int], list[float], bool]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
-        prompts' caches; ``(ids, sampler log-probs, truncated)`` per member."""
+        prompts' caches; ``(ids, sampler log-probs, truncated)`` per member. ``offset``: the
+        index of the first member's completion in the engine call (for :meth:`_next_tokens`)."""
         policy = self.policy
         model, device = policy.model, policy.device
         R = len(members)
@@ -199,18 +243,19 @@ class HFEngine:
         axes = positions[members[0]].shape[0]
         after = torch.tensor([int(positions[k].max()) + 1 for k in members], device=device)
         logits = torch.stack([first_logits[k] for k in members])
+        stops = set(self.stop_ids) | set(sampling.stop_token_ids)
         ids: list[list[int]] = [[] for _ in range(R)]
         logps: list[list[float]] = [[] for _ in range(R)]
         done = [False] * R
         alive = torch.arange(R, device=device)  # the rows of `members` still in the batch
         for t in range(sampling.max_new_tokens):
-            tokens, token_logps = self._sample(logits, sampling)
             rows = alive.tolist()
+            tokens, token_logps = self._next_tokens(logits, sampling, [offset + r for r in rows], t)
             for row, token, logp in zip(rows, tokens.tolist(), token_logps.tolist()):
                 if not done[row]:  # a finished row waiting to leave the batch gets nothing
                     ids[row].append(token)
                     logps[row].append(logp)
-                    done[row] = token in self.stop_ids
+                    done[row] = token in stops
             if t + 1 == sampling.max_new_tokens or all(done):
                 break
             if self.timeout_s and time.perf_counter() - start > self.timeout_s:
@@ -235,6 +280,14 @@ class HFEngine:
             )
             logits = out.logits[:, -1].float()
         return [(ids[r], logps[r], not done[r]) for r in range(R)]
+
+    def _next_tokens(
+        self, logits: torch.Tensor, sampling: Sampling, completions: list[int], t: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tokens at step ``t`` of the completions ``completions`` (their indices in this
+        engine call, one per row of ``logits``): :meth:`_sample`. A subclass may choose them
+        otherwise (tests script whole trajectories this way, the log-probs still the model's)."""
+        return self._sample(logits, sampling)
 
     def _sample(
         self, logits: torch.Tensor, sampling: Sampling
@@ -286,7 +339,7 @@ class HFEngine:
             generated = policy.model.generate(**inputs, **self._generate_kwargs(sampling))
             new_tokens = generated[:, inputs["input_ids"].shape[1] :].tolist()
             for row, ids in zip(rows, new_tokens):
-                ids, truncated = cut_at_stop(ids, self.stop_ids)
+                ids, truncated = cut_at_stop(ids, [*self.stop_ids, *sampling.stop_token_ids])
                 out.prompts.append(row)
                 out.add(
                     len(out.prompts) - 1,
@@ -299,7 +352,7 @@ class HFEngine:
     def _generate_kwargs(self, sampling: Sampling) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "max_new_tokens": sampling.max_new_tokens,
-            "eos_token_id": self.stop_ids,
+            "eos_token_id": [*self.stop_ids, *sampling.stop_token_ids],
             "pad_token_id": self.policy.pad_token_id,
             "use_cache": True,
             # transformers turns synced generation on for FSDP models (an all-reduce per token

@@ -1,0 +1,641 @@
+"""Multi-turn tool rollouts ("thinking with images"): trajectories and the tool loop.
+
+A trajectory is what follows the prompt when the model may call tools between turns::
+
+    prompt row │ turn 1 (model) │ observation 1 │ turn 2 (model) │ … │ last turn (model)
+               └──────────────── completion_ids: one token stream ──────────────────┘
+    loss mask                1 1 1 … 1        0 0 … 0        1 1 … 1          1 1 … 1
+
+Rules that keep sampler and trainer on the same tokens (the faults other frameworks' users
+report: drifting separators, image-count mismatches, unseen late images):
+
+* **Append-only.** The model's tokens are kept exactly as sampled; history is never decoded
+  and re-tokenised. The training forward sees the very ids the engine continued from.
+* **Observations are the chat template's delta** (:class:`ObservationTemplate`): what the
+  template writes after an assistant turn (its close, e.g. ``<|im_end|>\\n``, less the part the
+  model sampled itself) then the tool turn with one placeholder block per returned image or
+  clip, then the next assistant header. It is tokenised alone with its media by the family
+  (:meth:`mmrft.family.ModelFamily.observation_row`: the family's own resizing and video
+  budget) and appended with loss mask 0 (and token types 1/2 on its placeholders).
+* **Budgets before media.** An observation joins a trajectory only after the token budget
+  (``rollout.tools.max_tokens``) and the media budgets (``max_media``,
+  ``max_visual_tokens``) passed; a trajectory they cut ends without it, so no image is ever
+  appended to a turn that does not get its placeholders.
+* **Positions over the final sequence.** The engine continues a trajectory from its whole
+  row (:func:`joined_row`) with the family's position function (mRoPE for Qwen-VL), and the
+  training forward computes them over the same whole sequence, so turn-k tokens sit where the
+  sampler put them.
+
+The loop (:class:`ToolLoop`) is a collector stage: turn 1 is the engine's ordinary
+group-shared ``generate`` (one encoding of the original media per group); every later turn
+continues all trajectories that called a tool in one batch (:meth:`Engine.continue_rows`).
+A trajectory ends (``Trajectory.stop``) with:
+
+==================  ===========================================================================
+``answer``          a turn ended without a tool call
+``length``          a turn hit its token limit without ending (its call, if any, is not run)
+``max_turns``       the last allowed turn still called a tool
+``max_tokens``      the next observation would pass ``max_tokens``
+``max_media``       the next observation would pass ``max_media`` images and clips
+``max_visual_tokens`` … or ``max_visual_tokens``
+==================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from mmrft.data import Sample
+from mmrft.tool import (
+    Observation,
+    ParseError,
+    ToolContext,
+    ToolSpec,
+    parse_tool_calls,
+    run_tool_call,
+    tool_schemas,
+)
+
+log = logging.getLogger(__name__)
+
+STOPS = ("answer", "length", "max_turns", "max_tokens", "max_media", "max_visual_tokens")
+
+# Bounds on what a record keeps of model-written call arguments and observation texts.
+_RECORD_CHARS = 300
+
+
+def _short(text: str, n: int = _RECORD_CHARS) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------
+# The trajectory
+
+
+@dataclass
+class Turn:
+    """One model turn and what its tool calls returned.
+
+    Attributes:
+        text: the model's text of the turn (special tokens removed, tool-call tags kept).
+        tokens: model tokens of the turn (loss mask 1).
+        truncated: the turn hit its token limit without an end-of-turn or ``</tool_call>``.
+        calls: one record per call: ``name``, ``arguments`` (JSON text, bounded), ``ok``,
+            ``reason``, ``text`` (the observation's text, bounded), ``images``, ``videos``,
+            ``info`` (the tool's facts, e.g. crop's ``box_px``).
+        observation_tokens: tokens of the observation appended after the turn (loss mask 0).
+    """
+
+    text: str
+    tokens: int
+    truncated: bool
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    observation_tokens: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "text": self.text,
+            "tokens": self.tokens,
+            "truncated": self.truncated,
+            "calls": self.calls,
+            "observation_tokens": self.observation_tokens,
+        }
+
+
+@dataclass
+class Trajectory:
+    """The token stream after the prompt of one multi-turn rollout (module docstring).
+
+    Attributes:
+        ids: every token after the prompt: model turns and observations, in order.
+        loss_mask: 1 for the model's own tokens, 0 for observation and template tokens.
+        token_types: the family's per-token modality (``mm_token_type_ids``: 0 text,
+            1 image placeholder, 2 video placeholder) of each of ``ids``.
+        logprobs: the sampler's log-probability of each of ``ids`` (0.0 on observation
+            tokens), or ``None`` when the engine reports none.
+        media: the observations' media tensors by the family's keys (``pixel_values``,
+            ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, …), one tensor
+            per observation, in order.
+        turns: the model turns (:class:`Turn`).
+        stop: why the trajectory ended (module docstring's table).
+        images / videos / visual_tokens: what observations added.
+    """
+
+    ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    token_types: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = field(default_factory=list)
+    media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)
+    stop: str = ""
+    images: int = 0
+    videos: int = 0
+    visual_tokens: int = 0
+
+    def add_turn(
+        self, ids: list[int], logprobs: list[float] | None, text: str, truncated: bool
+    ) -> Turn:
+        """Append the model's tokens of one turn (loss mask 1)."""
+        self.ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.token_types += [0] * len(ids)
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs += logprobs
+        else:
+            self.logprobs = None
+        turn = Turn(text=text, tokens=len(ids), truncated=truncated)
+        self.turns.append(turn)
+        return turn
+
+    def add_observation(self, row: dict[str, Any], token_key: str | None) -> None:
+        """Append an observation's prepared row (loss mask 0): its ids, its token types
+        (``row[token_key]``; 0 when the family has none) and its media tensors."""
+        ids = row["input_ids"].tolist()
+        self.ids += ids
+        self.loss_mask += [0] * len(ids)
+        types = row.get(token_key) if token_key else None
+        self.token_types += types.tolist() if types is not None else [0] * len(ids)
+        if self.logprobs is not None:
+            self.logprobs += [0.0] * len(ids)
+        for key, value in row.items():
+            if key != "input_ids" and key != token_key and isinstance(value, torch.Tensor):
+                self.media.setdefault(key, []).append(value)
+        self.turns[-1].observation_tokens += len(ids)
+
+    def media_row(self) -> dict[str, torch.Tensor]:
+        """The observations' media, concatenated per key in order."""
+        return {key: torch.cat(values) for key, values in self.media.items()}
+
+    @property
+    def has_media(self) -> bool:
+        return bool(self.images or self.videos)
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return [call for turn in self.turns for call in turn.calls]
+
+    @property
+    def used_tool(self) -> bool:
+        """Whether any tool call succeeded."""
+        return any(call["ok"] for call in self.calls)
+
+    @property
+    def failed_calls(self) -> int:
+        return sum(not call["ok"] for call in self.calls)
+
+    def to_json(self) -> dict[str, Any]:
+        """The record of ``completions.jsonl`` and ``predictions.jsonl``: turn by turn."""
+        return {
+            "stop": self.stop,
+            "turns": [t.to_json() for t in self.turns],
+            "model_tokens": sum(self.loss_mask),
+            "observation_tokens": len(self.ids) - sum(self.loss_mask),
+            "images_added": self.images,
+            "videos_added": self.videos,
+            "visual_tokens_added": self.visual_tokens,
+        }
+
+
+def with_media(prompt: dict[str, Any], trajectories: list[Trajectory]) -> dict[str, Any]:
+    """A copy of a prepared prompt row whose media tensors are followed by those of
+    ``trajectories``, in order (ids and per-token keys unchanged): the media of a sequence
+    ``[prompt | trajectory 1 | trajectory 2 | …]`` in placeholder order."""
+    row = dict(prompt)
+    for trajectory in trajectories:
+        for key, values in trajectory.media.items():
+            row[key] = torch.cat([row[key], *values]) if key in row else torch.cat(values)
+    return row
+
+
+def joined_row(
+    prompt: dict[str, Any], trajectory: Trajectory, token_keys: tuple[str, ...]
+) -> dict[str, Any]:
+    """One prepared row of the prompt followed by the whole trajectory: ids concatenated,
+    per-token keys concatenated (the trajectory's token types), media tensors concatenated
+    prompt first, then each observation's, the order of their placeholders in the ids."""
+    row = with_media(prompt, [trajectory])
+    row["input_ids"] = torch.cat(
+        [prompt["input_ids"], torch.tensor(trajectory.ids, dtype=prompt["input_ids"].dtype)]
+    )
+    for key in token_keys:
+        if key in prompt:
+            extra = torch.tensor(trajectory.token_types, dtype=prompt[key].dtype)
+            row[key] = torch.cat([prompt[key], extra])
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations as the chat template's delta
+
+
+def template_source(processor: Any) -> str:
+    """The chat template text of a processor (or its tokenizer); ``""`` when it has none."""
+    for owner in (processor, getattr(processor, "tokenizer", None)):
+        template = getattr(owner, "chat_template", None)
+        if isinstance(template, str):
+            return template
+        if isinstance(template, dict):  # named templates
+            return "\n".join(str(t) for t in template.values())
+    return ""
+
+
+def tools_system_text(schemas: list[dict[str, Any]]) -> str:
+    """Qwen's function-calling instructions (the ``# Tools`` block its chat templates write
+    from ``tools=``) for a template that has none."""
+    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+class ObservationTemplate:
+    """The chat template's rendering of tool observations, as text to append (module
+    docstring). The observation turn is the template's ``tool`` role when the template knows
+    tool responses (Qwen3-VL, Qwen3.5), else a ``user`` turn whose content wraps each response
+    in ``<tool_response>`` … ``</tool_response>`` (the Qwen form; DeepEyes' prompts), media
+    first. Checked at construction: the rendered history must be a prefix of the history with
+    the observation, and the delta must hold one placeholder block per medium.
+
+    Raises :class:`~mmrft.typecheck.ConfigError` when the family's template cannot render an
+    observation that way.
+    """
+
+    MARK = "MMRFT-ASSISTANT-TURN"
+
+    def __init__(self, family: Any, processor: Any) -> None:
+        from mmrft.typecheck import ConfigError
+
+        self.family, self.processor = family, processor
+        self.history = [
+            {"role": "user", "content": [{"type": "text", "text": "question"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": self.MARK}]},
+        ]
+        self.before = self._render(self.history, False)
+        self.close = self.before[self.before.rindex(self.MARK) + len(self.MARK) :]
+        source = template_source(processor)
+        roles = ["tool", "user"] if "tool_response" in source else ["user"]
+        self.has_tools = "tools" in source and "tool_call" in source
+        tokenizer = getattr(processor, "tokenizer", processor)
+        image_token = family.media_tokens.get("image_grid_thw", "")
+        problems = []
+        for role in roles:
+            self.role = role
+            probe = Observation(ok=True, text="probe", images=[None, None])  # type: ignore[list-item]
+            try:
+                text = self.render([probe])
+            except Exception as exc:  # a template that cannot render the role
+                problems.append(f"role '{role}': {type(exc).__name__}: {exc}")
+                continue
+            if image_token and text.count(image_token) != 2:
+                problems.append(f"role '{role}': 2 images gave {text.count(image_token)} blocks")
+                continue
+            return
+        raise ConfigError(
+            f"rollout.tools: the chat template of model family '{family.name}' cannot render a "
+            f"tool observation ({'; '.join(problems)}); tokenizer {type(tokenizer).__name__}"
+        )
+
+    def _render(self, conversation: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return self.family.render(self.processor, [conversation], generation_prompt)[0]
+
+    def messages(self, observations: list[Observation]) -> list[dict[str, Any]]:
+        """The observation turn(s) as chat messages with placeholder media parts."""
+
+        def media(obs: Observation) -> list[dict[str, Any]]:
+            return [{"type": "image"} for _ in obs.images] + [{"type": "video"} for _ in obs.videos]
+
+        if self.role == "tool":
+            return [
+                {"role": "tool", "content": [*media(o), {"type": "text", "text": o.text}]}
+                for o in observations
+            ]
+        content: list[dict[str, Any]] = []
+        for i, obs in enumerate(observations):
+            opening = ("\n" if i else "") + "<tool_response>\n"
+            content += [{"type": "text", "text": opening}, *media(obs)]
+            content.append({"type": "text", "text": obs.text + "\n</tool_response>"})
+        return [{"role": "user", "content": content}]
+
+    def render(self, observations: list[Observation]) -> str:
+        """The text that follows the assistant turn's *close*: the observation turn(s) and the
+        next assistant header."""
+        full = self._render(self.history + self.messages(observations), True)
+        if not full.startswith(self.before):
+            raise ValueError("the chat template re-renders earlier turns when a tool turn is added")
+        return full[len(self.before) :]
+
+    def delta(self, observations: list[Observation], sampled_close: str) -> str:
+        """The whole text to append after a turn: the template's close less ``sampled_close``
+        (what the model already wrote of it: its end-of-turn token), then :meth:`render`."""
+        close = self.close
+        if sampled_close and close.startswith(sampled_close):
+            close = close[len(sampled_close) :]
+        return close + self.render(observations)
+
+    @staticmethod
+    def media_parts(observations: list[Observation]) -> list[dict[str, Any]]:
+        """The observations' media as content parts, in placeholder order."""
+        parts: list[dict[str, Any]] = []
+        for obs in observations:
+            parts += [{"type": "image", "image": im} for im in obs.images]
+            parts += [clip.part() for clip in obs.videos]
+        return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class LoopLimits:
+    """Per-trajectory budgets (``rollout.tools``): turns, tokens after the prompt, images and
+    clips added, visual tokens added (0 = unbounded)."""
+
+    max_turns: int = 5
+    max_tokens: int = 0
+    max_media: int = 4
+    max_visual_tokens: int = 0
+
+
+class ToolLoop:
+    """Multi-turn rollouts with tools, as a collector stage (module docstring).
+
+    Args:
+        family / processor: the policy's, for observation rendering and tokenising.
+        tools: the enabled tools by name (:func:`mmrft.tool.enabled_tools`, aliases included).
+        limits: the budgets.
+        tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may end
+            there); ``None`` otherwise (turns end at end-of-turn).
+        context_kwargs: extra :meth:`ToolContext.from_sample` arguments.
+    """
+
+    def __init__(
+        self,
+        family: Any,
+        processor: Any,
+        tools: dict[str, ToolSpec],
+        limits: LoopLimits,
+        context_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
+        self.template = ObservationTemplate(family, processor)
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
+        self.tool_call_token = (
+            close_id
+            if isinstance(close_id, int) and close_id != self.tokenizer.unk_token_id
+            else None
+        )
+        self.token_key = family.token_keys[0] if family.token_keys else None
+        self.context_kwargs = context_kwargs or {}
+        self.counts: Counter = Counter()
+
+    # -- prompts -------------------------------------------------------------------------------
+    def with_tools(self, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``conversation`` with the tools described in a system message (prepended to the
+        system message it has): Qwen's function-calling form from the tools' schemas."""
+        schemas = tool_schemas(sorted(self.tools), self.tools)
+        text = tools_system_text(schemas)
+        if conversation and conversation[0].get("role") == "system":
+            first = conversation[0]
+            content = first["content"]
+            if isinstance(content, str):
+                merged: Any = f"{content}\n\n{text}"
+            else:
+                merged = [*content, {"type": "text", "text": "\n\n" + text}]
+            return [{**first, "content": merged}, *conversation[1:]]
+        return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
+
+    # -- one rollout ---------------------------------------------------------------------------
+    def run(
+        self,
+        engine: Any,
+        conversations: list[list[dict[str, Any]]],
+        samples: list[Sample],
+        n: int,
+        sampling: Any,
+    ) -> Any:
+        """``len(conversations) × n`` trajectories, group-contiguous, as
+        :class:`~mmrft.rollout.Rollouts` whose ``completion_ids`` are the whole token streams,
+        ``texts`` the last turns' texts and ``trajectories`` the :class:`Trajectory` records."""
+        import dataclasses
+        import time
+
+        from mmrft.rollout import Rollouts
+
+        start = time.perf_counter()
+        stops = tuple(sampling.stop_token_ids) + (
+            (self.tool_call_token,) if self.tool_call_token is not None else ()
+        )
+        sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        first = engine.generate(conversations, n, sampling)
+        G = len(first.completion_ids)
+        trajectories = [Trajectory() for _ in range(G)]
+        if first.logprobs is None:
+            for t in trajectories:
+                t.logprobs = None
+        base = [ToolContext.from_sample(s, self.family, **self.context_kwargs) for s in samples]
+        contexts = [_copy_context(base[i // n]) for i in range(G)]
+        budget = self.limits.max_tokens or self.limits.max_turns * sampling.max_new_tokens + 4096
+        tool_seconds = 0.0
+        texts = [""] * G
+        truncated = [False] * G
+        # turn 1's results, then each later turn's, as (trajectory, ids, logprobs, truncated)
+        results = [
+            (
+                i,
+                first.completion_ids[i],
+                None if first.logprobs is None else first.logprobs[i],
+                first.truncated[i],
+            )
+            for i in range(G)
+        ]
+        timings = Counter(first.timings)
+        for turn in range(1, self.limits.max_turns + 1):
+            continuing = []
+            for i, ids, logprobs, cut in results:
+                t = trajectories[i]
+                text = self.tokenizer.decode(ids, skip_special_tokens=True)
+                record = t.add_turn(
+                    list(ids), None if logprobs is None else list(logprobs), text, cut
+                )
+                texts[i], truncated[i] = text, cut
+                if cut:
+                    t.stop = "length"
+                    continue
+                ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
+                calls = parse_tool_calls(text, closed_by_stop=ended_on_call)
+                if not calls:
+                    t.stop = "answer"
+                    continue
+                if turn == self.limits.max_turns:
+                    t.stop = "max_turns"
+                    continue
+                t0 = time.perf_counter()
+                observations = [run_tool_call(c, contexts[i], self.tools) for c in calls]
+                tool_seconds += time.perf_counter() - t0
+                record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
+                stop = self._append(t, contexts[i], observations, ids, budget)
+                if stop:
+                    t.stop = stop
+                    continue
+                continuing.append(i)
+            if not continuing:
+                break
+            rows = [
+                joined_row(
+                    first.prompts[first.prompt_index[i]], trajectories[i], self.family.token_keys
+                )
+                for i in continuing
+            ]
+            remaining = min(budget - len(trajectories[i].ids) for i in continuing)
+            step = dataclasses.replace(
+                sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, remaining))
+            )
+            more = engine.continue_rows(rows, step)
+            for key, value in more.timings.items():
+                timings[key] += value
+            results = [
+                (
+                    i,
+                    more.completion_ids[k],
+                    None if more.logprobs is None else more.logprobs[k],
+                    more.truncated[k],
+                )
+                for k, i in enumerate(continuing)
+            ]
+        out = Rollouts(prompts=first.prompts, prompt_index=list(first.prompt_index))
+        out.completion_ids = [t.ids for t in trajectories]
+        out.texts = texts
+        out.truncated = truncated
+        out.logprobs = (
+            None
+            if any(t.logprobs is None for t in trajectories)
+            else [t.logprobs for t in trajectories]  # type: ignore[misc]
+        )
+        out.trajectories = trajectories
+        out.timings = {**timings, "tool_s": tool_seconds}
+        out.seconds = time.perf_counter() - start
+        self._count(trajectories)
+        return out
+
+    def _append(
+        self,
+        t: Trajectory,
+        context: ToolContext,
+        observations: list[Observation],
+        ids: list[int],
+        budget: int,
+    ) -> str:
+        """Render, tokenise and budget-check the observations; append them to ``t`` and their
+        images to ``context``. Returns the stop reason when a budget refuses them, ``""``."""
+        last = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
+        text = self.template.delta(observations, last)
+        parts = self.template.media_parts(observations)
+        row = self.family.observation_row(self.processor, text, parts)
+        n_images = sum(len(o.images) for o in observations)
+        n_videos = sum(len(o.videos) for o in observations)
+        types = row.get(self.token_key) if self.token_key else None
+        visual = int((types != 0).sum()) if types is not None else 0
+        limits = self.limits
+        if len(t.ids) + len(row["input_ids"]) + 1 > budget:
+            return "max_tokens"
+        if t.images + t.videos + n_images + n_videos > limits.max_media:
+            return "max_media"
+        if limits.max_visual_tokens and t.visual_tokens + visual > limits.max_visual_tokens:
+            return "max_visual_tokens"
+        t.add_observation(row, self.token_key)
+        t.images += n_images
+        t.videos += n_videos
+        t.visual_tokens += visual
+        grids = row.get("image_grid_thw")  # (t, h, w) in patches: the input size of each
+        image_at = 0
+        for obs in observations:
+            for image in obs.images:
+                size = None
+                if grids is not None and image_at < len(grids):
+                    _, h, w = (int(v) for v in grids[image_at])
+                    patch = getattr(self.family, "patch_size", 14)
+                    size = (w * patch, h * patch)
+                context.add_image(image, size)
+                image_at += 1
+        return ""
+
+    # -- metrics -------------------------------------------------------------------------------
+    def _count(self, trajectories: list[Trajectory]) -> None:
+        c = self.counts
+        for t in trajectories:
+            c["trajectories"] += 1
+            c["turns"] += len(t.turns)
+            c["used_tool"] += int(t.used_tool)
+            c[f"stop/{t.stop}"] += 1
+            for call in t.calls:
+                c["calls"] += 1
+                c["calls_ok"] += int(call["ok"])
+                c[f"calls/{call['name']}"] += 1
+                if not call["ok"]:
+                    c[f"failed/{call['reason']}"] += 1
+
+    def metrics(self, prefix: str = "rollout/tools") -> dict[str, float]:
+        """Since the last call, and resets: ``turns_mean`` (model turns per trajectory),
+        ``use_rate`` (share of trajectories with a successful call), ``call_success``
+        (successful / all calls), ``calls_per_trajectory``, ``calls/<tool>``, ``failed/<reason>``
+        and ``stop/<reason>`` (shares of trajectories)."""
+        c, self.counts = self.counts, Counter()
+        n = c["trajectories"]
+        if not n:
+            return {}
+        out = {
+            f"{prefix}/turns_mean": c["turns"] / n,
+            f"{prefix}/use_rate": c["used_tool"] / n,
+            f"{prefix}/calls_per_trajectory": c["calls"] / n,
+        }
+        if c["calls"]:
+            out[f"{prefix}/call_success"] = c["calls_ok"] / c["calls"]
+        for key, value in c.items():
+            if key.startswith(("calls/", "failed/")):
+                out[f"{prefix}/{key}"] = float(value)
+            elif key.startswith("stop/"):
+                out[f"{prefix}/{key}"] = value / n
+        return out
+
+
+def _copy_context(context: ToolContext) -> ToolContext:
+    """A trajectory's own context: the sample's images shared, its own list to append to."""
+    import dataclasses
+
+    return dataclasses.replace(
+        context, images=list(context.images), input_sizes=list(context.input_sizes)
+    )
+
+
+def _call_record(call: Any, obs: Observation) -> dict[str, Any]:
+    if isinstance(call, ParseError):
+        name, arguments = "", call.raw
+    else:
+        name = call.name
+        try:
+            arguments = json.dumps(call.arguments, ensure_ascii=False, allow_nan=True)
+        except (TypeError, ValueError):
+            arguments = repr(call.arguments)
+    return {
+        "name": name,
+        "arguments": _short(arguments),
+        "ok": obs.ok,
+        "reason": obs.reason,
+        "text": _short(obs.text),
+        "images": len(obs.images),
+        "videos": len(obs.videos),
+        "info": obs.info,
+    }

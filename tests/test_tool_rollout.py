@@ -1,0 +1,357 @@
+"""Multi-turn tool rollouts (mmrft/trajectory.py) through the hf engine, scripted.
+
+A scripted engine forces whole trajectories (call → observation → another call → answer) while
+the log-probs stay the model's, so every check is exact: the token stream equals the chat
+template's rendering of the final conversation (no separator lost at a turn boundary), the
+loss mask covers the model's tokens only, each observation's image has its placeholder count
+and pixel rows, the sampler's log-probs equal the training forward's (group-shared and
+per-completion) on every turn, later images change later log-probs (the model sees them),
+and hostile calls and budgets end or continue trajectories with named reasons.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrft.collector import build_tool_loop
+from mmrft.config import load_config
+from mmrft.data import Sample
+from mmrft.group import rollout_logps
+from mmrft.policy import load_policy
+from mmrft.rollout import HFEngine, Sampling
+from mmrft.tool import enabled_tools
+from mmrft.trajectory import LoopLimits, ToolLoop, joined_row
+from mmrft.typecheck import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+ZOOM = REPO / "assets" / "benchmarks" / "zoom_marks"
+MODEL = REPO / "assets" / "models" / "tiny-qwen2_5_vl"
+PIXELS = 12544  # 112 × 112 input: the zoom benchmark's base view
+
+
+class ScriptedEngine(HFEngine):
+    """The hf engine with its tokens chosen by a script: ``scripts[call][completion]`` is the
+    token list of that completion in the engine's ``call``-th call (``generate`` first, then
+    each ``continue_rows``); log-probs are the model's for those tokens."""
+
+    def __init__(self, policy, scripts: list[list[list[int]]], group_shared: bool = True):
+        super().__init__(policy, batch_size=64, group_shared=group_shared)
+        self.scripts = scripts
+        self.call = -1
+
+    def generate(self, conversations, n, sampling):
+        self.call += 1
+        return super().generate(conversations, n, sampling)
+
+    def continue_rows(self, rows, sampling):
+        self.call += 1
+        return super().continue_rows(rows, sampling)
+
+    def _next_tokens(self, logits, sampling, completions, t):
+        script = self.scripts[self.call]
+        end = self.stop_ids[0]
+        tokens = torch.tensor([script[c][t] if t < len(script[c]) else end for c in completions])
+        raw = torch.log_softmax(logits, dim=-1)
+        return tokens, raw.gather(1, tokens[:, None])[:, 0]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    cfg = load_config(
+        None,
+        [
+            f"model.path={MODEL}",
+            f"model.min_pixels={PIXELS}",
+            f"model.max_pixels={PIXELS}",
+            "train.steps=0",
+        ],
+    )
+    return load_policy(cfg.model, torch.device("cpu"))
+
+
+def sample(index: int = 0) -> Sample:
+    import json
+
+    line = (ZOOM / "train.jsonl").read_text().splitlines()[index]
+    record = json.loads(line)
+    for part in record["messages"][0]["content"]:
+        if part["type"] == "image":
+            part["image"] = str(ZOOM / part["image"])
+    return Sample(record["id"], record["messages"], record["target"], record["meta"])
+
+
+def tokens(policy, text: str) -> list[int]:
+    return policy.tokenizer.encode(text, add_special_tokens=False)
+
+
+def end_id(policy) -> int:
+    return policy.tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+
+def call_text(box: list[float], name: str = "crop") -> str:
+    import json
+
+    return (
+        f'<tool_call>{{"name": "{name}", "arguments": {json.dumps({"bbox_2d": box})}}}</tool_call>'
+    )
+
+
+def input_box(policy, s: Sample) -> list[int]:
+    """The sample's target box grown to 200 px, in the Qwen2.5-VL input frame (input pixels)."""
+    W, H = s.meta["image_size"]
+    w, h = policy.family.input_size(W, H)
+    x1, y1, x2, y2 = s.meta["target_box"]
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    box = [max(0, cx - 100), max(0, cy - 100), min(W, cx + 100), min(H, cy + 100)]
+    return [
+        round(box[0] * w / W),
+        round(box[1] * h / H),
+        round(box[2] * w / W),
+        round(box[3] * h / H),
+    ]
+
+
+def loop(policy, **limits) -> ToolLoop:
+    return ToolLoop(
+        policy.family,
+        policy.processor,
+        enabled_tools(["crop", "image_zoom_in", "rotate"]),
+        LoopLimits(**limits),
+    )
+
+
+def conversation(s: Sample, tool_loop: ToolLoop) -> list[dict]:
+    return tool_loop.with_tools([dict(m) for m in s.messages])
+
+
+SAMPLING = Sampling(max_new_tokens=96, temperature=1.0)
+
+
+def run_script(policy, scripts, n=2, group_shared=True, samples=None, **limits):
+    tool_loop = loop(policy, **limits)
+    engine = ScriptedEngine(policy, scripts, group_shared=group_shared)
+    samples = samples or [sample(0)]
+    convs = [conversation(s, tool_loop) for s in samples]
+    return tool_loop, tool_loop.run(engine, convs, samples, n, SAMPLING), convs
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_call_observation_call_answer_token_stream(policy):
+    """Trajectory 0: crop → crop → answer; trajectory 1 answers at once. The token stream is
+    the template's rendering of the final conversation, byte for byte."""
+    s = sample(0)
+    box = input_box(policy, s)
+    answer = tokens(policy, "<answer>green</answer>") + [end_id(policy)]
+    call_1 = tokens(policy, "I zoom. " + call_text(box))  # ends at </tool_call> (a stop token)
+    call_2 = tokens(policy, call_text([0, 0, 60, 60], "image_zoom_in"))
+    scripts = [[call_1, answer], [call_2], [answer]]
+    tool_loop, out, convs = run_script(policy, scripts)
+    first, second = out.trajectories
+    assert [t.stop for t in out.trajectories] == ["answer", "answer"]
+    assert len(first.turns) == 3 and len(second.turns) == 1
+    assert [c["ok"] for c in first.calls] == [True, True], first.calls
+    assert out.texts[0] == "<answer>green</answer>"
+    assert first.images == 2 and second.images == 0
+
+    # the stream: exactly the chat template's rendering of the whole conversation
+    tok = policy.tokenizer
+    prompt = out.prompts[out.prompt_index[0]]
+    stream = tok.decode(torch.cat([prompt["input_ids"], torch.tensor(first.ids)]))
+    history = [
+        *convs[0],
+        {"role": "assistant", "content": "I zoom. " + call_text(box)},
+        *tool_loop.template.messages([_obs(first, 0)]),
+        {"role": "assistant", "content": call_text([0, 0, 60, 60], "image_zoom_in")},
+        *tool_loop.template.messages([_obs(first, 1)]),
+        {"role": "assistant", "content": "<answer>green</answer>"},
+    ]
+    rendered = policy.processor.apply_chat_template(history, tokenize=False)
+    expanded = _expand_placeholders(rendered, first, prompt, policy)
+    assert stream == expanded.removesuffix("\n")
+
+    # loss mask: the model's tokens only; the '<|im_end|>' after a '</tool_call>' stop is the
+    # template's (0), the one closing the answer the model's (1)
+    model_tokens = len(call_1) + len(call_2) + len(answer)
+    assert sum(first.loss_mask) == model_tokens
+    assert first.loss_mask[: len(call_1)] == [1] * len(call_1)
+    assert first.loss_mask[len(call_1)] == 0 and first.ids[len(call_1)] == end_id(policy)
+    assert [t.tokens for t in first.turns] == [len(call_1), len(call_2), len(answer)]
+    assert first.loss_mask[-len(answer) :] == [1] * len(answer)
+    assert second.loss_mask == [1] * len(answer)
+
+    # media: per observation, one placeholder run whose length is the grid's tokens, and the
+    # pixel rows of that grid
+    grids = torch.cat(first.media["image_grid_thw"])
+    pixels = torch.cat(first.media["pixel_values"])
+    image_pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    assert first.ids.count(image_pad) == int(grids.prod(-1).sum()) // 4
+    assert pixels.shape[0] == int(grids.prod(-1).sum())
+    types = torch.tensor(first.token_types)
+    assert torch.equal(types == 1, torch.tensor(first.ids) == image_pad)
+
+
+def _obs(trajectory, k):
+    from mmrft.tool import Observation
+
+    call = trajectory.calls[k]
+    return Observation(ok=call["ok"], text=call["text"], images=[None] * call["images"])
+
+
+def _expand_placeholders(text, trajectory, prompt, policy):
+    """The rendered text with each ``<|image_pad|>`` repeated as many times as its image's
+    tokens (the processor's expansion)."""
+    grids = [*prompt["image_grid_thw"], *torch.cat(trajectory.media["image_grid_thw"])]
+    parts = text.split("<|image_pad|>")
+    out = parts[0]
+    for grid, rest in zip(grids, parts[1:]):
+        out += "<|image_pad|>" * (int(grid.prod()) // 4) + rest
+    return out
+
+
+def test_sampler_logps_equal_training_forward(policy):
+    """On every model token of every turn, sampler = trainer log-probs, in both training
+    paths, with trajectories of different lengths and media counts in one batch."""
+    s = sample(0)
+    box = input_box(policy, s)
+    answer = tokens(policy, "<answer>red</answer>") + [end_id(policy)]
+    call_1 = tokens(policy, call_text(box))
+    scripts = [[call_1, answer, call_1], [answer, call_1], [answer]]
+    _, out, _ = run_script(policy, scripts, n=3)
+    assert [t.images for t in out.trajectories] == [1, 0, 2]
+    indices = list(range(3))
+    for shared in (True, False):
+        with torch.no_grad():
+            logps, mask, _ = rollout_logps(policy, out, indices, group_shared=shared)
+        sampler = torch.zeros_like(logps)
+        for i, values in enumerate(out.logprobs):
+            sampler[i, : len(values)] = torch.tensor(values)
+        assert mask.sum().item() == sum(sum(t.loss_mask) for t in out.trajectories)
+        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (
+            (logps - sampler).abs().mul(mask).max()
+        )
+
+
+def test_later_images_are_seen(policy):
+    """The turn after an observation depends on the observation's pixels: other pixels,
+    other log-probs (a model that 'does not see' later images would give the same)."""
+    s = sample(0)
+    answer = tokens(policy, "<answer>red</answer>") + [end_id(policy)]
+    scripts = [[tokens(policy, call_text(input_box(policy, s)))], [answer]]
+    _, out, _ = run_script(policy, scripts, n=1)
+    trajectory = out.trajectories[0]
+    with torch.no_grad():
+        logps, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+        trajectory.media["pixel_values"] = [
+            torch.randn_like(v) for v in trajectory.media["pixel_values"]
+        ]
+        changed, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+    last = slice(len(trajectory.ids) - len(answer), len(trajectory.ids))
+    assert not torch.allclose(logps[0, last], changed[0, last], atol=1e-4)
+
+
+def test_positions_of_continuation_are_the_whole_rows(policy):
+    """The engine continues from the joined row, and the family's positions over it put the
+    observation's image on a (t, h, w) grid: its height and width axes differ."""
+    s = sample(0)
+    scripts = [[tokens(policy, call_text(input_box(policy, s)))], [[end_id(policy)]]]
+    _, out, _ = run_script(policy, scripts, n=1)
+    trajectory = out.trajectories[0]
+    row = joined_row(out.prompts[0], trajectory, policy.family.token_keys)
+    positions = policy.family.rope_positions(policy.model, row)
+    lp = len(out.prompts[0]["input_ids"])
+    image = torch.tensor(trajectory.token_types) == 1
+    obs_positions = positions[:, lp:][:, image]
+    assert obs_positions.shape[1] > 0
+    assert not torch.equal(obs_positions[1], obs_positions[2])  # h and w axes differ
+    # text after the image continues past every position before it
+    after = positions[:, lp:][:, len(trajectory.ids) - 1]
+    assert int(after.min()) > int(obs_positions.max())
+
+
+@pytest.mark.parametrize(
+    "body, reason",
+    [
+        ('{"name": "crop", "arguments": {"bbox_2d": [1, 2, 3', "bad_json"),
+        ('{"name": "teleport", "arguments": {}}', "unknown_tool"),
+        ('{"name": "crop", "arguments": {"bbox_2d": [0, 0, 1e9, 1e9]}}', "box_outside_image"),
+        ('{"name": "crop", "arguments": {"bbox_2d": [0, 0, NaN, 5]}}', "bad_argument"),
+        ('{"name": "crop", "arguments": {}}', "missing_argument"),
+    ],
+)
+def test_hostile_calls_become_observations(policy, body, reason):
+    """A broken call is answered with a failed observation (its reason recorded), and the
+    trajectory goes on to its answer."""
+    answer = tokens(policy, "<answer>red</answer>") + [end_id(policy)]
+    scripts = [[tokens(policy, f"<tool_call>{body}</tool_call>")], [answer]]
+    _, out, _ = run_script(policy, scripts, n=1)
+    trajectory = out.trajectories[0]
+    assert trajectory.stop == "answer"
+    assert [c["reason"] for c in trajectory.calls] == [reason]
+    assert trajectory.images == 0 and "pixel_values" not in trajectory.media
+    assert out.texts[0] == "<answer>red</answer>"
+
+
+def test_a_call_every_turn_ends_at_max_turns(policy):
+    s = sample(0)
+    call = tokens(policy, call_text(input_box(policy, s)))
+    scripts = [[call]] * 3
+    tool_loop, out, _ = run_script(policy, scripts, n=1, max_turns=3, max_media=8)
+    trajectory = out.trajectories[0]
+    assert trajectory.stop == "max_turns" and len(trajectory.turns) == 3
+    assert trajectory.images == 2  # the last turn's call is not run
+    metrics = tool_loop.metrics()
+    assert metrics["rollout/tools/stop/max_turns"] == 1.0
+    assert metrics["rollout/tools/turns_mean"] == 3.0
+
+
+@pytest.mark.parametrize(
+    "limits, reason",
+    [({"max_media": 1}, "max_media"), ({"max_tokens": 60}, "max_tokens")],
+)
+def test_budgets_cut_before_media_are_added(policy, limits, reason):
+    """An observation over a budget is not appended: no placeholder without its pixels, and
+    the training forward still runs on the cut trajectory."""
+    s = sample(0)
+    call = tokens(policy, call_text(input_box(policy, s)))
+    scripts = [[call], [call]]
+    _, out, _ = run_script(policy, scripts, n=1, **limits)
+    trajectory = out.trajectories[0]
+    assert trajectory.stop == reason
+    image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    grids = trajectory.media.get("image_grid_thw", [])
+    assert trajectory.ids.count(image_pad) == sum(int(g.prod(-1).sum()) // 4 for g in grids)
+    with torch.no_grad():
+        logps, mask, _ = rollout_logps(policy, out, [0], group_shared=True)
+    assert torch.isfinite(logps).all() and mask.sum() == sum(trajectory.loss_mask)
+
+
+def test_truncated_turn_runs_no_call(policy):
+    """A turn cut by its token limit ends the trajectory ('length'); its half call is not run."""
+    s = sample(0)
+    long_call = tokens(policy, call_text(input_box(policy, s)))
+    tool_loop = loop(policy)
+    engine = ScriptedEngine(policy, [[long_call]])
+    conv = conversation(s, tool_loop)
+    out = tool_loop.run(engine, [conv], [s], 1, Sampling(max_new_tokens=10))
+    trajectory = out.trajectories[0]
+    assert trajectory.stop == "length" and not trajectory.calls and out.truncated == [True]
+
+
+def test_start_up_errors_name_the_key(policy):
+    cfg = load_config(
+        None, [f"model.path={MODEL}", "train.steps=0", "rollout.tools.names=[crop, zoom]"]
+    )
+    with pytest.raises(ConfigError, match=r"rollout.tools.names: .*'zoom'"):
+        build_tool_loop(cfg, policy, HFEngine(policy, 4))
+
+    class NoTurns:
+        name = "vllm"
+
+    cfg = load_config(None, [f"model.path={MODEL}", "train.steps=0", "rollout.tools.names=[crop]"])
+    with pytest.raises(ConfigError, match="cannot continue trajectories"):
+        build_tool_loop(cfg, policy, NoTurns())
