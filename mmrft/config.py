@@ -424,6 +424,10 @@ class WarmStartConfig:
         "random",
         "'random': answers drawn from other samples' targets, which teaches only the answer format and keeps accuracy at chance; 'target': ordinary SFT on the ground truth.",
     )
+    demonstrations: bool = _f(
+        False,
+        "With rollout.tools: each warm-start completion is a tool trajectory of a scripted 'look closer' policy: a call on the sample's target (meta target_box: a crop around it; meta target_span: video_frames over it), its observation, then the answer (by warm_start.labels); samples without a target answer directly. Trained on the model's tokens only.",
+    )
 
 
 @dataclass
@@ -630,20 +634,22 @@ def parse_override(text: str) -> tuple[str, Any]:
 def config_names() -> dict[str, Path]:
     """The bundled run configs by the name ``mmrft train NAME`` takes: ``configs/NAME.yaml``,
     then ``configs/recipes/NAME.yaml`` (a top-level config wins a clash), and the CPU learning
-    recipes ``configs/learn/NAME.yaml`` as ``learn/NAME`` (benchmarks/learning.py runs them).
-    Launcher configs (``configs/accelerate/``) are not run configs and are left out."""
+    recipes ``configs/learn/NAME.yaml`` as ``learn/NAME`` (benchmarks/learning.py runs them)
+    and the CPU tool-rollout recipes ``configs/tools/NAME.yaml`` as ``tools/NAME``. Launcher
+    configs (``configs/accelerate/``) are not run configs and are left out."""
     names: dict[str, Path] = {}
     for folder in (CONFIG_DIR, CONFIG_DIR / "recipes"):
         for path in sorted(folder.glob("*.yaml")):
             names.setdefault(path.stem, path)
-    for path in sorted((CONFIG_DIR / "learn").glob("*.yaml")):
-        names.setdefault(f"learn/{path.stem}", path)
+    for group in ("learn", "tools"):
+        for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
+            names.setdefault(f"{group}/{path.stem}", path)
     return names
 
 
 def resolve_config_path(name: str | Path | None) -> Path:
     """A config file path as given (relative to the current directory), else a bundled config by
-    name: ``NAME``, ``NAME.yaml``, ``recipes/NAME`` or ``learn/NAME`` (:func:`config_names`). The hint of an
+    name: ``NAME``, ``NAME.yaml``, ``recipes/NAME``, ``learn/NAME`` or ``tools/NAME`` (:func:`config_names`). The hint of an
     unknown name lists only names that load."""
     if name is None:
         return DEFAULT_CONFIG

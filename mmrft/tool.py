@@ -100,6 +100,7 @@ _SCHEMA_KEYS = {
     "items",
     "minItems",
     "maxItems",
+    "maxLength",
     "enum",
     "minimum",
     "maximum",
@@ -653,6 +654,8 @@ def _check_value(value: Any, schema: Mapping[str, Any], where: str) -> Any:
     elif kind == "string":
         if not isinstance(value, str):
             raise bad(f"expected a string, got {_type_name(value)}")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise bad(f"expected at most {schema['maxLength']} characters, got {len(value)}")
     elif kind == "array":
         if not isinstance(value, list):
             raise bad(f"expected an array, got {_type_name(value)}")

@@ -69,7 +69,14 @@ from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
 from mmrft.group import check_attention, rollout_logps
 from mmrft.plugins import load_plugins
-from mmrft.policy import Policy, completion_logps, load_policy, resolve_family, save_pretrained
+from mmrft.policy import (
+    Policy,
+    completion_logps,
+    load_policy,
+    pad_completions,
+    resolve_family,
+    save_pretrained,
+)
 from mmrft.prompt_view import row_prompt_text, show_prompt
 from mmrft.report import report_runs
 from mmrft.rewards import RewardError, WeightedReward, build_reward, write_failure
@@ -87,6 +94,7 @@ from mmrft.runlog import (
 )
 from mmrft.task import Task, build_task, read_split
 from mmrft.tracking import build_trackers
+from mmrft.trajectory import ToolLoop, demonstration_call
 from mmrft.typecheck import ConfigError
 
 log = logging.getLogger("mmrft")
@@ -140,6 +148,13 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
         split(cfg.data.train, cfg.data.max_train_samples),
         split(cfg.data.test, cfg.data.max_test_samples),
     )
+
+
+def demonstration_turns(sample: Sample, answer: str, tool_loop: ToolLoop) -> list[str]:
+    """A scripted trajectory's turn texts: the call on the sample's target when it has one,
+    then the answer."""
+    call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools))
+    return [call, answer_completion(answer)] if call else [answer_completion(answer)]
 
 
 def answer_completion(reference: str) -> str:
@@ -235,10 +250,19 @@ def media_limits(samples: list[Sample]) -> dict[str, int]:
 
 
 def warm_start(
-    policy: Policy, task: Task, samples: list[Sample], cfg: RunConfig, console: Console
+    policy: Policy,
+    task: Task,
+    samples: list[Sample],
+    cfg: RunConfig,
+    console: Console,
+    tool_loop: ToolLoop | None = None,
 ) -> list[float]:
     """Supervised steps on ``<answer>reference</answer>`` completions; returns the loss of
     every step (shown on a progress bar as it runs).
+
+    With ``warm_start.demonstrations`` (and the run's ``tool_loop``) a completion is the
+    trajectory of a scripted "look closer" policy (:func:`mmrft.trajectory.demonstration_call`,
+    then the answer), built by the loop's own code, trained on the model's tokens only.
 
     ``labels="random"`` pairs each prompt with the reference answer of another random sample:
     the model learns the answer *format* and the label distribution, but nothing about the
@@ -269,16 +293,31 @@ def warm_start(
                 for i, j in zip(batch, labels)
             ]
             conversations = [task.prompt(samples[i], policy.family) for i in batch]
+            trajectories = None
+            if ws.demonstrations and tool_loop is not None:
+                conversations = [tool_loop.with_tools(c) for c in conversations]
+                trajectories = [
+                    tool_loop.demonstration(
+                        samples[i], demonstration_turns(samples[i], a, tool_loop)
+                    )
+                    for i, a in zip(batch, answers)
+                ]
             prepared = policy.family.prepare(
                 policy.processor, conversations, add_generation_prompt=True
             )
             rows = policy.family.split_rows(prepared, policy.processor)
-            completions = [
-                policy.tokenizer.encode(answer_completion(a), add_special_tokens=False)
-                + [end_of_turn]
-                for a in answers
-            ]
-            logps, mask, _ = completion_logps(policy, rows, completions)
+            if trajectories is not None:
+                completions = [t.ids for t in trajectories]
+            else:
+                completions = [
+                    policy.tokenizer.encode(answer_completion(a), add_special_tokens=False)
+                    + [end_of_turn]
+                    for a in answers
+                ]
+            logps, mask, _ = completion_logps(policy, rows, completions, trajectories=trajectories)
+            if trajectories is not None:  # the model's own tokens only
+                loss_mask, _ = pad_completions([t.loss_mask for t in trajectories], 0)
+                mask = mask * loss_mask.to(mask.device)
             tokens = distributed.sum_scalar(float(mask.sum()))  # mean over every rank's tokens
             loss = -(logps * mask).sum() / tokens
             loss.backward()
@@ -535,7 +574,14 @@ def begin(run: Run) -> int:
     else:
         run.runlog.truncate_after(-1)
         if cfg.warm_start.steps and run.train_samples:
-            losses = warm_start(run.policy, run.task, run.train_samples, cfg, run.console)
+            losses = warm_start(
+                run.policy,
+                run.task,
+                run.train_samples,
+                cfg,
+                run.console,
+                run.collector.tool_loop,
+            )
             run.runlog.warm_start(losses)
             if run.reference is not None:
                 run.reference = None  # model.path's copy goes before the new one is made

@@ -462,35 +462,14 @@ class ToolLoop:
             for i in range(G)
         ]
         timings = Counter(first.timings)
-        for turn in range(1, self.limits.max_turns + 1):
+        while results:  # every trajectory ends by max_turns at the latest
             continuing = []
             for i, ids, logprobs, cut in results:
-                t = trajectories[i]
-                text = self.tokenizer.decode(ids, skip_special_tokens=True)
-                record = t.add_turn(
-                    list(ids), None if logprobs is None else list(logprobs), text, cut
-                )
-                texts[i], truncated[i] = text, cut
-                if cut:
-                    t.stop = "length"
-                    continue
-                ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
-                calls = parse_tool_calls(text, closed_by_stop=ended_on_call)
-                if not calls:
-                    t.stop = "answer"
-                    continue
-                if turn == self.limits.max_turns:
-                    t.stop = "max_turns"
-                    continue
-                t0 = time.perf_counter()
-                observations = [run_tool_call(c, contexts[i], self.tools) for c in calls]
-                tool_seconds += time.perf_counter() - t0
-                record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
-                stop = self._append(t, contexts[i], observations, ids, budget)
-                if stop:
-                    t.stop = stop
-                    continue
-                continuing.append(i)
+                seconds = time.perf_counter()
+                if self.step(trajectories[i], contexts[i], ids, logprobs, cut, budget):
+                    continuing.append(i)
+                tool_seconds += time.perf_counter() - seconds
+                texts[i], truncated[i] = trajectories[i].turns[-1].text, cut
             if not continuing:
                 break
             rows = [
@@ -525,10 +504,60 @@ class ToolLoop:
             else [t.logprobs for t in trajectories]  # type: ignore[misc]
         )
         out.trajectories = trajectories
+        # tool_s: the tools and the observations' rendering and tokenising (outside the model)
         out.timings = {**timings, "tool_s": tool_seconds}
         out.seconds = time.perf_counter() - start
         self._count(trajectories)
         return out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def step(
+        self,
+        t: Trajectory,
+        context: ToolContext,
+        ids: list[int],
+        logprobs: list[float] | None,
+        cut: bool,
+        budget: int,
+    ) -> bool:
+        """Append one model turn to ``t``, then run its tool calls and append their
+        observation; True when the trajectory continues (else ``t.stop`` says why)."""
+        text = self._decode(ids)
+        record = t.add_turn(list(ids), None if logprobs is None else list(logprobs), text, cut)
+        if cut:
+            t.stop = "length"
+            return False
+        ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
+        calls = parse_tool_calls(text, closed_by_stop=ended_on_call)
+        if not calls:
+            t.stop = "answer"
+            return False
+        if len(t.turns) >= self.limits.max_turns:
+            t.stop = "max_turns"
+            return False
+        observations = [run_tool_call(c, context, self.tools) for c in calls]
+        record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
+        t.stop = self._append(t, context, observations, ids, budget)
+        return not t.stop
+
+    def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
+        """The trajectory of scripted turn texts (a warm start's demonstration: e.g. a crop of
+        the target, then the answer), built exactly as the loop builds a sampled one: each
+        text tokenised, ``</tool_call>`` or end-of-turn closing it, its calls run and their
+        observations appended. No sampler log-probs."""
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        t = Trajectory(logprobs=None)
+        context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
+        budget = self.limits.max_tokens or 1 << 30
+        for text in turns:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if self.tool_call_token is None or not ids or ids[-1] != self.tool_call_token:
+                ids.append(end)
+            if not self.step(t, context, ids, None, False, budget):
+                break
+        return t
 
     def _append(
         self,
@@ -609,6 +638,47 @@ class ToolLoop:
             elif key.startswith("stop/"):
                 out[f"{prefix}/{key}"] = value / n
         return out
+
+
+DEMO_CROP_SCALE = 2.0
+"""A demonstration crop's side over the target box's longer side."""
+
+
+def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | None:
+    """The tool call of a scripted "look closer" policy on ``sample``, or ``None`` when it
+    has no target to look at with the enabled ``tools``:
+
+    * ``meta.target_box`` (pixels of the original image) and ``crop`` or ``image_zoom_in``
+      enabled: the square of side ``DEMO_CROP_SCALE`` × the box's longer side (at least 28
+      px) around its centre, clamped to the image, written in the family's box frame
+      (:func:`mmrft.boxes.from_pixels`, rounded to integers);
+    * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
+      on each side (within ``meta.duration``), 8 frames.
+    """
+    from mmrft.boxes import from_pixels
+
+    meta = sample.meta
+    crop = next((n for n in ("crop", "image_zoom_in") if n in tools), None)
+    if crop and meta.get("target_box") and meta.get("image_size"):
+        x1, y1, x2, y2 = (float(v) for v in meta["target_box"])
+        width, height = (float(v) for v in meta["image_size"])
+        side = min(max(DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), 28.0), width, height)
+        cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
+        cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
+        box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
+        framed = [round(v) for v in from_pixels(box, family.box_frame, meta)]
+        arguments: dict[str, Any] = {"bbox_2d": framed}
+        return f'<tool_call>{{"name": "{crop}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    if "video_frames" in tools and meta.get("target_span"):
+        start, end = (float(v) for v in meta["target_span"])
+        duration = float(meta.get("duration") or end + 0.25)
+        arguments = {
+            "start_s": round(max(0.0, start - 0.25), 2),
+            "end_s": round(min(duration, end + 0.25), 2),
+            "n": 8,
+        }
+        return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    return None
 
 
 def _copy_context(context: ToolContext) -> ToolContext:

@@ -73,7 +73,7 @@ def test_builtins_and_aliases_resolve_to_one_tool():
     for name in ("crop", "image_zoom_in", "rotate", "video_frames"):
         assert name in TOOLS
     assert TOOLS.get("image_zoom_in") is TOOLS.get("crop")
-    assert TOOLS.get("crop").aliases == ("image_zoom_in",)
+    assert TOOLS.get("crop").aliases == ("image_zoom_in", "image_zoom_in_tool")
     with pytest.raises(UnknownNameError, match=r"unknown tool 'crpo'; did you mean 'crop'"):
         TOOLS.get("crpo")
     with pytest.raises(UnknownNameError, match="did you mean 'rotate'"):
@@ -94,7 +94,7 @@ def test_schemas_are_function_descriptions_with_valid_json_schemas():
         assert params["type"] == "object"
         assert set(params["required"]) <= set(params["properties"])
         for prop in params["properties"].values():
-            assert prop["type"] in ("array", "number", "integer")
+            assert prop["type"] in ("array", "number", "integer", "string")
             assert isinstance(prop.get("description", ""), str)
     crop = schemas[0]["function"]["parameters"]["properties"]["bbox_2d"]
     assert crop["minItems"] == crop["maxItems"] == 4 and crop["items"] == {"type": "number"}

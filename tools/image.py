@@ -39,7 +39,7 @@ _IMAGE_INDEX = {
 
 @tool(
     "crop",
-    aliases=("image_zoom_in",),
+    aliases=("image_zoom_in", "image_zoom_in_tool"),
     timeout_s=10.0,
     parameters={
         "type": "object",
@@ -53,11 +53,18 @@ _IMAGE_INDEX = {
                 "boxes you output",
             },
             "image_index": _IMAGE_INDEX,
+            "label": {
+                "type": "string",
+                "maxLength": 200,
+                "description": "what the region shows (optional; DeepEyes' prompts ask for it)",
+            },
         },
         "required": ["bbox_2d"],
     },
 )
-def crop(context: ToolContext, *, bbox_2d: list[float], image_index: int = 0) -> Observation:
+def crop(
+    context: ToolContext, *, bbox_2d: list[float], image_index: int = 0, label: str = ""
+) -> Observation:
     """Zoom in on a region of an image: returns the region [x1, y1, x2, y2] at full
     resolution."""
     image = context.image(image_index)

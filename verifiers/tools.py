@@ -1,0 +1,133 @@
+"""Verifiers of multi-turn tool rollouts: they read the trajectory (``trajectories``, the third
+positional parameter, :mod:`mmrft.rewards`), not only the last turn's text.
+
+* ``tool_bonus``: DeepEyes' tool term (Zheng et al. 2025, arXiv:2505.14362): 1 when the
+  trajectory made at least one successful call *and* the final answer is right (the
+  ``accuracy`` verifier's rule, score ≥ ``correct_at``), else 0. Its paper weights:
+  ``0.8·accuracy + 0.2·format + 1.2·tool_bonus``.
+* ``crop_contains_target``: MGPO's grounding check (Huang et al. 2025, arXiv:2505.12434): 1
+  when a successful crop of the original image (image 0) contains the sample's
+  ``meta.target_box`` (pixels of the original image; containment of at least ``min_cover``
+  of the box's area), else 0; ``None`` for samples without a target box.
+* ``tool_failures``: a penalty per failed call (broken JSON, unknown tool, a refused box, …):
+  ``−min(1, per_call × failed calls)``, range [−1, 0].
+
+Single-turn completions (``None`` trajectories) score 0 on all three (``None`` where the
+sample has no target), with the reason ``no tool rollout``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmrft.data import Sample
+from mmrft.rewards import Score, verifier
+
+
+def _crops(trajectory: Any, tools: tuple[str, ...] = ("crop", "image_zoom_in")) -> list[list[int]]:
+    """Pixel boxes of the successful crops of the original image (image 0)."""
+    return [
+        call["info"]["box_px"]
+        for call in trajectory.calls
+        if call["ok"]
+        and call["name"] in tools
+        and "box_px" in call.get("info", {})
+        and call["info"].get("image_index", 0) == 0
+    ]
+
+
+@verifier("tool_bonus", low=0.0, high=1.0)
+def tool_bonus(
+    completions: list[str],
+    samples: list[Sample],
+    trajectories: list[Any],
+    *,
+    correct_at: float = 1.0,
+    tools: list[str] | None = None,
+) -> list[Score]:
+    """DeepEyes' tool bonus: 1 when a call of ``tools`` (default: any tool) succeeded *and*
+    the last turn's answer is right (``accuracy`` in its ``auto`` mode scores ≥
+    ``correct_at``), else 0. Range [0, 1]."""
+    from mmrft.verifiers.accuracy import accuracy
+
+    if not 0.0 < correct_at <= 1.0:
+        raise ValueError(f"correct_at must be in (0, 1], got {correct_at}")
+    correct = accuracy(completions, samples)  # its auto mode, per sample
+    out = []
+    for score, trajectory in zip(correct, trajectories):
+        if trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+            continue
+        used = any(c["ok"] and (not tools or c["name"] in tools) for c in trajectory.calls)
+        if not used:
+            out.append(Score(0.0, reason="no successful tool call"))
+        elif score.value < correct_at:
+            out.append(Score(0.0, reason="tool used, answer wrong"))
+        else:
+            out.append(Score(1.0))
+    return out
+
+
+def _covered(box: list[float], target: list[float]) -> float:
+    """Share of ``target``'s area inside ``box`` (pixels, ``[x1, y1, x2, y2]``)."""
+    w = min(box[2], target[2]) - max(box[0], target[0])
+    h = min(box[3], target[3]) - max(box[1], target[1])
+    area = max(target[2] - target[0], 0.0) * max(target[3] - target[1], 0.0)
+    if w <= 0 or h <= 0 or area <= 0:
+        return 0.0
+    return w * h / area
+
+
+@verifier("crop_contains_target", low=0.0, high=1.0)
+def crop_contains_target(
+    completions: list[str],
+    samples: list[Sample],
+    trajectories: list[Any],
+    *,
+    min_cover: float = 1.0,
+) -> list[Score | None]:
+    """MGPO's check: 1 when a successful crop of the original image covers at least
+    ``min_cover`` of ``meta.target_box``'s area, else 0; ``None`` without a target box.
+    Range [0, 1]."""
+    if not 0.0 < min_cover <= 1.0:
+        raise ValueError(f"min_cover must be in (0, 1], got {min_cover}")
+    out: list[Score | None] = []
+    for sample, trajectory in zip(samples, trajectories):
+        target = sample.meta.get("target_box")
+        if not target:
+            out.append(None)
+        elif trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+        else:
+            crops = _crops(trajectory)
+            if not crops:
+                out.append(Score(0.0, reason="no crop"))
+            elif max(_covered(c, target) for c in crops) >= min_cover - 1e-9:
+                out.append(Score(1.0))
+            else:
+                out.append(Score(0.0, reason="crop misses the target"))
+    return out
+
+
+@verifier("tool_failures", low=-1.0, high=0.0)
+def tool_failures(
+    completions: list[str],
+    samples: list[Sample],
+    trajectories: list[Any],
+    *,
+    per_call: float = 0.25,
+) -> list[Score]:
+    """−min(1, ``per_call`` × the number of failed calls): a penalty for calls the tools
+    refused (their reasons are counted under ``rollout/tools/failed/<reason>``). Range
+    [−1, 0]."""
+    if not per_call > 0:
+        raise ValueError(f"per_call must be positive, got {per_call}")
+    out = []
+    for trajectory in trajectories:
+        if trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+            continue
+        failed = trajectory.failed_calls
+        value = -min(1.0, per_call * failed)
+        out.append(Score(value, reason="failed calls" if failed else None))
+    return out
