@@ -612,7 +612,7 @@ class ToolLoop:
             for call in t.calls:
                 c["calls"] += 1
                 c["calls_ok"] += int(call["ok"])
-                c[f"calls/{call['name']}"] += 1
+                c[f"calls/{call['name'] or '(unparsed)'}"] += 1
                 if not call["ok"]:
                     c[f"failed/{call['reason']}"] += 1
 
