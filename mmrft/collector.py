@@ -374,7 +374,7 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
         if value < 1:
             raise ConfigError(f"rollout.tools.{name}: must be at least 1, got {value}")
     limits = LoopLimits(tools.max_turns, tools.max_tokens, tools.max_media, tools.max_visual_tokens)
-    return ToolLoop(family, policy.processor, enabled, limits)
+    return ToolLoop(family, policy.processor, enabled, limits, describe=tools.describe)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,7 +498,9 @@ class Collector:
         conversations = [self.task.prompt(s, self.policy.family) for s in samples]
         G = self.cfg.rollout.group_size
         if self.tool_loop is not None:
-            conversations = [self.tool_loop.with_tools(c) for c in conversations]
+            conversations = [
+                self.tool_loop.with_tools(c, s) for c, s in zip(conversations, samples)
+            ]
             rollouts = self.tool_loop.run(self.engine, conversations, samples, G, self.sampling)
         else:
             rollouts = self.engine.generate(conversations, G, self.sampling)

@@ -275,6 +275,51 @@ def _first_char(path: Path) -> str:
                 return stripped[0]
 
 
+def from_deepeyes(record: Any, base: Path, where: str) -> dict[str, Any]:
+    """A row of DeepEyes' released training parquet files (verl layout) as a project record::
+
+        {"prompt": [{"role": "system", "content": ...},
+                    {"role": "user", "content": "<image>\nWhat is the colour of ...?"}],
+         "images": [{"bytes": b"...", "path": "..."}],
+         "reward_model": {"ground_truth": "B", "style": "model"},
+         "data_source": "...", "env_name": "visual_toolbox_v2", "extra_info": {...}}
+
+    The last user turn is the question (``<image>`` placeholders removed, the images in front),
+    ``reward_model.ground_truth`` the target (:func:`answer_value`). The per-row tool switch
+    goes to ``meta.tools`` (read by the tool loop: ``False`` offers no tool and runs no call):
+    on when ``env_name`` names a tool environment, off when the row has an empty one (the
+    no-tool reasoning subset); without ``env_name``, ``extra_info.need_tools_kwargs`` decides,
+    else on. ``data_source`` and ``ability`` are kept in ``meta``."""
+    if not isinstance(record, dict) or not isinstance(record.get("prompt"), list):
+        raise DataError(f"{where}: expected a DeepEyes row with a 'prompt' message list")
+    users = [m for m in record["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
+    question = users[-1].get("content") if users else None
+    if isinstance(question, list):  # content parts: keep the text
+        question = "".join(str(p.get("text", "")) for p in question if isinstance(p, dict))
+    if not isinstance(question, str):
+        raise DataError(f"{where}: the prompt needs a user turn with text content")
+    truth = record.get("reward_model")
+    if not isinstance(truth, dict) or truth.get("ground_truth") is None:
+        raise DataError(f"{where}: no reward_model.ground_truth")
+    images = record.get("images") or []
+    if not isinstance(images, list):
+        raise DataError(f"{where}: 'images' must be a list")
+    extra = record.get("extra_info") if isinstance(record.get("extra_info"), dict) else {}
+    if "env_name" in record:
+        tools = bool(record["env_name"])
+    else:
+        tools = bool(extra.get("need_tools_kwargs", True))
+    meta = {"tools": tools}
+    for key in ("data_source", "ability"):
+        if record.get(key) is not None:
+            meta[key] = record[key]
+    record_id = extra.get("index", record.get("id"))
+    media = [("image", images)] if images else []
+    return _user_record(
+        record_id, question, media, answer_value(truth["ground_truth"]), meta, base, where
+    )
+
+
 def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
     try:
         import pyarrow.parquet as pq
@@ -447,9 +492,9 @@ def read_mmrft_jsonl(
 # ---------------------------------------------------------------------------------------------
 # Other layouts of a record: a field mapping, and LLaVA / VLM-R1 conversations
 
-LAYOUTS = ("mmrft", "conversations")
+LAYOUTS = ("mmrft", "conversations", "deepeyes")
 """Record layouts every task reads (``data.format``): the project's own (or any layout through
-``data.fields``) and ``conversations``."""
+``data.fields``), ``conversations`` and ``deepeyes`` (DeepEyes' parquet rows)."""
 
 FIELD_ROLES = ("id", "question", "answer", "image", "video", "audio", "options")
 """What ``data.fields`` maps: which key of a record holds each. Any other name in the mapping
@@ -623,4 +668,4 @@ def record_layout(
             )
         check_fields(fields)
         return lambda record, base, where: map_fields(record, fields, base, where)
-    return from_conversations if fmt == "conversations" else None
+    return {"conversations": from_conversations, "deepeyes": from_deepeyes}.get(fmt)

@@ -77,8 +77,8 @@ def evaluate(
         if tool_loop is None:
             rollouts.extend(engine.generate(chunk, 1, sampling))
         else:
-            chunk = [tool_loop.with_tools(c) for c in chunk]
             part = samples[begin : begin + batch_size]
+            chunk = [tool_loop.with_tools(c, s) for c, s in zip(chunk, part)]
             rollouts.extend(tool_loop.run(engine, chunk, part, 1, sampling))
         if bar is not None:
             progress.update(bar, completed=len(rollouts.texts))  # type: ignore[union-attr]

@@ -295,7 +295,9 @@ def warm_start(
             conversations = [task.prompt(samples[i], policy.family) for i in batch]
             trajectories = None
             if ws.demonstrations and tool_loop is not None:
-                conversations = [tool_loop.with_tools(c) for c in conversations]
+                conversations = [
+                    tool_loop.with_tools(c, samples[i]) for c, i in zip(conversations, batch)
+                ]
                 trajectories = [
                     tool_loop.demonstration(
                         samples[i], demonstration_turns(samples[i], a, tool_loop)

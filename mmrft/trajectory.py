@@ -387,8 +387,10 @@ class ToolLoop:
         tools: dict[str, ToolSpec],
         limits: LoopLimits,
         context_kwargs: dict[str, Any] | None = None,
+        describe: bool = True,
     ) -> None:
         self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
+        self.describe = describe
         self.template = ObservationTemplate(family, processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
         close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
@@ -402,9 +404,14 @@ class ToolLoop:
         self.counts: Counter = Counter()
 
     # -- prompts -------------------------------------------------------------------------------
-    def with_tools(self, conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def with_tools(
+        self, conversation: list[dict[str, Any]], sample: Sample | None = None
+    ) -> list[dict[str, Any]]:
         """``conversation`` with the tools described in a system message (prepended to the
-        system message it has): Qwen's function-calling form from the tools' schemas."""
+        system message it has): Qwen's function-calling form from the tools' schemas. Unchanged
+        when ``describe`` is off or the sample switches tools off (``meta.tools: false``)."""
+        if not self.describe or not offers_tools(sample):
+            return conversation
         schemas = tool_schemas(sorted(self.tools), self.tools)
         text = tools_system_text(schemas)
         if conversation and conversation[0].get("role") == "system":
@@ -446,7 +453,10 @@ class ToolLoop:
             for t in trajectories:
                 t.logprobs = None
         base = [ToolContext.from_sample(s, self.family, **self.context_kwargs) for s in samples]
-        contexts = [_copy_context(base[i // n]) for i in range(G)]
+        contexts: list[ToolContext | None] = [_copy_context(base[i // n]) for i in range(G)]
+        for i in range(G):  # a sample without tools: its calls are text, the turn an answer
+            if not offers_tools(samples[i // n]):
+                contexts[i] = None
         budget = self.limits.max_tokens or self.limits.max_turns * sampling.max_new_tokens + 4096
         tool_seconds = 0.0
         texts = [""] * G
@@ -516,21 +526,22 @@ class ToolLoop:
     def step(
         self,
         t: Trajectory,
-        context: ToolContext,
+        context: ToolContext | None,
         ids: list[int],
         logprobs: list[float] | None,
         cut: bool,
         budget: int,
     ) -> bool:
         """Append one model turn to ``t``, then run its tool calls and append their
-        observation; True when the trajectory continues (else ``t.stop`` says why)."""
+        observation; True when the trajectory continues (else ``t.stop`` says why). A ``None``
+        context (the sample has no tools) runs no call."""
         text = self._decode(ids)
         record = t.add_turn(list(ids), None if logprobs is None else list(logprobs), text, cut)
         if cut:
             t.stop = "length"
             return False
         ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
-        calls = parse_tool_calls(text, closed_by_stop=ended_on_call)
+        calls = parse_tool_calls(text, closed_by_stop=ended_on_call) if context else []
         if not calls:
             t.stop = "answer"
             return False
@@ -679,6 +690,12 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
         }
         return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
     return None
+
+
+def offers_tools(sample: Sample | None) -> bool:
+    """Whether the tools are offered for ``sample``: unless its ``meta.tools`` is false (a
+    per-row switch, e.g. DeepEyes' no-tool subset)."""
+    return sample is None or sample.meta.get("tools", True) is not False
 
 
 def _copy_context(context: ToolContext) -> ToolContext:

@@ -207,3 +207,41 @@ def test_mmrft_eval_reads_a_mapped_parquet_file_from_the_command_line(tmp_path, 
     assert code == 0, capsys.readouterr().err
     predictions = (tmp_path / "out" / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 4
+
+
+def test_deepeyes_parquet_rows_with_the_per_row_tool_switch(tmp_path, monkeypatch):
+    """DeepEyes' released rows: the user turn with an <image> placeholder, the images as stored
+    bytes, reward_model.ground_truth; env_name switches the tool per row."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    monkeypatch.setenv("MMRFT_CACHE", str(tmp_path / "cache"))
+    image = (COLOUR / "images" / "test-0000.png").read_bytes()
+    rows = [
+        {
+            "data_source": "vstar",
+            "prompt": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": "<image>\nWhat is the colour of the cup?"},
+            ],
+            "images": [{"bytes": image, "path": "cup.png"}],
+            "ability": "visual_search",
+            "env_name": env,
+            "reward_model": {"ground_truth": truth, "style": "model"},
+            "extra_info": {"index": k, "answer": truth},
+        }
+        for k, (env, truth) in enumerate([("visual_toolbox_v2", "red"), ("", "42")])
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "deepeyes.parquet")
+    task = build_task("chart_qa", {"think": "required"})
+    samples, _ = task.read(tmp_path / "deepeyes.parquet", fmt="deepeyes")
+    assert [s.id for s in samples] == ["0", "1"]
+    assert [s.target for s in samples] == ["red", 42]
+    assert [s.meta["tools"] for s in samples] == [True, False]
+    assert samples[0].text() == "What is the colour of the cup?"
+    (path,) = samples[0].media("image")
+    assert Path(path).read_bytes() == image and samples[0].meta["data_source"] == "vstar"
+    with pytest.raises(DataError, match="reward_model.ground_truth"):
+        from mmrft.data import from_deepeyes
+
+        from_deepeyes({"prompt": [{"role": "user", "content": "q"}]}, tmp_path, "row 1")

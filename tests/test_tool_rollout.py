@@ -355,3 +355,16 @@ def test_start_up_errors_name_the_key(policy):
     cfg = load_config(None, [f"model.path={MODEL}", "train.steps=0", "rollout.tools.names=[crop]"])
     with pytest.raises(ConfigError, match="cannot continue trajectories"):
         build_tool_loop(cfg, policy, NoTurns())
+
+
+def test_a_sample_without_tools_gets_no_tool_prompt_and_runs_no_call(policy):
+    """meta.tools false (DeepEyes' no-tool rows): no tool description, a call is plain text."""
+    s = sample(0)
+    s.meta["tools"] = False
+    tool_loop = loop(policy)
+    assert tool_loop.with_tools(s.messages, s) == s.messages
+    scripts = [[tokens(policy, call_text(input_box(policy, s)))]]
+    engine = ScriptedEngine(policy, scripts)
+    out = tool_loop.run(engine, [s.messages], [s], 1, SAMPLING)
+    trajectory = out.trajectories[0]
+    assert trajectory.stop == "answer" and not trajectory.calls and len(trajectory.turns) == 1

@@ -104,6 +104,7 @@ def video_frames(context: ToolContext, *, start_s: float, end_s: float, n: int) 
         ok=True,
         text=text,
         videos=[VideoClip(frames=clip, timestamps_s=times, fps=fps, source=str(context.video))],
+        info={"span_s": [float(start_s), float(end_s)], "frames": frames},
     )
 
 

@@ -5,10 +5,14 @@ positional parameter, :mod:`mmrft.rewards`), not only the last turn's text.
   trajectory made at least one successful call *and* the final answer is right (the
   ``accuracy`` verifier's rule, score ≥ ``correct_at``), else 0. Its paper weights:
   ``0.8·accuracy + 0.2·format + 1.2·tool_bonus``.
-* ``crop_contains_target``: MGPO's grounding check (Huang et al. 2025, arXiv:2505.12434): 1
+* ``crop_contains_target``: a grounding check after MGPO (Huang et al. 2025, arXiv:2507.05920): 1
   when a successful crop of the original image (image 0) contains the sample's
   ``meta.target_box`` (pixels of the original image; containment of at least ``min_cover``
   of the box's area), else 0; ``None`` for samples without a target box.
+* ``clip_overlap``: Video-MTR's frame-overlap bonus (Xie et al. 2025, arXiv:2508.20478):
+  the best temporal IoU between a successful ``video_frames`` interval and the sample's
+  ``meta.target_span`` (seconds), paid only when the answer is right (``only_when_correct``);
+  ``None`` for samples without a target span.
 * ``tool_failures``: a penalty per failed call (broken JSON, unknown tool, a refused box, …):
   ``−min(1, per_call × failed calls)``, range [−1, 0].
 
@@ -130,4 +134,49 @@ def tool_failures(
         failed = trajectory.failed_calls
         value = -min(1.0, per_call * failed)
         out.append(Score(value, reason="failed calls" if failed else None))
+    return out
+
+
+def _tiou(a: list[float], b: list[float]) -> float:
+    """Temporal IoU of two intervals ``[start, end]`` (seconds)."""
+    inter = max(0.0, min(a[1], b[1]) - max(a[0], b[0]))
+    union = max(a[1], b[1]) - min(a[0], b[0])
+    return inter / union if union > 0 else 0.0
+
+
+@verifier("clip_overlap", low=0.0, high=1.0)
+def clip_overlap(
+    completions: list[str],
+    samples: list[Sample],
+    trajectories: list[Any],
+    *,
+    only_when_correct: bool = True,
+) -> list[Score | None]:
+    """max tIoU(fetched interval, ``meta.target_span``) over the successful ``video_frames``
+    calls, 0 without one; with ``only_when_correct`` 0 unless the answer is right (``accuracy``,
+    auto mode). ``None`` for samples without a target span. Range [0, 1]."""
+    from mmrft.verifiers.accuracy import accuracy
+
+    correct = accuracy(completions, samples) if only_when_correct else None
+    out: list[Score | None] = []
+    for i, (sample, trajectory) in enumerate(zip(samples, trajectories)):
+        span = sample.meta.get("target_span")
+        if not span:
+            out.append(None)
+            continue
+        if trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+            continue
+        fetched = [
+            c["info"]["span_s"]
+            for c in trajectory.calls
+            if c["ok"] and c["name"] == "video_frames" and "span_s" in c.get("info", {})
+        ]
+        if not fetched:
+            out.append(Score(0.0, reason="no clip fetched"))
+        elif correct is not None and correct[i].value < 1.0:
+            out.append(Score(0.0, reason="answer wrong"))
+        else:
+            target = [float(span[0]), float(span[1])]
+            out.append(Score(max(_tiou([float(a), float(b)], target) for a, b in fetched)))
     return out
