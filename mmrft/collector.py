@@ -361,8 +361,8 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
         raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
     if not callable(getattr(engine, "continue_rows", None)):
         raise ConfigError(
-            f"rollout.tools: the '{engine.name}' engine cannot continue trajectories yet; "
-            "use rollout.engine=hf"
+            f"rollout.tools: the '{engine.name}' engine cannot continue trajectories "
+            "(it has no continue_rows); use rollout.engine=hf or vllm"
         )
     family = policy.family
     if type(family).observation_row is ModelFamily.observation_row:

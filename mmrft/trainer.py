@@ -237,10 +237,12 @@ def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
         yield indices[begin : begin + size]
 
 
-def media_limits(samples: list[Sample]) -> dict[str, int]:
-    """The most images, videos and audio clips one sample holds (what an engine reserves)."""
+def media_limits(samples: list[Sample], tool_media: int = 0) -> dict[str, int]:
+    """The most images, videos and audio clips one sample holds (what an engine reserves),
+    each raised by ``tool_media``, the images and clips tools may add to a trajectory."""
     return {
         kind: max((len(s.media(kind)) for s in samples), default=0)
+        + (tool_media if kind != "audio" else 0)
         for kind in ("image", "video", "audio")
     }
 
@@ -500,7 +502,10 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         cfg.rollout,
         policy,
         model_path=str(resolve_path(cfg.model.path)),
-        limits=media_limits(train_samples + test_samples),
+        limits=media_limits(
+            train_samples + test_samples,
+            cfg.rollout.tools.max_media if cfg.rollout.tools.names else 0,
+        ),
         seed=cfg.train.seed + rank,
     )
     if engine.name != "hf" and train_samples:  # the engine must see the trainer's tokens

@@ -122,6 +122,9 @@ class Trajectory:
         media: the observations' media tensors by the family's keys (``pixel_values``,
             ``image_grid_thw``, ``pixel_values_videos``, ``video_grid_thw``, …), one tensor
             per observation, in order.
+        engine_media: the observations' media as a rollout engine with its own processor
+            takes them (``multi_modal_data`` per observation: resized images, sampled frames),
+            for engines that continue a trajectory from its media (vLLM).
         turns: the model turns (:class:`Turn`).
         stop: why the trajectory ended (module docstring's table).
         images / videos / visual_tokens: what observations added.
@@ -132,6 +135,7 @@ class Trajectory:
     token_types: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    engine_media: list[dict[str, list[Any]]] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
     stop: str = ""
     images: int = 0
@@ -166,6 +170,8 @@ class Trajectory:
         for key, value in row.items():
             if key != "input_ids" and key != token_key and isinstance(value, torch.Tensor):
                 self.media.setdefault(key, []).append(value)
+        if row.get("engine_media"):
+            self.engine_media.append(row["engine_media"])
         self.turns[-1].observation_tokens += len(ids)
 
     def media_row(self) -> dict[str, torch.Tensor]:
@@ -227,6 +233,12 @@ def joined_row(
         if key in prompt:
             extra = torch.tensor(trajectory.token_types, dtype=prompt[key].dtype)
             row[key] = torch.cat([prompt[key], extra])
+    if "engine_media" in prompt or trajectory.engine_media:
+        merged: dict[str, list[Any]] = {}
+        for data in [prompt.get("engine_media") or {}, *trajectory.engine_media]:
+            for kind, items in data.items():
+                merged.setdefault(kind, []).extend(items)
+        row["engine_media"] = merged
     return row
 
 

@@ -447,7 +447,10 @@ class QwenVLFamily(ModelFamily):
         conversation = [{"role": "user", "content": parts}]
         images, videos, kwargs = self.load_vision(processor, [text], [conversation])
         batch = self._process(processor, [text], images, videos, kwargs)
-        return self.split_rows(batch, processor)[0]
+        row = self.split_rows(batch, processor)[0]
+        metadata = kwargs.get("video_metadata") or [None] * len(videos or [])
+        row["engine_media"] = self.engine_media(images or [], videos or [], metadata)
+        return row
 
     def _process(
         self,
@@ -471,9 +474,14 @@ class QwenVLFamily(ModelFamily):
         )
 
     def engine_processor_kwargs(self) -> dict[str, Any]:
-        """The image budget, for a rollout engine's own copy of the processor (the media
-        arrive resized; with the same bounds it keeps their size)."""
-        return {"min_pixels": self.media.min_pixels, "max_pixels": self.media.max_pixels}
+        """The image bounds of a rollout engine's own copy of the processor. The media arrive
+        resized, so the bounds only have to keep their size: ``max_pixels`` the budget's,
+        ``min_pixels`` one patch group (factor²), not the budget's, because ``smart_resize``
+        floors the sides when it scales an image down and can leave it below ``min_pixels``
+        (a 1370 × 1289 image at min = max = 12544 becomes 112 × 84 = 9408 px), which an
+        engine with the budget's lower bound would scale up again (112 × 140: 8 more tokens
+        than the trainer's)."""
+        return {"min_pixels": self.factor**2, "max_pixels": self.media.max_pixels}
 
     def engine_inputs(
         self, processor: Any, conversations: list[list[dict[str, Any]]]
@@ -488,26 +496,37 @@ class QwenVLFamily(ModelFamily):
         rows = self.split_rows(self._process(processor, texts, images, videos, kwargs), processor)
         metadata = kwargs.get("video_metadata") or [None] * len(videos or [])
         requests, image_at, video_at = [], 0, 0
-        for text, conversation in zip(texts, conversations):
+        for row, text, conversation in zip(rows, texts, conversations):
             n_images, n_videos = media_counts(conversation)
-            data: dict[str, Any] = {}
-            if n_images:
-                data["image"] = images[image_at : image_at + n_images]
-            if n_videos:
-                data["video"] = [
-                    (frames.permute(0, 2, 3, 1).numpy(), meta)
-                    if meta
-                    else frames.permute(0, 2, 3, 1).numpy()
-                    for frames, meta in zip(
-                        videos[video_at : video_at + n_videos],
-                        metadata[video_at : video_at + n_videos],
-                    )
-                ]
+            data = self.engine_media(
+                (images or [])[image_at : image_at + n_images],
+                (videos or [])[video_at : video_at + n_videos],
+                metadata[video_at : video_at + n_videos],
+            )
             image_at, video_at = image_at + n_images, video_at + n_videos
+            row["engine_media"] = data  # a tool rollout's later turns send them again
             requests.append(
                 {"prompt": text, "multi_modal_data": data} if data else {"prompt": text}
             )
         return rows, requests
+
+    def engine_media(
+        self, images: list[Any], videos: list[Any], metadata: list[Any]
+    ) -> dict[str, list[Any]]:
+        """A rollout engine's ``multi_modal_data`` for media as the family loaded them: the
+        resized PIL images; each video as ``[T, H, W, 3]`` uint8 frames, with its metadata
+        (sampled fps, frame indices) when the processor wants it."""
+        data: dict[str, list[Any]] = {}
+        if images:
+            data["image"] = list(images)
+        if videos:
+            data["video"] = [
+                (frames.permute(0, 2, 3, 1).numpy(), meta)
+                if meta
+                else frames.permute(0, 2, 3, 1).numpy()
+                for frames, meta in zip(videos, metadata)
+            ]
+        return data
 
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Ids of the vision placeholder tokens; pass them as ``suppress_tokens`` to generate so

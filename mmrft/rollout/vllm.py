@@ -149,7 +149,7 @@ class VLLMEngine:
                 top_p=1.0 if sampling.greedy else sampling.top_p,
                 top_k=0 if sampling.greedy else sampling.top_k,
                 max_tokens=sampling.max_new_tokens,
-                stop_token_ids=self.stop_ids,
+                stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
                 ignore_eos=sampling.ignore_eos,
                 allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
                 logprobs=0,
@@ -166,6 +166,72 @@ class VLLMEngine:
                 logprobs = [lp[token].logprob for lp, token in zip(completion.logprobs, ids)]
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
                 out.add(k, ids, text, completion.finish_reason == "length", logprobs)
+        self._rest()
+        out.seconds = time.perf_counter() - start
+        return out
+
+    def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
+        """One completion per prepared row (a prompt and a tool trajectory so far,
+        :func:`mmrft.trajectory.joined_row`), from the row's exact token ids: each run of
+        media placeholders is sent as one placeholder with the row's ``engine_media`` (the
+        media as the family loaded them), vLLM's processor expands them again, and the
+        expanded prompt must be the row, token for token (else :class:`EngineParityError`:
+        the engine would continue another sequence than the trainer trains on)."""
+        from vllm import SamplingParams
+
+        policy = self.policy
+        start = time.perf_counter()
+        self._wake()
+        tokenizer = policy.tokenizer
+        pads = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
+        requests = []
+        for row in rows:
+            ids = collapse_runs(row["input_ids"].tolist(), pads)
+            data = row.get("engine_media") or {}
+            request: dict[str, Any] = {"prompt_token_ids": ids}
+            if data:
+                request["multi_modal_data"] = data
+            requests.append(request)
+        seeds = (
+            [None] * len(rows)
+            if sampling.greedy
+            else torch.randint(0, 2**31 - 1, (len(rows),)).tolist()
+        )
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=0.0 if sampling.greedy else sampling.temperature,
+                top_p=1.0 if sampling.greedy else sampling.top_p,
+                top_k=0 if sampling.greedy else sampling.top_k,
+                max_tokens=sampling.max_new_tokens,
+                stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
+                ignore_eos=sampling.ignore_eos,
+                allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+            for seed in seeds
+        ]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        out = Rollouts(prompts=list(rows))
+        for k, (row, output) in enumerate(zip(rows, outputs)):
+            mine, theirs = row["input_ids"].tolist(), list(output.prompt_token_ids)
+            if mine != theirs:
+                first = next(
+                    (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
+                    min(len(mine), len(theirs)),
+                )
+                raise EngineParityError(
+                    f"rollout.engine=vllm: a tool trajectory's prompt differs from the "
+                    f"trainer's at token {first} ({len(theirs)} tokens against {len(mine)}): the "
+                    "engine expanded the media of the observations differently"
+                )
+            completion = output.outputs[0]
+            ids = list(completion.token_ids)
+            logprobs = [lp[token].logprob for lp, token in zip(completion.logprobs, ids)]
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            out.add(k, ids, text, completion.finish_reason == "length", logprobs)
         self._rest()
         out.seconds = time.perf_counter() - start
         return out
@@ -251,6 +317,17 @@ class VLLMEngine:
                 "the trainer must process media with the same budgets (model.min_pixels / "
                 "max_pixels, model.video.*, model.audio.*) and the same chat template"
             )
+
+
+def collapse_runs(ids: list[int], tokens: set[int]) -> list[int]:
+    """``ids`` with every run of one of ``tokens`` shortened to a single token (a media
+    placeholder before the engine's processor expands it)."""
+    out: list[int] = []
+    for token in ids:
+        if token in tokens and out and out[-1] == token:
+            continue
+        out.append(token)
+    return out
 
 
 def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
