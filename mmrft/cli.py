@@ -114,6 +114,12 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         media_root=cfg.data.media_root or None,
     )
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
+    tool_loop = None
+    if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
+        from mmrft.collector import build_tool_loop
+        from mmrft.rollout import HFEngine
+
+        tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))
     with progress_bar(console, transient=True) as progress:
         result = evaluate(
             policy,
@@ -122,6 +128,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
             cfg.eval.batch_size,
             cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             progress,
+            tool_loop=tool_loop,
         )
     out = (
         Path(args.out)

@@ -37,6 +37,19 @@ PANELS: list[tuple[str, str, Any]] = [
         "seconds",
         lambda k: k in ("time/rollout_s", "time/reward_s", "time/update_s"),
     ),
+    (
+        "tool rollouts: turns",
+        "model turns per trajectory",
+        lambda k: (
+            k == "rollout/tools/turns_mean"
+            or (k.startswith("eval/") and k.endswith("/tools/turns_mean"))
+        ),
+    ),
+    (
+        "tool rollouts: calls",
+        "share",
+        lambda k: k.endswith(("tools/use_rate", "tools/call_success")),
+    ),
 ]
 
 # Readable names of the metrics the panels plot.
@@ -47,6 +60,9 @@ LABELS = {
     "time/update_s": "update",
     "format_fail": "format failures",
     "len_mean": "mean length",
+    "turns_mean": "turns",
+    "use_rate": "trajectories with a successful call",
+    "call_success": "calls that succeeded",
 }
 
 
@@ -85,7 +101,8 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def _label(key: str) -> str:
-    return LABELS.get(key) or LABELS.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
+    name = LABELS.get(key) or LABELS.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
+    return f"{name} (evaluation)" if key.startswith("eval/") and "/tools/" in key else name
 
 
 class _Styles:
@@ -131,7 +148,8 @@ def _eval_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
     )
     for r, data in enumerate(runs.values()):
         keys = sorted({k for h in data.history for k in h if k.startswith("eval/")})
-        keys = [k for k in keys if not k.endswith("/truncated")]
+        # the task's metrics; the tool loop's (turns, calls) have panels of their own
+        keys = [k for k in keys if not k.endswith("/truncated") and "/tools/" not in k]
         keys.sort(key=lambda k: (k != metric, k))  # the task's metric first
         for i, key in enumerate(keys):
             steps, values = _series(data.history, key)

@@ -642,8 +642,9 @@ class ToolLoop:
     def metrics(self, prefix: str = "rollout/tools") -> dict[str, float]:
         """Since the last call, and resets: ``turns_mean`` (model turns per trajectory),
         ``use_rate`` (share of trajectories with a successful call), ``call_success``
-        (successful / all calls), ``calls_per_trajectory``, ``calls/<tool>``, ``failed/<reason>``
-        and ``stop/<reason>`` (shares of trajectories)."""
+        (successful / all calls), ``calls_per_trajectory``, and per trajectory
+        ``calls/<tool>`` (calls of each tool), ``failed/<reason>`` (failed calls by reason)
+        and ``stop/<reason>`` (the share that ended so)."""
         c, self.counts = self.counts, Counter()
         n = c["trajectories"]
         if not n:
@@ -656,15 +657,18 @@ class ToolLoop:
         if c["calls"]:
             out[f"{prefix}/call_success"] = c["calls_ok"] / c["calls"]
         for key, value in c.items():
-            if key.startswith(("calls/", "failed/")):
-                out[f"{prefix}/{key}"] = float(value)
-            elif key.startswith("stop/"):
+            if key.startswith(("calls/", "failed/", "stop/")):
                 out[f"{prefix}/{key}"] = value / n
         return out
 
 
 DEMO_CROP_SCALE = 2.0
-"""A demonstration crop's side over the target box's longer side."""
+"""A demonstration crop's side over the target box's longer side (at least)."""
+
+DEMO_CROP_SHARE = 0.25
+"""A demonstration crop's side over the image's shorter side (at least): a 4× zoom, so the
+crop only has to land within a quarter of the image of the target, a precision a policy that
+sees the image at a small pixel budget can reach."""
 
 
 def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | None:
@@ -672,20 +676,26 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
     has no target to look at with the enabled ``tools``:
 
     * ``meta.target_box`` (pixels of the original image) and ``crop`` or ``image_zoom_in``
-      enabled: the square of side ``DEMO_CROP_SCALE`` × the box's longer side (at least 28
-      px) around its centre, clamped to the image, written in the family's box frame
-      (:func:`mmrft.boxes.from_pixels`, rounded to integers);
+      enabled: the square around its centre of side max(``DEMO_CROP_SCALE`` × the box's
+      longer side, ``DEMO_CROP_SHARE`` × the image's shorter side, 28 px), shifted inside the
+      image, written in the family's box frame (:func:`mmrft.boxes.from_pixels`, rounded to
+      integers);
     * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
       on each side (within ``meta.duration``), 8 frames.
     """
     from mmrft.boxes import from_pixels
 
-    meta = sample.meta
+    meta = dict(sample.meta)
+    if meta.get("image_size") and not meta.get("input_size"):  # a sample no family annotated
+        meta["input_size"] = list(family.input_size(*(int(v) for v in meta["image_size"])))
     crop = next((n for n in ("crop", "image_zoom_in") if n in tools), None)
     if crop and meta.get("target_box") and meta.get("image_size"):
         x1, y1, x2, y2 = (float(v) for v in meta["target_box"])
         width, height = (float(v) for v in meta["image_size"])
-        side = min(max(DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), 28.0), width, height)
+        side = max(
+            DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), DEMO_CROP_SHARE * min(width, height), 28.0
+        )
+        side = min(side, width, height)
         cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
         cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
         box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]

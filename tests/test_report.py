@@ -107,3 +107,29 @@ def test_comparison_gives_each_run_one_colour(tmp_path):
     notes = [t.get_text() for t in panels(fig)["evaluation on the test split"].texts]
     assert "a: after RL 0.500" in notes and "b: after RL 0.800" in notes
     plt.close(fig)
+
+
+def test_tool_rollouts_get_turn_and_call_panels(tmp_path):
+    """Runs with tools: turns and call-success curves (training and evaluation), and the
+    evaluation panel keeps the task's metrics only."""
+    run = fake_run(tmp_path / "tools")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        if "train/reward" in line:
+            line.update({"rollout/tools/turns_mean": 1.5, "rollout/tools/use_rate": 0.5})
+            line["rollout/tools/call_success"] = 0.25
+        elif "eval/classification/accuracy" in line:
+            line.update({"eval/classification/tools/turns_mean": 2.0})
+            line["eval/classification/tools/calls/crop"] = 1.0
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fig = figure({"tools": RunData.read(run)}, "tools")
+    axes = panels(fig)
+    turns = [t.get_text() for t in axes["tool rollouts: turns"].get_legend().get_texts()]
+    assert sorted(turns) == ["turns", "turns (evaluation)"]
+    calls = [t.get_text() for t in axes["tool rollouts: calls"].get_legend().get_texts()]
+    assert set(calls) == {"calls that succeeded", "trajectories with a successful call"}
+    evaluation = [
+        t.get_text() for t in axes["evaluation on the test split"].get_legend().get_texts()
+    ]
+    assert not any("turns" in label or "crop" in label for label in evaluation)
+    plt.close(fig)

@@ -368,3 +368,23 @@ def test_a_sample_without_tools_gets_no_tool_prompt_and_runs_no_call(policy):
     out = tool_loop.run(engine, [s.messages], [s], 1, SAMPLING)
     trajectory = out.trajectories[0]
     assert trajectory.stop == "answer" and not trajectory.calls and len(trajectory.turns) == 1
+
+
+def test_demonstration_call_crops_around_the_target_in_the_family_frame(policy):
+    """The scripted call: a quarter-image square around meta.target_box, in Qwen2.5-VL's
+    input-pixel frame; run through the loop's own code, it crops that region."""
+    import json
+
+    from mmrft.trajectory import demonstration_call
+
+    s = sample(0)
+    call = demonstration_call(s, policy.family, ["crop"])
+    box = json.loads(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))["arguments"]
+    W, H = s.meta["image_size"]
+    w, _ = policy.family.input_size(W, H)
+    x1, _, x2, _ = box["bbox_2d"]
+    assert abs((x2 - x1) * W / w - min(W, H) / 4) < 2 * W / w  # a quarter of the shorter side
+    tx1, ty1, tx2, ty2 = s.meta["target_box"]
+    crop = loop(policy).demonstration(s, [call]).calls[0]["info"]["box_px"]
+    assert crop[0] <= tx1 and crop[1] <= ty1 and crop[2] >= tx2 and crop[3] >= ty2
+    assert demonstration_call(s, policy.family, ["rotate"]) is None
