@@ -227,7 +227,7 @@ class ToolsConfig:
     )
     describe: bool = _f(
         True,
-        "Tell the model which tools exist: the chat template's own tools= when it has one, else a system message in Qwen's function-calling form from the tools' JSON schemas.",
+        "Tell the model which tools exist: a system message in Qwen's function-calling form (the '# Tools' block Qwen's chat templates write from tools=) built from the tools' JSON schemas; off when the data's prompts describe the tools themselves.",
     )
 
 

@@ -297,7 +297,6 @@ class ObservationTemplate:
         self.close = self.before[self.before.rindex(self.MARK) + len(self.MARK) :]
         source = template_source(processor)
         roles = ["tool", "user"] if "tool_response" in source else ["user"]
-        self.has_tools = "tools" in source and "tool_call" in source
         tokenizer = getattr(processor, "tokenizer", processor)
         image_token = family.media_tokens.get("image_grid_thw", "")
         problems = []

@@ -2,9 +2,10 @@
 
 An engine runs *one turn*: conversations in, ``n`` sampled completions per conversation out,
 group-contiguous (the ``n`` completions of conversation ``k`` are rows ``k·n … k·n + n − 1``,
-the order the advantage functions expect). A multi-turn tool loop is a collector stage that
-calls the engine once per turn and appends the tool's output to each conversation before the
-next call; it needs nothing more from the engine than this.
+the order the advantage functions expect). A multi-turn tool loop
+(:class:`mmrft.trajectory.ToolLoop`) is a collector stage: turn 1 is ``generate``, and every
+later turn is ``continue_rows``, which continues each trajectory from its exact token ids and
+media (a prompt row plus everything appended since, never re-rendered or re-tokenised).
 """
 
 from __future__ import annotations
