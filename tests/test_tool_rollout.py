@@ -388,3 +388,71 @@ def test_demonstration_call_crops_around_the_target_in_the_family_frame(policy):
     crop = loop(policy).demonstration(s, [call]).calls[0]["info"]["box_px"]
     assert crop[0] <= tx1 and crop[1] <= ty1 and crop[2] >= tx2 and crop[3] >= ty2
     assert demonstration_call(s, policy.family, ["rotate"]) is None
+
+
+@pytest.fixture(scope="module")
+def video_policy():
+    cfg = load_config(
+        None,
+        [
+            f"model.path={MODEL}",
+            "train.steps=0",
+            "model.video.fps=2.0",
+            "model.video.min_frames=4",
+            "model.video.max_frames=4",
+            "model.video.min_pixels=3136",
+            "model.video.max_pixels=3136",
+        ],
+    )
+    return load_policy(cfg.model, torch.device("cpu"))
+
+
+def video_sample() -> Sample:
+    import json
+
+    folder = REPO / "assets" / "benchmarks" / "zoom_video"
+    record = json.loads((folder / "train.jsonl").read_text().splitlines()[0])
+    record["messages"][0]["content"][0]["video"] = str(
+        folder / record["messages"][0]["content"][0]["video"]
+    )
+    return Sample(record["id"], record["messages"], record["target"], record["meta"])
+
+
+def test_video_frames_come_back_as_a_video_and_log_probs_agree(video_policy):
+    """Trajectory 0 asks for 1,000 frames (refused: too_many_frames), then for 4 frames of
+    the flash (a video: video placeholders, token type 2, its own time step), then answers;
+    sampler = trainer log-probs on every model token, both training paths."""
+    policy = video_policy
+    tool_loop = ToolLoop(
+        policy.family, policy.processor, enabled_tools(["video_frames"]), LoopLimits()
+    )
+    s = video_sample()
+    start, end = s.meta["target_span"]
+    greedy_call = (
+        f'{{"name": "video_frames", "arguments": {{"start_s": {start}, "end_s": {end}, "n": 4}}}}'
+    )
+    too_many = '{"name": "video_frames", "arguments": {"start_s": 0, "end_s": 9, "n": 1000}}'
+    answer = tokens(policy, "<answer>A</answer>") + [end_id(policy)]
+    scripts = [
+        [tokens(policy, f"<tool_call>{too_many}</tool_call>"), answer],
+        [tokens(policy, f"<tool_call>{greedy_call}</tool_call>")],
+        [answer],
+    ]
+    engine = ScriptedEngine(policy, scripts)
+    out = tool_loop.run(engine, [tool_loop.with_tools(s.messages, s)], [s], 2, SAMPLING)
+    first, second = out.trajectories
+    assert [c["reason"] for c in first.calls] == ["too_many_frames", None]
+    assert first.videos == 1 and first.images == 0 and second.calls == []
+    video_pad = policy.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    types = torch.tensor(first.token_types)
+    assert torch.equal(types == 2, torch.tensor(first.ids) == video_pad)
+    grid = torch.cat(first.media["video_grid_thw"])
+    assert int((types == 2).sum()) == int(grid.prod(-1).sum()) // 4
+    assert first.media["second_per_grid_ts"][0].item() > 0
+    for shared in (True, False):
+        with torch.no_grad():
+            logps, mask, _ = rollout_logps(policy, out, [0, 1], group_shared=shared)
+        sampler = torch.zeros_like(logps)
+        for i, values in enumerate(out.logprobs):
+            sampler[i, : len(values)] = torch.tensor(values)
+        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4)
