@@ -292,7 +292,7 @@ def test_temporal_evaluate():
 def test_temporal_params():
     with pytest.raises(ConfigError, match="video_ext must start with '.'"):
         build_task("temporal_grounding", {"video_ext": "mp4"})
-    with pytest.raises(ConfigError, match="reads mmrft, conversations, charades"):
+    with pytest.raises(ConfigError, match="reads mmrft, conversations, deepeyes, charades"):
         build_task("temporal_grounding").read(BENCH / "video_temporal" / "test.jsonl", fmt="x")
 
 

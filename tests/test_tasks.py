@@ -117,7 +117,7 @@ def test_refcoco_rejects_bad_boxes_and_json_arrays(tmp_path, coco):
     samples, _ = task.read(array, fmt="refcoco")
     assert [s.id for s in samples] == ["refcoco_val-0", "refcoco_val-1"]
     assert samples[0].target == [10.5, 20.0, 50.25, 40.0]
-    with pytest.raises(ConfigError, match="reads mmrft, conversations, refcoco"):
+    with pytest.raises(ConfigError, match="reads mmrft, conversations, deepeyes, refcoco"):
         task.read(array, fmt="coco")
 
 
