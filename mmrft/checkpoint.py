@@ -98,10 +98,11 @@ def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
 
 
 def find_resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
-    """``resume``: 'auto' (newest complete checkpoint of the run, or None), 'never', or a path."""
+    """``resume``: 'auto' (newest complete checkpoint of the run, or None), 'force' (the same,
+    also when the config changed), 'never', or a path."""
     if resume == "never":
         return None
-    if resume == "auto":
+    if resume in ("auto", "force"):
         found = list_checkpoints(run_dir / "checkpoints")
         return found[-1] if found else None
     path = Path(resume)
@@ -114,3 +115,9 @@ def find_resume_checkpoint(run_dir: Path, resume: str) -> Path | None:
 
 def load_trainer_state(checkpoint: Path) -> dict[str, Any]:
     return torch.load(checkpoint / STATE_FILE, map_location="cpu", weights_only=False)
+
+
+def checkpoint_step(checkpoint: Path) -> int | None:
+    """The step of a ``step-NNNNNN`` checkpoint directory (``None`` for another name)."""
+    found = STEP_DIR.match(checkpoint.name)
+    return int(found.group(1)) if found else None

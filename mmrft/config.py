@@ -447,7 +447,7 @@ class CheckpointConfig:
     keep_last: int = _f(2, "Keep the newest N step checkpoints.")
     resume: str = _f(
         "auto",
-        "'auto' resumes from the newest complete checkpoint in the run directory, 'never', or a checkpoint path.",
+        "'auto' resumes from the newest complete checkpoint in the run directory, and refuses when the config changed in a key that changes the run (naming each); 'force' resumes all the same; 'never' starts over; or a checkpoint path. `resume=` is short for this key.",
     )
 
 
@@ -616,12 +616,17 @@ def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+SHORT_KEYS = {"resume": "checkpoint.resume"}
+"""Override keys that stand for a longer one (what messages tell the user to type)."""
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """Split ``key.sub=value``; the value is read as a YAML scalar/list (``1e-4``, ``[a, b]``, ``null``)."""
+    """Split ``key.sub=value``; the value is read as a YAML scalar/list (``1e-4``, ``[a, b]``, ``null``).
+    A short key (:data:`SHORT_KEYS`, e.g. ``resume``) stands for its full name."""
     if "=" not in text:
         raise ConfigError(f"override '{text}' is not of the form key=value")
     key, raw = text.split("=", 1)
-    key = key.strip()
+    key = SHORT_KEYS.get(key.strip(), key.strip())
     if not key:
         raise ConfigError(f"override '{text}' has an empty key")
     try:

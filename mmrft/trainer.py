@@ -56,6 +56,7 @@ from mmrft.algorithms import (
     truncated_importance_weights,
 )
 from mmrft.checkpoint import (
+    checkpoint_step,
     find_resume_checkpoint,
     load_trainer_state,
     rng_state,
@@ -371,8 +372,91 @@ class Run:
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
 
 
+# Keys a resumed run may change: how long it trains, how it evaluates, logs and checkpoints,
+# where it runs and in what chunks (none changes what a step computes).
+RESUME_FREE = (
+    "train.steps",
+    "train.log_every",
+    "train.completions_every",
+    "train.heartbeat_s",
+    "train.trackers",
+    "train.threads",
+    "train.micro_batch_size",
+    "eval.",
+    "checkpoint.",
+    "output_dir",
+    "name",
+    "device",
+    "rollout.batch_size",
+    "data.max_test_samples",
+    "data.test",
+)
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}{key}."))
+    return {k.rstrip("."): v for k, v in out.items()}
+
+
+def resume_point(cfg: RunConfig) -> Path | None:
+    """The checkpoint ``cfg`` resumes from (``checkpoint.resume``), checked before anything
+    loads: with ``auto`` (or a path) a run whose saved ``config.yaml`` differs from ``cfg`` in
+    a key outside :data:`RESUME_FREE` is refused with a :class:`ConfigError` naming each
+    changed key and the three ways out; ``force`` resumes all the same."""
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
+    saved_file = run_dir / "config.yaml"
+    if checkpoint is None or cfg.checkpoint.resume == "force" or not saved_file.is_file():
+        return checkpoint
+    from mmrft.config import yaml_load
+
+    saved = _flat(yaml_load(saved_file.read_text(encoding="utf-8")) or {})
+    now = _flat(yaml_load(to_yaml(cfg)))
+    changed = [
+        key
+        for key in sorted(set(saved) | set(now))
+        if saved.get(key) != now.get(key) and not key.startswith(RESUME_FREE)
+    ]
+    if changed:
+        shown = "; ".join(f"{k}: {saved.get(k)!r} → {now.get(k)!r}" for k in changed[:8])
+        more = f" (and {len(changed) - 8} more)" if len(changed) > 8 else ""
+        raise ConfigError(
+            f"checkpoint.resume: {run_dir} has a checkpoint ({checkpoint.name}) made with other "
+            f"settings: {shown}{more}. To start over: checkpoint.resume=never; to keep both "
+            "runs: a new name=; to continue with the new settings: checkpoint.resume=force"
+        )
+    return checkpoint
+
+
+def finished_summary(cfg: RunConfig, checkpoint: Path | None, console: Console) -> dict | None:
+    """The saved summary of a run whose checkpoint is already at ``train.steps`` (``None``
+    otherwise): a finished run says so and changes nothing."""
+    step = checkpoint_step(checkpoint) if checkpoint is not None else None
+    if step is None or step < cfg.train.steps:
+        return None
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    console.print(
+        f"{run_dir} is finished (checkpoint at step {step}, train.steps {cfg.train.steps}); "
+        "nothing to do. To train further raise train.steps; to start over "
+        "checkpoint.resume=never."
+    )
+    summary_file = run_dir / "summary.json"
+    if summary_file.is_file():
+        return json.loads(summary_file.read_text())
+    return {"run_dir": str(run_dir), "steps": step}
+
+
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
-    """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary."""
+    """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary. A
+    finished run (its checkpoint at ``train.steps``) changes nothing and returns its summary;
+    a resume with a changed config is refused (:func:`resume_point`)."""
+    finished = finished_summary(cfg, resume_point(cfg), console or Console())
+    if finished is not None:
+        return finished
     run = setup(cfg, console)
     try:
         start_step = begin(run)
@@ -404,7 +488,8 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     stop.requested = stop.requested or "a signal on another rank"
                     save(run, step)
                     run.console.print(
-                        f"stopped by {stop.requested} after step {step}; checkpoint saved, resume with resume=auto"
+                        f"stopped by {stop.requested} after step {step}; checkpoint saved, "
+                        "run the same command to resume (checkpoint.resume=auto)"
                     )
                     raise KeyboardInterrupt(stop.requested)
         run.progress = None
@@ -563,7 +648,7 @@ def begin(run: Run) -> int:
     evaluation before RL; hand the optimizer to the sharding engine. Returns the last step
     already done (0 for a new run)."""
     cfg, start_step = run.cfg, 0
-    checkpoint = find_resume_checkpoint(run.run_dir, cfg.checkpoint.resume)
+    checkpoint = find_resume_checkpoint(run.run_dir, cfg.checkpoint.resume)  # train() checked it
     if checkpoint is not None:
         state = load_trainer_state(checkpoint)
         _load_weights(run.policy, checkpoint)

@@ -441,3 +441,52 @@ def test_evaluation_advances_a_progress_bar_batch_by_batch():
         spy = Spy(*base.columns, console=base.console)
         result = evaluate(policy, task, samples, 2, 4, progress=spy)
     assert seen == [2, 4, 5] and len(result.records) == 5 and not spy.tasks
+
+
+def test_a_changed_config_never_resumes_silently(tmp_path):
+    """Re-running with other settings names each changed key and the ways out; force resumes;
+    train.steps (and other keys that change no step) may change; resume= is short for
+    checkpoint.resume."""
+    train(tiny_config(tmp_path, "name=run", "train.steps=2", "eval.after=false"))
+    with pytest.raises(ConfigError) as caught:
+        train(
+            tiny_config(
+                tmp_path, "name=run", "train.steps=3", "optim.lr=5e-4", "rollout.group_size=2"
+            )
+        )
+    message = str(caught.value)
+    for part in (
+        "optim.lr: 0.001 → 0.0005",
+        "rollout.group_size: 4 → 2",
+        "checkpoint.resume=never",
+        "name=",
+        "checkpoint.resume=force",
+    ):
+        assert part in message, (part, message)
+    assert "train.steps" not in message
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert "lr: 0.001" in saved  # nothing was overwritten
+    forced = train(
+        tiny_config(
+            tmp_path,
+            "name=run",
+            "train.steps=3",
+            "optim.lr=5e-4",
+            "resume=force",
+            "eval.after=false",
+        )
+    )
+    assert forced["steps"] == 3
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3]
+
+
+def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    first = train(tiny_config(tmp_path, "name=done", "train.steps=2"))
+    run_dir = tmp_path / "done"
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    again = train(tiny_config(tmp_path, "name=done", "train.steps=2"))
+    assert again == first
+    assert "is finished" in capsys.readouterr().out
+    after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    assert after == before  # no duplicate evaluation line, summary untouched
