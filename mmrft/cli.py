@@ -69,6 +69,14 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from mmrft.trainer import train
 
     config, overrides = split_config_arg(args.config, args.overrides)
+    if config is None:  # say it before anything else: the demo's settings are not defaults
+        console.print(
+            f"no config given: building on {DEFAULT_CONFIG.name} (the CPU demo: its lr, warm "
+            "start and sampling settings, not the --help-config defaults); name a config or a "
+            "recipe for a real model",
+            highlight=False,
+            markup=False,
+        )
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     if args.smoke:  # the smoke settings first, so that the command line's overrides still win
         from mmrft.smoke import smoke_overrides

@@ -499,6 +499,24 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         run.runlog.close()
 
 
+def run_banner(cfg: RunConfig, policy: Policy, task: str, device: Any, world: int) -> str:
+    """What the run is, shown whether or not it equals a default: model (family, dtype), task,
+    device, processes, trainable parameters (of all; LoRA's rank), tools."""
+    parameters = list(policy.model.parameters())
+    trainable = sum(p.numel() for p in parameters if p.requires_grad)
+    total = sum(p.numel() for p in parameters)
+    lora = f", LoRA r={cfg.model.lora.r}" if cfg.model.lora.enabled else ""
+    tools = cfg.rollout.tools
+    used = (
+        f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)" if tools.names else ""
+    )
+    return (
+        f"run: model {cfg.model.path} ({policy.family.name}, {cfg.model.dtype}); task {task}; "
+        f"device {device}; {world} process{'es' if world > 1 else ''}; trainable parameters "
+        f"{trainable:,} of {total:,}{lora}{used}"
+    )
+
+
 def due(every: int, step: int, last: int) -> bool:
     """Whether a periodic action (every ``every`` steps; 0 = never) runs after ``step``; the
     last step is left to :func:`finish`."""
@@ -568,6 +586,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         shown = show_prompt(policy, task.prompt(sample, family), sample.id)
         console.print(shown, highlight=False, markup=False)
         log.info(shown)
+    console.print(run_banner(cfg, policy, task.name, device, world), highlight=False, markup=False)
     distributed.broadcast_parameters(policy.model)
     distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None

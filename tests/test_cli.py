@@ -291,3 +291,26 @@ def test_brackets_survive_in_list_and_error_messages(tmp_path, capsys, monkeypat
     assert main(["eval", "demo", "task.name=grounding", f"data.test={bad}"]) == 2
     err = capsys.readouterr().err
     assert "'target' must be a box [x1, y1, x2, y2] in pixels" in err
+
+
+def test_the_banner_says_what_runs_and_what_it_builds_on(tmp_path, capsys):
+    """Overrides alone build on the demo config and the first line says so; the banner names
+    model, task, device, processes and trainable parameters even when they are defaults; a
+    second run of the same command says the run is finished."""
+    command = [
+        "train",
+        "train.steps=1",
+        "warm_start.steps=0",
+        "eval.before=false",
+        "eval.after=false",
+        "model.lora.enabled=true",
+        f"output_dir={tmp_path}",
+    ]
+    assert main(command) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert out.startswith("no config given: building on demo.yaml")
+    for part in ("run: model", "tiny-qwen2_5_vl", "task classification", "device cpu", "1 process"):
+        assert part in out, part
+    assert "trainable parameters" in out and "LoRA r=64" in out
+    assert main(command) == 0
+    assert "is finished" in capsys.readouterr().out
