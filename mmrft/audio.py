@@ -36,6 +36,7 @@ from typing import Literal
 import numpy as np
 
 from mmrft.data import DataError, media_file_key
+from mmrft.typecheck import require_extra
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def decode_audio(path: str) -> tuple[np.ndarray, int]:
     Raises DataError naming the file when it is missing, not a format libsndfile reads,
     corrupt, empty (zero samples) or holds non-finite samples.
     """
-    import soundfile
+    soundfile = require_extra("soundfile", "audio", "reading audio")
 
     try:
         data, rate = soundfile.read(path, dtype="float32", always_2d=True)
@@ -208,7 +209,7 @@ def load_audio(
 
 def audio_duration(path: str) -> float:
     """Duration of a file in seconds from its header (no decoding); DataError naming the file."""
-    import soundfile
+    soundfile = require_extra("soundfile", "audio", "reading audio")
 
     media_file_key(path, "audio file")
     try:

@@ -77,9 +77,20 @@ def resolve_family(cfg: ModelConfig) -> ModelFamily:
             return build_family(MODEL_FAMILIES.get(cfg.family), cfg)
         except KeyError as exc:
             raise ConfigError(f"model.family: {exc}") from None
-    config_file = resolve_path(cfg.path) / "config.json"
+    folder = resolve_path(cfg.path)
+    config_file = folder / "config.json"
     if config_file.is_file():
         model_type = json.loads(config_file.read_text())["model_type"]
+    elif folder.is_dir():  # a local folder that is not a checkpoint: say what it is
+        from mmrft.checkpoint import list_checkpoints
+
+        found = list_checkpoints(folder / "checkpoints")
+        hint = (
+            f"it is a run folder; give one of its checkpoints, e.g. model.path={found[-1]}"
+            if found
+            else "a checkpoint folder holds config.json and the weights"
+        )
+        raise ConfigError(f"model.path: {folder} has no config.json: {hint}")
     else:  # a hub id such as Qwen/Qwen2.5-VL-3B-Instruct (needs the hub or its local cache)
         from transformers import AutoConfig
 

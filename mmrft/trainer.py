@@ -109,7 +109,10 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device: 'cuda' requested but no CUDA device is available")
+        raise ConfigError(
+            "device: 'cuda' requested but no CUDA device is available here; use device=cpu "
+            "(or auto)"
+        )
     return torch.device(name)
 
 

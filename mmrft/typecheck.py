@@ -20,6 +20,19 @@ class ConfigError(ValueError):
     """A bad configuration value or key; the message names the key."""
 
 
+def require_extra(module: str, extra: str, what: str) -> Any:
+    """Import an optional dependency, or fail with one line naming the extra that installs it
+    (:class:`ConfigError`: the run needs a feature this installation lacks)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{what} needs the '{module}' package: pip install 'mmrft[{extra}]'"
+        ) from None
+
+
 def type_name(annotation: Any) -> str:
     origin = get_origin(annotation)
     if annotation is type(None):

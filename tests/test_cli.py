@@ -314,3 +314,39 @@ def test_the_banner_says_what_runs_and_what_it_builds_on(tmp_path, capsys):
     assert "trainable parameters" in out and "LoRA r=64" in out
     assert main(command) == 0
     assert "is finished" in capsys.readouterr().out
+
+
+def test_failures_a_user_causes_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
+    """No CUDA device, vLLM not installed, a run folder given to eval, a missing extra."""
+    import importlib.util
+
+    import torch
+
+    base = ["train", "demo", "train.steps=1", "warm_start.steps=0", f"output_dir={tmp_path}"]
+    if not torch.cuda.is_available():
+        assert main([*base, "device=cuda", "name=cuda"]) == 2
+        err = capsys.readouterr().err
+        assert "no CUDA device" in err and "Traceback" not in err
+    if importlib.util.find_spec("vllm") is None:
+        assert main([*base, "rollout.engine=vllm", "name=vllm", "eval.before=false"]) == 2
+        err = capsys.readouterr().err
+        assert "pip install 'mmrft[vllm]'" in err and "Traceback" not in err
+    assert main([*base, "name=run", "eval.before=false", "eval.after=false"]) == 0
+    capsys.readouterr()
+    assert main(["eval", "demo", f"model={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert "it is a run folder" in err and "checkpoints/step-000001" in err
+
+    from mmrft import audio
+    from mmrft.typecheck import ConfigError
+
+    real = importlib.import_module
+
+    def no_soundfile(name, *args, **kwargs):
+        if name == "soundfile":
+            raise ImportError("No module named 'soundfile'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib, "import_module", no_soundfile)
+    with pytest.raises(ConfigError, match=r"pip install 'mmrft\[audio\]'"):
+        audio.decode_audio("x.wav")

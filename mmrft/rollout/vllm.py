@@ -80,11 +80,11 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in this process
         try:
             from vllm import LLM
-        except ImportError as exc:
-            raise ImportError(
+        except ImportError:
+            raise ConfigError(
                 "rollout.engine=vllm needs vLLM: pip install 'mmrft[vllm]' (GPU), or the CPU "
-                "build in its own virtualenv (make test-vllm shows how)"
-            ) from exc
+                "build in its own virtualenv (make test-vllm shows how); or rollout.engine=hf"
+            ) from None
         self.policy = policy
         self.settings = settings
         self.stop_ids = stop_token_ids(policy)
