@@ -3,6 +3,8 @@
 import re
 from pathlib import Path
 
+import pytest
+
 from mmrft import Sample
 from mmrft.rewards import build_reward
 from mmrft.task import build_task
@@ -50,3 +52,20 @@ def test_task_hooks_the_readme_names_exist():
     assert {"parse_record", "read_format", "formats"} <= hooks
     for hook in hooks:
         assert hasattr(Task, hook), hook
+
+
+def test_install_section_names_extras_that_exist():
+    """Every extra the README's install lines name is in pyproject.toml, and `all` covers every
+    modality extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
+    section = README.split("## Install", 1)[1].split("\n## ", 1)[0]
+    lines = re.findall(r'^pip install -e "\.\[([\w,]+)\]"', section, flags=re.M)
+    assert len(lines) >= 4
+    for named in lines:
+        for extra in named.split(","):
+            assert extra in extras, extra
+    assert extras["all"] == ["mmrft[video,audio,data,render,track]"]
+    assert {"video", "audio", "data", "render", "track"} <= set(extras)
