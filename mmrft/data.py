@@ -469,7 +469,13 @@ def parse_mmrft_record(record: Any, base: Path, where: str) -> Sample:
         raise DataError(f"{where}: expected a JSON object")
     missing = [k for k in ("messages", "target") if k not in record]
     if missing:
-        raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+        raise DataError(
+            f"{where}: missing field {', '.join(repr(k) for k in missing)} (the project's "
+            "layout); records with standard columns (a question: "
+            f"{'/'.join(STANDARD_FIELDS['question'])}; an answer: "
+            f"{'/'.join(STANDARD_FIELDS['answer'])}; media: image(s)/video(s)/audio(s)) are "
+            "read as they are; any other layout through data.fields"
+        )
     meta = record.get("meta") or {}
     if not isinstance(meta, dict):
         raise DataError(f"{where}: 'meta' must be an object")
@@ -655,12 +661,51 @@ def from_conversations(record: Any, base: Path, where: str) -> dict[str, Any]:
     )
 
 
+STANDARD_FIELDS: dict[str, tuple[str, ...]] = {
+    "question": ("question", "problem", "prompt", "query"),
+    "answer": ("answer", "solution", "ground_truth"),
+    "image": ("image", "images"),
+    "video": ("video", "videos"),
+    "audio": ("audio", "audios"),
+    "options": ("options", "choices"),
+    "id": ("id", "problem_id", "uid"),
+}
+"""Column names read without ``data.fields``, by role, first match wins (TRL's and EasyR1's
+``prompt``/``problem``, ``solution``, ``image(s)``; the common ``question``/``answer``)."""
+
+
+def standard_fields(record: Any) -> dict[str, str] | None:
+    """The ``data.fields`` mapping a record's standard column names imply
+    (:data:`STANDARD_FIELDS`), or ``None`` when it is a project record (``messages``) or lacks
+    a text question or an answer."""
+    if not isinstance(record, dict) or "messages" in record:
+        return None
+    mapping = {}
+    for role, names in STANDARD_FIELDS.items():
+        found = next((n for n in names if n in record), None)
+        if found is not None:
+            mapping[role] = found
+    if "question" not in mapping or "answer" not in mapping:
+        return None
+    if not isinstance(record[mapping["question"]], str):
+        return None  # a conversational prompt (a message list): data.fields or conversations
+    return mapping
+
+
+def standard_or_project(record: Any, base: Path, where: str) -> Any:
+    """A project record as it is, a record with standard columns through the mapping they
+    imply (:func:`standard_fields`, :func:`map_fields`)."""
+    mapping = standard_fields(record)
+    return record if mapping is None else map_fields(record, mapping, base, where)
+
+
 def record_layout(
     fmt: str, fields: dict[str, str] | None = None
 ) -> Callable[[Any, Path, str], Any] | None:
     """How a record of layout ``fmt`` (:data:`LAYOUTS`) becomes a project record:
-    :func:`map_fields` when ``fields`` is given, :func:`from_conversations`, or ``None`` (the
-    record is one already)."""
+    :func:`map_fields` when ``fields`` is given, :func:`from_conversations`,
+    :func:`from_deepeyes`, or for ``mmrft`` the record itself or, with standard column names,
+    their implied mapping (:func:`standard_or_project`)."""
     if fields:
         if fmt != "mmrft":
             raise DataError(
@@ -668,4 +713,8 @@ def record_layout(
             )
         check_fields(fields)
         return lambda record, base, where: map_fields(record, fields, base, where)
-    return {"conversations": from_conversations, "deepeyes": from_deepeyes}.get(fmt)
+    return {
+        "conversations": from_conversations,
+        "deepeyes": from_deepeyes,
+        "mmrft": standard_or_project,
+    }.get(fmt)

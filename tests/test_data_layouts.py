@@ -245,3 +245,37 @@ def test_deepeyes_parquet_rows_with_the_per_row_tool_switch(tmp_path, monkeypatc
         from mmrft.data import from_deepeyes
 
         from_deepeyes({"prompt": [{"role": "user", "content": "q"}]}, tmp_path, "row 1")
+
+
+def test_standard_column_names_need_no_mapping(tmp_path):
+    """EasyR1's problem/solution/images and TRL's prompt/solution/image, and the common
+    question/answer/image, are read without data.fields; an unknown layout's error says how."""
+    task = build_task("classification", {"think": "none"})
+    expected = [json.loads(line) for line in (COLOUR / "test.jsonl").read_text().splitlines()[:2]]
+    layouts = {
+        "easyr1": lambda r, image, text: {
+            "uid": r["id"], "problem": f"<image>{text}", "solution": r["target"],
+            "images": [str(COLOUR / "images" / image)], "choices": r["meta"]["choices"],
+        },
+        "trl": lambda r, image, text: {
+            "id": r["id"], "prompt": text, "solution": f"<answer>{r['target']}</answer>",
+            "image": str(COLOUR / "images" / image), "options": r["meta"]["choices"],
+        },
+        "common": lambda r, image, text: {
+            "id": r["id"], "question": text, "answer": r["target"],
+            "image": str(COLOUR / "images" / image), "choices": r["meta"]["choices"],
+        },
+    }  # fmt: skip
+    for name, make in layouts.items():
+        path = tmp_path / f"{name}.jsonl"
+        rows = [make(r, image, text) for r, image, text in bundled(COLOUR, 2)]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        samples, _ = task.read(path)
+        assert [s.id for s in samples] == [e["id"] for e in expected], name
+        assert [s.target for s in samples] == [e["target"] for e in expected], name
+        assert all(s.text() == "What colour is the shape?" for s in samples), name
+        assert all(len(s.media("image")) == 1 for s in samples), name
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"q": "What colour?", "a": "red"}) + "\n")
+    with pytest.raises(DataError, match="standard columns.*data.fields"):
+        task.read(odd)
