@@ -225,7 +225,21 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def package_version() -> str:
+    """The installed distribution's version (``unknown`` when run from an uninstalled tree)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mmrft")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
+    if args.what is None:  # everything, one table each
+        for what in ("tasks", "verifiers", "models", "tools", "configs"):
+            cmd_list(argparse.Namespace(**{**vars(args), "what": what}), console)
+        return 0
     load_plugins(args.plugin)
     if args.what == "configs":
         table = Table(title="configs (mmrft train NAME)")
@@ -287,6 +301,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmrft", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"mmrft {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="train from a config (default: configs/demo.yaml)")
@@ -331,7 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "list", help="list registered tasks, verifiers, model families, tools or bundled configs"
     )
-    p.add_argument("what", choices=["tasks", "verifiers", "models", "tools", "configs"])
+    p.add_argument(
+        "what",
+        nargs="?",
+        choices=["tasks", "verifiers", "models", "tools", "configs"],
+        help="what to list (default: all of them)",
+    )
     p.add_argument(
         "--plugin", action="append", default=[], help="plugin file.py or module to import"
     )

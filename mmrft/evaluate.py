@@ -85,6 +85,8 @@ def evaluate(
     if bar is not None:
         progress.remove_task(bar)  # type: ignore[union-attr]
     records = task.evaluate(rollouts.texts, samples)
+    for record, sample in zip(records, samples):
+        record.target = sample.target
     metrics = task.aggregate(records)
     metrics["primary"] = metrics.get(task.primary_metric, float("nan"))
     metrics["truncated"] = sum(rollouts.truncated) / max(len(samples), 1)

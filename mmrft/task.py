@@ -73,6 +73,7 @@ class EvalRecord:
         values: every per-sample metric; the benchmark result is the mean of each.
         trajectory: a tool rollout's record turn by turn (:meth:`Trajectory.to_json`), when
             the evaluation ran the tool loop; ``completion`` is then its last turn.
+        target: the sample's ground truth (set by :func:`mmrft.evaluate.evaluate`).
     """
 
     id: str
@@ -82,10 +83,12 @@ class EvalRecord:
     reason: str | None = None
     values: dict[str, float] = field(default_factory=dict)
     trajectory: dict[str, Any] | None = None
+    target: Any = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
             "id": self.id,
+            "target": self.target,
             "completion": self.completion,
             "parsed": self.parsed,
             "score": self.score,

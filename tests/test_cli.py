@@ -118,7 +118,11 @@ def test_eval_writes_results_and_predictions(tmp_path, capsys):
     assert results["task"] == "classification" and "accuracy" in results["metrics"]
     predictions = (out_dir / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 5
-    assert {"id", "completion", "parsed", "score", "reason"} <= set(json.loads(predictions[0]))
+    assert {"id", "target", "completion", "parsed", "score", "reason"} <= set(
+        json.loads(predictions[0])
+    )
+    test = (REPO / "assets/benchmarks/shapes_colour/test.jsonl").read_text().splitlines()
+    assert json.loads(predictions[0])["target"] == json.loads(test[0])["target"]
 
 
 def test_missing_image_is_named_or_skipped(tmp_path, capsys):
@@ -350,3 +354,13 @@ def test_failures_a_user_causes_are_one_line_with_exit_2(tmp_path, capsys, monke
     monkeypatch.setattr(importlib, "import_module", no_soundfile)
     with pytest.raises(ConfigError, match=r"pip install 'mmrft\[audio\]'"):
         audio.decode_audio("x.wav")
+
+
+def test_version_and_list_alone(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out.startswith("mmrft ")
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for title in ("tasks", "verifiers", "tools", "configs"):
+        assert title in out
