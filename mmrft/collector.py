@@ -414,6 +414,7 @@ class Collector:
             rollout.temperature,
             rollout.top_p,
             rollout.top_k,
+            min_p=rollout.min_p,
             ignore_eos=rollout.ignore_eos,
         )
         self.tool_loop = build_tool_loop(cfg, policy, engine)

@@ -244,6 +244,10 @@ class RolloutConfig:
     temperature: float = _f(1.0, "Sampling temperature (papers: 0.9–1.0).")
     top_p: float = _f(1.0, "Nucleus sampling threshold.")
     top_k: int = _f(0, "Top-k sampling; 0 disables.")
+    min_p: float = _f(
+        0.0,
+        "Min-p sampling: keep the tokens whose probability is at least min_p × the most likely one's (after temperature, top-k, top-p); 0 disables.",
+    )
     max_new_tokens: int = _f(512, "Maximum completion length in tokens.")
     batch_size: int = _f(
         64,
@@ -331,6 +335,10 @@ class AlgorithmConfig:
         "'loss': β·KL per token in the loss (GRPO); 'reward': r_i − β·Σ_t KL_t folded into the reward before advantages (PPO-RLHF style).",
     )
     entropy_coef: float = _f(0.0, "Entropy bonus coefficient (subtracted from the loss).")
+    mask_truncated_completions: bool = _f(
+        False,
+        "Completions cut by the length limit (tool trajectories cut by a budget too) are left out of the loss: their tokens weigh 0 and leave the token denominator, as TRL's mask_truncated_completions; they still count in their group's advantages.",
+    )
     tis_cap: float = _f(
         0.0,
         "Truncated importance sampling for an engine whose log-probs differ from the trainer's (vLLM): each token's loss is weighted by min(π_old/π_sampler, cap), detached (Yao et al. 2025, 'Your efficient RL framework secretly brings you off-policy RL training'); 0 = off. Needs an engine that reports log-probs.",

@@ -971,13 +971,17 @@ def _update(
     algo = cfg.algorithm
     rollouts = batch.rollouts
     n = len(rollouts.completion_ids)
+    # completions left out of the loss (algorithm.mask_truncated_completions)
+    masked = {i for i in range(n) if algo.mask_truncated_completions and rollouts.truncated[i]}
     # step-wide denominators over every rank, so the summed gradients equal one big batch's
     num_seqs = distributed.sum_scalar(float(n))
-    num_tokens = distributed.sum_scalar(float(sum(rollouts.loss_tokens(i) for i in range(n))))
+    num_tokens = distributed.sum_scalar(
+        float(sum(rollouts.loss_tokens(i) for i in range(n) if i not in masked))
+    )
     if num_seqs == 0:
         return {"active_frac": 0.0}
     needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
-    active = [i for i in range(n) if needs_all or advantages[i].item() != 0.0]
+    active = [i for i in range(n) if i not in masked and (needs_all or advantages[i].item() != 0.0)]
     chunks = list(micro_batches(active, cfg.train.micro_batch_size))
     padding = _padding_passes(policy, len(chunks))
 
@@ -1071,6 +1075,8 @@ def _update(
     out["loss"] = totals["loss"]
     out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
     out["active_frac"] = len(active) / max(n, 1)
+    if algo.mask_truncated_completions:
+        out["masked_truncated_frac"] = len(masked) / max(n, 1)
     out.update({f"time/{k}": v for k, v in clock.totals.items()})
     if gap["tokens"]:
         out["rollout/logp_gap_mean"] = gap["sum"] / gap["tokens"]

@@ -353,3 +353,18 @@ def test_group_backward_is_bitwise_repeatable_on_two_threads() -> None:
         assert len(seen) == 1
     finally:
         torch.set_num_threads(threads)
+
+
+def test_min_p_keeps_tokens_near_the_most_likely():
+    """min_p after temperature: with p = (0.5, 0.3, 0.15, 0.05) and min_p 0.4 only the tokens
+    with p ≥ 0.2 are ever drawn; the reported log-prob is the raw one."""
+    engine = HFEngine.__new__(HFEngine)
+    engine.suppress_ids, engine.stop_ids = [], []
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()[None].repeat(4000, 1)
+    torch.manual_seed(0)
+    tokens, logps = engine._sample(logits, Sampling(4, min_p=0.4))
+    assert set(tokens.tolist()) == {0, 1}
+    assert torch.allclose(logps, probs.log()[tokens])
+    share = (tokens == 0).float().mean().item()
+    assert abs(share - 0.5 / 0.8) < 0.03  # renormalised over the kept tokens

@@ -490,3 +490,28 @@ def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     assert "is finished" in capsys.readouterr().out
     after = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
     assert after == before  # no duplicate evaluation line, summary untouched
+
+
+def test_mask_truncated_completions_leaves_them_out_of_the_loss(tmp_path):
+    """With every completion cut by a 2-token limit and masking on, nothing is trained: the
+    weights stay as they were; the share masked is logged."""
+    summary = train(
+        tiny_config(
+            tmp_path,
+            "name=masked",
+            "train.steps=1",
+            "rollout.max_new_tokens=2",
+            "algorithm.mask_truncated_completions=true",
+            "optim.weight_decay=0.0",
+            "eval.after=false",
+            "checkpoint.every=0",
+        )
+    )
+    run_dir = Path(summary["run_dir"])
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (step,) = [m for m in lines if "train/reward" in m]
+    assert step["rollout/truncated"] == step["train/masked_truncated_frac"]
+    if step["rollout/truncated"] == 1.0:
+        after = weights(run_dir / "checkpoints" / "step-000001")
+        before = weights(MODEL)
+        assert all(torch.equal(after[k], before[k]) for k in before if k in after)

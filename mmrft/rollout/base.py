@@ -25,6 +25,8 @@ class Sampling:
         temperature: softmax temperature (> 0).
         top_p: nucleus sampling mass in (0, 1]; 1 = off.
         top_k: keep the k most likely tokens; 0 = off.
+        min_p: keep the tokens whose probability is at least ``min_p`` × the most likely
+            token's (after temperature, top-k and top-p, transformers' order); 0 = off.
         greedy: argmax decoding (evaluation).
         ignore_eos: end-of-turn tokens are never sampled: every completion is
             ``max_new_tokens`` long (benchmarks).
@@ -36,6 +38,7 @@ class Sampling:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     greedy: bool = False
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()

@@ -296,7 +296,8 @@ class HFEngine:
 
         Suppressed tokens (and with ``ignore_eos`` the stop tokens) get −inf; greedy takes the argmax; otherwise logits / temperature,
         then top-k, then top-p (keep the smallest set of most likely tokens whose probability
-        reaches ``top_p``, at least one), then one multinomial draw per row.
+        reaches ``top_p``, at least one), then min-p (keep tokens with p ≥ ``min_p`` · p_max),
+        then one multinomial draw per row.
         """
         raw = torch.log_softmax(logits, dim=-1)
         scores = logits.clone()
@@ -316,6 +317,10 @@ class HFEngine:
                 remove = cumulative <= 1.0 - sampling.top_p
                 remove[:, -1] = False
                 scores = scores.masked_fill(remove.scatter(1, index, remove), float("-inf"))
+            if sampling.min_p > 0.0:
+                probs = scores.softmax(dim=-1)
+                floor = sampling.min_p * probs.max(dim=-1, keepdim=True).values
+                scores = scores.masked_fill(probs < floor, float("-inf"))
             tokens = torch.multinomial(scores.softmax(dim=-1), 1)[:, 0]
         return tokens, raw.gather(1, tokens[:, None])[:, 0]
 
@@ -375,6 +380,7 @@ class HFEngine:
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
+                min_p=sampling.min_p or None,
             )
         return kwargs
 
