@@ -22,7 +22,6 @@ from mmrft.config import (
     help_table,
     load_config,
     parse_override,
-    resolve_path,
 )
 from mmrft.data import DataError, Sample
 from mmrft.plugins import (
@@ -90,12 +89,8 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.evaluate import evaluate, print_table, write_eval
-    from mmrft.plugins import load_plugins as load
-    from mmrft.policy import load_policy, resolve_family
-    from mmrft.runlog import progress_bar
-    from mmrft.task import build_task, read_split
-    from mmrft.trainer import pick_device, run_name, seed_everything
+    from mmrft.evaluate import evaluate_config, print_table, write_eval
+    from mmrft.trainer import run_name
 
     # `model=PATH` is shorthand for `model.path=PATH`.
     overrides = [
@@ -103,41 +98,7 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     ]
     config, overrides = split_config_arg(args.config, overrides)
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    seed_everything(cfg.train.seed)
-    load(cfg.plugins)
-    if not cfg.data.test:
-        raise ConfigError("data.test: evaluation needs a test file")
-    task = build_task(cfg.task.name, cfg.task.params)
-    # the data (lines and media) is checked before any weights are loaded
-    family = resolve_family(cfg.model)
-    family.load_processor(str(resolve_path(cfg.model.path)))
-    samples = read_split(
-        task,
-        family,
-        resolve_path(cfg.data.test),
-        fmt=cfg.data.format,
-        on_error=cfg.data.on_error,
-        limit=cfg.data.max_test_samples,
-        fields=cfg.data.fields,
-        media_root=cfg.data.media_root or None,
-    )
-    policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
-    tool_loop = None
-    if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
-        from mmrft.collector import build_tool_loop
-        from mmrft.rollout import HFEngine
-
-        tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))
-    with progress_bar(console, transient=True) as progress:
-        result = evaluate(
-            policy,
-            task,
-            samples,
-            cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            progress,
-            tool_loop=tool_loop,
-        )
+    result = evaluate_config(cfg, console)
     out = (
         Path(args.out)
         if args.out
@@ -145,11 +106,11 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     )
     write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
     print_table(
-        f"{task.name}: {cfg.model.path} on {cfg.data.test}",
+        f"{result.task}: {cfg.model.path} on {cfg.data.test}",
         {"value": result.metrics},
         console,
         categories={"value": result.categories},
-        primary=task.primary_metric,
+        primary=result.primary_metric,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'predictions.jsonl'}")
     return 0

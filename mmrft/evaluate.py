@@ -39,6 +39,7 @@ class EvalResult:
     records: list[EvalRecord]
     seconds: float
     categories: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    primary_metric: str = "primary"
 
     @property
     def primary(self) -> float:
@@ -95,7 +96,63 @@ def evaluate(
             record.trajectory = trajectory.to_json()
         metrics.update(tool_loop.metrics(prefix="tools"))
     categories = task.categories(records, samples)
-    return EvalResult(task.name, metrics, records, time.perf_counter() - start, categories)
+    return EvalResult(
+        task.name,
+        metrics,
+        records,
+        time.perf_counter() - start,
+        categories,
+        task.primary_metric,
+    )
+
+
+def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
+    """Evaluate ``cfg.model.path`` on ``cfg.data.test`` as ``mmrft eval`` does (the Python
+    API's evaluation): the config's task, data format and media budgets, greedy decoding with
+    the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
+    data (lines and media) is checked before any weights load."""
+    from mmrft.config import resolve_path
+    from mmrft.plugins import load_plugins
+    from mmrft.policy import load_policy, resolve_family
+    from mmrft.runlog import progress_bar
+    from mmrft.task import build_task, read_split
+    from mmrft.trainer import pick_device, seed_everything
+    from mmrft.typecheck import ConfigError
+
+    console = console or Console()
+    seed_everything(cfg.train.seed)
+    load_plugins(cfg.plugins)
+    if not cfg.data.test:
+        raise ConfigError("data.test: evaluation needs a test file")
+    task = build_task(cfg.task.name, cfg.task.params)
+    family = resolve_family(cfg.model)
+    family.load_processor(str(resolve_path(cfg.model.path)))
+    samples = read_split(
+        task,
+        family,
+        resolve_path(cfg.data.test),
+        fmt=cfg.data.format,
+        on_error=cfg.data.on_error,
+        limit=cfg.data.max_test_samples,
+        fields=cfg.data.fields,
+        media_root=cfg.data.media_root or None,
+    )
+    policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
+    tool_loop = None
+    if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
+        from mmrft.collector import build_tool_loop
+
+        tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))
+    with progress_bar(console, transient=True) as progress:
+        return evaluate(
+            policy,
+            task,
+            samples,
+            cfg.eval.batch_size,
+            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            progress,
+            tool_loop=tool_loop,
+        )
 
 
 def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None = None) -> None:
