@@ -102,7 +102,8 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     out = (
         Path(args.out)
         if args.out
-        else Path(cfg.output_dir) / run_name(cfg) / "eval" / Path(cfg.model.path).name
+        # not eval/step-N: the folder names of a training run's own evaluations
+        else Path(cfg.output_dir) / run_name(cfg) / "eval" / f"of-{Path(cfg.model.path).name}"
     )
     write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
     print_table(

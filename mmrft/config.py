@@ -447,6 +447,11 @@ class EvalConfig:
     max_new_tokens: int | None = _f(
         None, "Completion budget for evaluation (None = rollout.max_new_tokens)."
     )
+    n: int = _f(
+        1,
+        "Completions per test sample: 1 = greedy; n > 1 samples n at eval.temperature (seeded by train.seed, the training RNG untouched) and reports pass@k for k = 1, 2, 4, … ≤ n.",
+    )
+    temperature: float = _f(1.0, "Sampling temperature of evaluation with eval.n > 1.")
 
 
 @dataclass
@@ -534,6 +539,9 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.rollout.temperature > 0, "rollout.temperature", "must be > 0 for sampling")
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
+    need(0 <= cfg.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1)")
+    need(cfg.eval.n >= 1, "eval.n", "must be ≥ 1 (1 = greedy)")
+    need(cfg.eval.temperature > 0, "eval.temperature", "must be > 0 for sampling")
     need(cfg.rollout.batch_size > 0, "rollout.batch_size", "must be > 0")
     need(cfg.rollout.micro_group >= 0, "rollout.micro_group", "must be ≥ 0 (0 = the whole group)")
     need(

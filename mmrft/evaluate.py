@@ -55,47 +55,66 @@ def evaluate(
     progress: Progress | None = None,
     engine: Engine | None = None,
     tool_loop: Any = None,
+    n: int = 1,
+    temperature: float = 1.0,
+    seed: int = 0,
 ) -> EvalResult:
-    """Greedy-decode every sample once and score it with the task's strict evaluation.
+    """Decode every sample (greedy, or ``n`` samples each) and score it with the task's strict
+    evaluation.
 
     Prompts go to the engine (``engine``, e.g. a run's vLLM engine holding the current weights;
     by default the ``hf`` engine on ``policy``) ``batch_size`` at a time (the batches the engine
     would form itself, so the completions are the same), each batch advancing a bar on
     ``progress`` (a live :func:`mmrft.runlog.progress_bar`) when one is given.
 
+    ``n > 1``: ``n`` completions per sample at ``temperature``, drawn under a torch RNG forked
+    and seeded with ``seed`` (the same samples every time, and a training run's RNG does not
+    move); the metrics are means over all completions, and when the task's per-sample metric
+    is 0/1 they add ``pass@k`` for k = 1, 2, 4, … ≤ n and k = n, the unbiased estimator
+    ``1 − C(n − c, k) / C(n, k)`` with ``c`` correct of ``n`` (Chen et al. 2021), averaged over
+    samples. Records come ``n`` per sample, in order.
+
     With ``tool_loop`` (a run's :class:`mmrft.trajectory.ToolLoop`) every sample runs the
-    multi-turn tool loop greedily, the task scores its last turn, each record keeps the whole
+    multi-turn tool loop, the task scores its last turn, each record keeps the whole
     trajectory, and the metrics add ``tools/turns_mean``, ``tools/use_rate``,
     ``tools/call_success`` and the ``tools/stop/<reason>`` shares."""
+    import torch
+
     start = time.perf_counter()
     engine = engine or HFEngine(policy, batch_size)
     conversations = [task.prompt(s, policy.family) for s in samples]
-    sampling = Sampling(max_new_tokens, greedy=True)
+    greedy = n == 1
+    sampling = Sampling(max_new_tokens, temperature=temperature, greedy=greedy)
     bar = None if progress is None else progress.add_task("eval", total=len(samples), info="")
     rollouts = Rollouts()
-    for begin in range(0, len(conversations), batch_size):
-        chunk = conversations[begin : begin + batch_size]
-        if tool_loop is None:
-            rollouts.extend(engine.generate(chunk, 1, sampling))
-        else:
-            part = samples[begin : begin + batch_size]
-            chunk = [tool_loop.with_tools(c, s) for c, s in zip(chunk, part)]
-            rollouts.extend(tool_loop.run(engine, chunk, part, 1, sampling))
-        if bar is not None:
-            progress.update(bar, completed=len(rollouts.texts))  # type: ignore[union-attr]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for begin in range(0, len(conversations), batch_size):
+            chunk = conversations[begin : begin + batch_size]
+            if tool_loop is None:
+                rollouts.extend(engine.generate(chunk, n, sampling))
+            else:
+                part = samples[begin : begin + batch_size]
+                chunk = [tool_loop.with_tools(c, s) for c, s in zip(chunk, part)]
+                rollouts.extend(tool_loop.run(engine, chunk, part, n, sampling))
+            if bar is not None:
+                progress.update(bar, completed=len(rollouts.texts) // n)  # type: ignore[union-attr]
     if bar is not None:
         progress.remove_task(bar)  # type: ignore[union-attr]
-    records = task.evaluate(rollouts.texts, samples)
-    for record, sample in zip(records, samples):
+    expanded = [s for s in samples for _ in range(n)]
+    records = task.evaluate(rollouts.texts, expanded)
+    for record, sample in zip(records, expanded):
         record.target = sample.target
     metrics = task.aggregate(records)
     metrics["primary"] = metrics.get(task.primary_metric, float("nan"))
-    metrics["truncated"] = sum(rollouts.truncated) / max(len(samples), 1)
+    metrics["truncated"] = sum(rollouts.truncated) / max(len(expanded), 1)
+    if n > 1:
+        metrics.update(pass_at_k([r.values.get(task.primary_metric) for r in records], n))
     if tool_loop is not None:
         for record, trajectory in zip(records, rollouts.trajectories or []):
             record.trajectory = trajectory.to_json()
         metrics.update(tool_loop.metrics(prefix="tools"))
-    categories = task.categories(records, samples)
+    categories = task.categories(records, expanded)
     return EvalResult(
         task.name,
         metrics,
@@ -104,6 +123,23 @@ def evaluate(
         categories,
         task.primary_metric,
     )
+
+
+def pass_at_k(values: list[Any], n: int) -> dict[str, float]:
+    """``pass@k`` for k = 1, 2, 4, … ≤ n and k = n from per-completion 0/1 values (``n`` per
+    sample, in order): the mean over samples of ``1 − C(n − c, k) / C(n, k)``; empty when a
+    value is not 0 or 1 (a continuous metric such as IoU has no pass@k)."""
+    from math import comb
+
+    if not values or any(v not in (0, 1, 0.0, 1.0, True, False) for v in values):
+        return {}
+    ks = sorted({k for k in (2**i for i in range(n.bit_length())) if k <= n} | {n})
+    groups = [values[i : i + n] for i in range(0, len(values), n)]
+    out = {}
+    for k in ks:
+        scores = [1.0 - comb(n - int(sum(g)), k) / comb(n, k) for g in groups]
+        out[f"pass@{k}"] = sum(scores) / len(scores)
+    return out
 
 
 def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
@@ -152,6 +188,9 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
             cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             progress,
             tool_loop=tool_loop,
+            n=cfg.eval.n,
+            temperature=cfg.eval.temperature,
+            seed=cfg.train.seed,
         )
 
 

@@ -929,6 +929,9 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
                     # its own with the evaluation batch size
                     engine=None if run.engine.name == "hf" else run.engine,
                     tool_loop=run.collector.tool_loop,
+                    n=cfg.eval.n,
+                    temperature=cfg.eval.temperature,
+                    seed=cfg.train.seed,
                 )
             write_eval(result, directory, {"step": step})
             run.runlog.metrics(

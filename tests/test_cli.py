@@ -364,3 +364,26 @@ def test_version_and_list_alone(capsys):
     out = capsys.readouterr().out
     for title in ("tasks", "verifiers", "tools", "configs"):
         assert title in out
+
+
+def test_sampled_evaluation_reports_pass_at_k(tmp_path):
+    """eval.n = 4: four sampled completions per sample, pass@1/2/4 by the unbiased estimator,
+    the same samples twice; mmrft eval's default folder is not a training evaluation's name."""
+    from mmrft.evaluate import pass_at_k
+
+    assert pass_at_k([1, 0, 0, 0, 1, 1, 1, 1], 4) == {
+        "pass@1": pytest.approx((0.25 + 1.0) / 2),
+        "pass@2": pytest.approx((0.5 + 1.0) / 2),
+        "pass@4": 1.0,
+    }
+    assert pass_at_k([0.3, 1.0], 2) == {}  # a continuous metric has none
+    model = f"model={REPO / 'assets/models/tiny-qwen2_5_vl'}"
+    args = ["eval", "demo", model, "data.max_test_samples=3", "eval.n=4", f"output_dir={tmp_path}"]
+    assert main(args) == 0
+    folder = tmp_path / "demo" / "eval" / "of-tiny-qwen2_5_vl"
+    results = json.loads((folder / "results.json").read_text())
+    assert {"pass@1", "pass@2", "pass@4"} <= set(results["metrics"])
+    first = (folder / "predictions.jsonl").read_text()
+    assert len(first.splitlines()) == 12
+    assert main(args) == 0
+    assert (folder / "predictions.jsonl").read_text() == first  # seeded: the same samples
