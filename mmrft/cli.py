@@ -80,7 +80,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     if args.smoke:  # the smoke settings first, so that the command line's overrides still win
         from mmrft.smoke import smoke_overrides
 
-        smoke, notes = smoke_overrides(cfg)
+        smoke, notes = smoke_overrides(cfg, config)
         for note in notes:
             console.print(f"--smoke: {note}", highlight=False, markup=False)
         cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides])

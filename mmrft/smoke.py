@@ -99,9 +99,10 @@ def _present(path: str) -> bool:
     return bool(path) and Path(path).expanduser().exists()
 
 
-def smoke_overrides(cfg: RunConfig) -> tuple[list[str], list[str]]:
+def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str], list[str]]:
     """The overrides that turn ``cfg`` into its smoke run, and one note per substitution for
-    the console (model, data)."""
+    the console (model, data). The run is named after ``source``, the config as the user
+    named it (``qwen3_vl_rec`` → ``qwen3_vl_rec-smoke``), else after ``cfg.name``."""
     load_plugins(cfg.plugins)
     family = model_family(cfg)
     tiny = MODELS / f"tiny-{family}"
@@ -114,7 +115,8 @@ def smoke_overrides(cfg: RunConfig) -> tuple[list[str], list[str]]:
     overrides = [f"model.path={tiny}", f"model.family={family}", *SIZES]
     from mmrft.trainer import run_name
 
-    overrides.append(f"name={run_name(cfg)}-smoke")
+    stem = Path(str(source)).name.removesuffix(".yaml").removesuffix(".yml") if source else ""
+    overrides.append(f"name={stem or run_name(cfg)}-smoke")
     notes = [f"model {cfg.model.path} → {tiny} (family {family}), CPU, float32"]
     if cfg.model.attn_implementation == "flash_attention_2":
         overrides.append("model.attn_implementation=sdpa")

@@ -299,7 +299,8 @@ def uniform_target_chance(
     accuracy of the best constant answer in expectation; it is not inflated, as the best
     constant answer measured on the split is, by the sampling noise of a small split's class
     frequencies (a split whose targets are very unbalanced makes a constant answer a stronger
-    baseline than this). ``None`` for no samples.
+    baseline than this). ``None`` for no samples, and for a split whose samples all have the
+    same answer (a tiny or filtered split: "chance 1.0" would say nothing about the task).
 
     >>> s = [Sample("a", [], "x", {}), Sample("b", [], "y", {})]
     >>> uniform_target_chance(s, lambda x: (["x", "y", "z", "w"], x.target))
@@ -309,6 +310,8 @@ def uniform_target_chance(
         return None
     keyed = [options(s) for s in samples]
     targets = {correct for _, correct in keyed}
+    if len(targets) < 2:
+        return None
     total = 0.0
     for answers, correct in keyed:
         possible = set(answers) & targets

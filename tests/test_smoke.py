@@ -65,13 +65,13 @@ def test_every_recipe_smokes_by_name_from_outside_the_checkout(tmp_path, monkeyp
     assert smoke.data.on_error == paper.data.on_error
     assert (smoke.device, smoke.model.dtype, smoke.train.steps) == ("cpu", "float32", 2)
     assert main(["train", recipe, "--smoke"]) == 0
-    run = tmp_path / "runs" / f"{paper.name}-smoke"
+    run = tmp_path / "runs" / f"{recipe}-smoke"  # named as the user named the recipe
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "train/reward" in m] == [1, 2]
     predictions = (run / "eval" / "after" / "predictions.jsonl").read_text().splitlines()
     assert len(predictions) == 2
     assert (run / "checkpoints" / "step-000002" / "config.json").is_file()
-    assert not (REPO / "runs" / f"{paper.name}-smoke").exists()
+    assert not (REPO / "runs" / f"{recipe}-smoke").exists()
 
 
 def test_smoke_keeps_the_users_data_and_their_overrides(tmp_path, monkeypatch, capsys):
@@ -109,7 +109,7 @@ def test_smoke_keeps_the_users_data_and_their_overrides(tmp_path, monkeypatch, c
     out = capsys.readouterr().out
     assert code == 0
     assert f"--smoke: data: {tmp_path / 'rec.jsonl'}" in out
-    run = tmp_path / "runs" / "vlm_r1_rec__qwen2_5_vl_3b-smoke"
+    run = tmp_path / "runs" / "vlm_r1_rec-smoke"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "train/reward" in m] == [1]
     rows = [json.loads(line) for line in (run / "completions.jsonl").read_text().splitlines()]

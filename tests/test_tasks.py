@@ -266,8 +266,8 @@ def test_chance():
     # one sample's options in a different order, its target given as a letter ("B" = x)
     lettered = Sample("c", [], "B", {"choices": ["z", "x", "y"]})
     only_x = Sample("d", [], "x", {"choices": ["x", "w"]})
-    # targets {x}: every sample has exactly one option that is ever correct → 1
-    assert classification.chance([lettered, only_x]) == pytest.approx(1.0)
+    # targets {x}: one answer for the whole split (a smoke run's 2 samples): no chance level
+    assert classification.chance([lettered, only_x]) is None
     # targets {x, y, z}: 1/2 (x, y of two) + 1/3 (x, y, z of four) + 1/3 (z, x, y) → 7/18
     third = Sample("e", [], "z", {"choices": ["z", "x", "y"]})
     assert classification.chance([two, four, third]) == pytest.approx((1 / 2 + 2 / 3) / 3)
