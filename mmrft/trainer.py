@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import random
 import time
 from collections import Counter
@@ -106,8 +107,13 @@ log = logging.getLogger("mmrft")
 
 
 def pick_device(name: str) -> torch.device:
+    """``device`` as a torch device (``auto``: CUDA when there is one). A CPU run tells
+    DeepSpeed so (``DS_ACCELERATOR=cpu``), which transformers imports when it saves a
+    checkpoint: DeepSpeed would otherwise warn on every run that it fell back to the CPU."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError(
             "device: 'cuda' requested but no CUDA device is available here; use device=cpu "
