@@ -332,7 +332,7 @@ def mask_positions(kwargs: dict[str, Any]) -> None:
     if kwargs.get("position_ids") is not None:
         return
     mask = kwargs.get("attention_mask")
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))  # its name in either version
     if mask is None or not hasattr(mask, "dim") or mask.dim() != 2:
         return
     if cache is not None and cache.get_seq_length() > 0:

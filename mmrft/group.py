@@ -356,7 +356,7 @@ def prefix_logits(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
         position_ids=(position_ids[0] if axes == 1 else position_ids).to(device),
-        past_key_values=prefix_cache(model),
+        **{cache_keyword(model): prefix_cache(model)},
         use_cache=True,
         logits_to_keep=1,
         **media,
@@ -372,7 +372,7 @@ def prefix_logits(
         mask[i, : len(c)] = 1
     layers = [
         None if entry is None else {k: v.index_select(0, owner) for k, v in entry.items()}
-        for entry in cache_rows(out.past_key_values)
+        for entry in cache_rows(returned_cache(out))
     ]
     after = torch.tensor([int(p.max()) + 1 for p in positions], device=device)
     steps_at = after.index_select(0, owner)[:, None] + torch.arange(steps, device=device)
@@ -381,12 +381,29 @@ def prefix_logits(
         input_ids=ids.to(device),
         attention_mask=torch.cat([attention.to(device).index_select(0, owner), mask.to(device)], 1),
         position_ids=step_positions[0] if axes == 1 else step_positions,
-        past_key_values=build_cache(layers),
+        **{cache_keyword(model): build_cache(layers)},
         use_cache=True,
     )
     first = out.logits[:, -1].index_select(0, owner)[:, None]
     logits = torch.cat([first, out2.logits[:, : width - 1]], dim=1).float()
     return logits, ids[:, :width], mask[:, :width]
+
+
+def cache_keyword(model: Any) -> str:
+    """The model forward's name for the KV cache: ``cache`` (transformers ≥ 5.2x, which warns on
+    the old name) or ``past_key_values`` (older, as vLLM's CPU build pins)."""
+    import inspect
+
+    from mmrft.family import base_model
+
+    forward = type(base_model(model)).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def returned_cache(out: Any) -> Any:
+    """The KV cache a forward returned, under either name (:func:`cache_keyword`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def _to(value: Any, device: torch.device) -> Any:

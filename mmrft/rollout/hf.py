@@ -33,7 +33,15 @@ from typing import Any
 
 import torch
 
-from mmrft.group import attention_masks, build_cache, cache_rows, prefix_cache, prompt_block
+from mmrft.group import (
+    attention_masks,
+    build_cache,
+    cache_keyword,
+    cache_rows,
+    prefix_cache,
+    prompt_block,
+    returned_cache,
+)
 from mmrft.policy import Policy
 from mmrft.rollout.base import Rollouts, Sampling, cut_at_stop, stop_token_ids
 
@@ -200,12 +208,12 @@ class HFEngine:
             input_ids=input_ids.to(device),
             attention_mask=mask,
             position_ids=(position_ids[0] if axes == 1 else position_ids).to(device),
-            past_key_values=prefix_cache(policy.model),
+            **{cache_keyword(policy.model): prefix_cache(policy.model)},
             use_cache=True,
             logits_to_keep=1,
             **inputs,
         )
-        layers = cache_rows(out.past_key_values)
+        layers = cache_rows(returned_cache(out))
         logits = [out.logits[i, -1].float() for i in range(len(rows))]
         caches = [
             [_prompt_entry(entry, i, width - lp) for entry in layers]
@@ -274,7 +282,7 @@ class HFEngine:
                 input_ids=tokens[:, None],
                 attention_mask=attention,
                 position_ids=step_positions[0] if axes == 1 else step_positions,
-                past_key_values=cache,
+                **{cache_keyword(model): cache},
                 use_cache=True,
                 logits_to_keep=1,
             )
