@@ -456,3 +456,37 @@ def test_video_frames_come_back_as_a_video_and_log_probs_agree(video_policy):
         for i, values in enumerate(out.logprobs):
             sampler[i, : len(values)] = torch.tensor(values)
         assert torch.allclose(logps * mask, sampler * mask, atol=2e-4)
+
+
+@pytest.mark.parametrize("model", ["tiny-qwen2_vl", "tiny-qwen3_vl", "tiny-qwen3_5"])
+def test_other_qwen_families_run_the_same_loop(model):
+    """Qwen2-VL and Qwen3-VL (norm1000 boxes, their own templates and patch sizes) and Qwen3.5
+    (linear-attention layers: the prefix path of the training forward): a crop call, its
+    observation, an answer; sampler = trainer log-probs in both training paths."""
+    cfg = load_config(
+        None,
+        [
+            f"model.path={REPO / 'assets' / 'models' / model}",
+            f"model.min_pixels={PIXELS}",
+            f"model.max_pixels={PIXELS}",
+            "train.steps=0",
+        ],
+    )
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    s = sample(0)
+    box = [400, 400, 700, 700]  # norm1000 for these families
+    answer = tokens(policy, "<answer>red</answer>") + [end_id(policy)]
+    scripts = [[tokens(policy, call_text(box)), answer], [answer]]
+    _, out, _ = run_script(policy, scripts, n=2)
+    first = out.trajectories[0]
+    assert first.calls[0]["ok"], first.calls
+    assert first.images == 1 and out.trajectories[1].images == 0
+    W = s.meta["image_size"][0]
+    assert first.calls[0]["info"]["box_px"][0] == int(0.4 * W)  # norm1000 → original pixels
+    for shared in (True, False):
+        with torch.no_grad():
+            logps, mask, _ = rollout_logps(policy, out, [0, 1], group_shared=shared)
+        sampler = torch.zeros_like(logps)
+        for i, values in enumerate(out.logprobs):
+            sampler[i, : len(values)] = torch.tensor(values)
+        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (model, shared)
