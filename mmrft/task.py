@@ -130,10 +130,13 @@ class Task:
         Args:
             think: whether the answer format asks for a ``<think>`` block first. Small models
                 often do better answering directly (R1-V, R1-AQA, CLS-RL), hence ``"none"``.
-            template: replaces the task's prompt template (same fields).
+            template: replaces the task's prompt template (same fields); the escapes ``\\n``
+                and ``\\t`` typed as two characters (a shell or a single-quoted YAML string
+                keeps them so) become a newline and a tab.
         """
         self.think = think
         if template is not None:
+            template = template.replace("\\n", "\n").replace("\\t", "\t")
             self.template = template  # type: ignore[misc]
         try:
             self.template.format(question="", format_instruction="", box_instruction="")

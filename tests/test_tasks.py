@@ -344,3 +344,15 @@ def test_reference_answers_score_one(benchmark):
         totals = reward(completions, samples).total
         # IoU of a box rounded to whole frame units stays just below 1.
         assert min(totals) >= high - 0.1 and all(r > 1.5 for r in totals)
+
+
+def test_template_escapes_become_newlines():
+    """`task.params.template='{question}\\n{format_instruction}'` on a command line keeps the
+    two characters; the task makes them the newline the user meant."""
+    from mmrft.config import load_config
+
+    cfg = load_config(
+        None, ["train.steps=0", r"task.params={template: '{question}\n{format_instruction}'}"]
+    )
+    task = build_task(cfg.task.name, cfg.task.params)
+    assert task.template == "{question}\n{format_instruction}"
