@@ -34,6 +34,7 @@ primary) and ``iou``.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
@@ -122,6 +123,10 @@ def _box_frame(sample: Sample) -> str:
             "first (ModelFamily.annotate)"
         )
     return frame
+
+
+# An instruction that names a box or region and ends in ": <expression>".
+_INSTRUCTION = re.compile(r"(?is)^.*\b(?:bounding box|box|region|locate)\b[^:]*:\s*(.+)$")
 
 
 @task("grounding")
@@ -217,6 +222,16 @@ class GroundingTask(Task):
         return Sample(id=sample_id, messages=messages, target=target, meta={"image_size": size})
 
     # -- rewards and metrics --------------------------------------------------------------------
+    def question(self, sample: Sample) -> str:
+        """The referring expression. A question that is a whole instruction ending in the
+        expression (VLM-R1's conversations: "Please provide the bounding box coordinate of the
+        region this sentence describes: the man on the left.") gives the part after its
+        colon, so the template does not wrap an instruction in another ("Locate Please
+        provide ...")."""
+        text = sample.text().strip()
+        found = _INSTRUCTION.match(text)
+        return found.group(1).strip().rstrip(".") if found else text
+
     def default_verifiers(self) -> list[dict[str, Any]]:
         return [
             {"name": "format", "weight": 1.0, "params": {"think": self.think}},

@@ -356,3 +356,31 @@ def test_template_escapes_become_newlines():
     )
     task = build_task(cfg.task.name, cfg.task.params)
     assert task.template == "{question}\n{format_instruction}"
+
+
+def test_grounding_prompt_from_an_instruction_question():
+    """VLM-R1's conversations put an instruction before the expression; the prompt names the
+    expression once ('Locate the man on the left in the image.')."""
+    family = MODEL_FAMILIES.get("qwen2_5_vl")()
+    task = build_task("grounding", {"think": "none"})
+    question = (
+        "Please provide the bounding box coordinate of the region this sentence describes: "
+        "the man on the left."
+    )
+    for text, expression in [(question, "the man on the left"), ("the red cup", "the red cup")]:
+        sample = Sample(
+            "g",
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "image": "/x.png"},
+                        {"type": "text", "text": text},
+                    ],
+                }
+            ],
+            [1, 2, 3, 4],
+            {"image_size": [10, 10]},
+        )
+        prompt = task.prompt(sample, family)[-1]["content"][-1]["text"]
+        assert prompt.startswith(f"Locate {expression} in the image."), prompt
