@@ -452,6 +452,10 @@ class EvalConfig:
         "Completions per test sample: 1 = greedy; n > 1 samples n at eval.temperature (seeded by train.seed, the training RNG untouched) and reports pass@k for k = 1, 2, 4, … ≤ n.",
     )
     temperature: float = _f(1.0, "Sampling temperature of evaluation with eval.n > 1.")
+    verifiers: list[dict[str, Any]] = _f(
+        [],
+        "Verifiers also scored on the evaluation's completions, as metrics verifier/<name> (the mean of each; the same {name, params} entries as reward.verifiers, plugins included); the task's own metrics are unchanged.",
+    )
 
 
 @dataclass

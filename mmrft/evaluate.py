@@ -58,6 +58,7 @@ def evaluate(
     n: int = 1,
     temperature: float = 1.0,
     seed: int = 0,
+    verifiers: Any = None,
 ) -> EvalResult:
     """Decode every sample (greedy, or ``n`` samples each) and score it with the task's strict
     evaluation.
@@ -73,6 +74,10 @@ def evaluate(
     is 0/1 they add ``pass@k`` for k = 1, 2, 4, … ≤ n and k = n, the unbiased estimator
     ``1 − C(n − c, k) / C(n, k)`` with ``c`` correct of ``n`` (Chen et al. 2021), averaged over
     samples. Records come ``n`` per sample, in order.
+
+    ``verifiers`` (a :class:`mmrft.rewards.WeightedReward`, ``eval.verifiers``): each of its
+    verifiers also scores every completion, reported as ``verifier/<name>`` (the mean of the
+    scores that apply; tool trajectories go to the verifiers that take them).
 
     With ``tool_loop`` (a run's :class:`mmrft.trajectory.ToolLoop`) every sample runs the
     multi-turn tool loop, the task scores its last turn, each record keeps the whole
@@ -110,6 +115,12 @@ def evaluate(
     metrics["truncated"] = sum(rollouts.truncated) / max(len(expanded), 1)
     if n > 1:
         metrics.update(pass_at_k([r.values.get(task.primary_metric) for r in records], n))
+    if verifiers is not None:
+        scored = verifiers(rollouts.texts, expanded, "at evaluation", rollouts.trajectories)
+        for name, scores in scored.scores.items():
+            values = [score.value for score in scores if score is not None]
+            if values:
+                metrics[f"verifier/{name}"] = sum(values) / len(values)
     if tool_loop is not None:
         for record, trajectory in zip(records, rollouts.trajectories or []):
             record.trajectory = trajectory.to_json()
@@ -173,6 +184,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
         fields=cfg.data.fields,
         media_root=cfg.data.media_root or None,
     )
+    verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     tool_loop = None
     if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
@@ -191,7 +203,17 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
             n=cfg.eval.n,
             temperature=cfg.eval.temperature,
             seed=cfg.train.seed,
+            verifiers=verifiers,
         )
+
+
+def eval_verifiers(cfg: Any) -> Any:
+    """``eval.verifiers`` built like the reward (under its time budget), or ``None``."""
+    from mmrft.rewards import build_reward
+
+    if not cfg.eval.verifiers:
+        return None
+    return build_reward(cfg.eval.verifiers, cfg.reward.timeout_s, cfg.reward.on_timeout)
 
 
 def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None = None) -> None:

@@ -67,7 +67,7 @@ from mmrft.checkpoint import (
 from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
 from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
 from mmrft.data import Sample
-from mmrft.evaluate import EvalResult, evaluate, print_table, write_eval
+from mmrft.evaluate import EvalResult, eval_verifiers, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
 from mmrft.group import check_attention, rollout_logps
 from mmrft.plugins import load_plugins
@@ -379,6 +379,7 @@ class Run:
     categories: dict[str, dict[str, Any]] = field(default_factory=dict)
     resumed_from: Path | None = None
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
+    eval_verifiers: Any = None  # eval.verifiers, built at set-up (a bad entry fails there)
 
 
 # Keys a resumed run may change: how long it trains, how it evaluates, logs and checkpoints,
@@ -668,6 +669,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         runlog=runlog,
         t_start=t_start,
         no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
+        eval_verifiers=eval_verifiers(cfg),
     )
 
 
@@ -938,6 +940,7 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
                     n=cfg.eval.n,
                     temperature=cfg.eval.temperature,
                     seed=cfg.train.seed,
+                    verifiers=run.eval_verifiers,
                 )
             write_eval(result, directory, {"step": step})
             run.runlog.metrics(

@@ -387,3 +387,26 @@ def test_sampled_evaluation_reports_pass_at_k(tmp_path):
     assert len(first.splitlines()) == 12
     assert main(args) == 0
     assert (folder / "predictions.jsonl").read_text() == first  # seeded: the same samples
+
+
+def test_verifier_plugins_as_evaluation_metrics(tmp_path):
+    """eval.verifiers: a plugin verifier scores the evaluation's completions as a metric."""
+    plugin = tmp_path / "length.py"
+    plugin.write_text(
+        "from mmrft import verifier\n\n"
+        "@verifier('test_eval_length', low=0.0, high=1.0)\n"
+        "def length(completions, samples):\n"
+        "    return [min(len(c), 10) / 10 for c in completions]\n"
+    )
+    model = f"model={REPO / 'assets/models/tiny-qwen2_5_vl'}"
+    args = [
+        "eval", "demo", model, "data.max_test_samples=3", f"plugins=[{plugin}]",
+        "eval.verifiers=[{name: test_eval_length}, {name: format, params: {think: none}}]",
+        "--out", str(tmp_path / "e"),
+    ]  # fmt: skip
+    assert main(args) == 0
+    metrics = json.loads((tmp_path / "e" / "results.json").read_text())["metrics"]
+    assert 0.0 <= metrics["verifier/test_eval_length"] <= 1.0
+    assert "verifier/format" in metrics and "accuracy" in metrics
+    bad = [*args[:-2], "eval.verifiers=[{name: test_eval_lenght}]"]
+    assert main(bad) == 2  # an unknown name fails at start-up, with the closest one
