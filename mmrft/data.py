@@ -338,9 +338,16 @@ def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
             yield row, f"{path} row {number}"
 
 
-def _hf_dataset_rows(path: Path) -> Iterator[tuple[Any, str]]:
-    """Rows of a directory written by ``datasets``' ``save_to_disk``; image and audio columns as
-    their stored ``{"bytes", "path"}`` (never decoded here)."""
+def _did_you_mean(name: str, names: list[str]) -> str:
+    from mmrft.plugins import did_you_mean  # plugins imports nothing of data: no cycle at use
+
+    return did_you_mean(name, names)
+
+
+def _hf_dataset_rows(path: Path, split: str | None = None) -> Iterator[tuple[Any, str]]:
+    """Rows of a directory written by ``datasets``' ``save_to_disk`` (of a ``DatasetDict``: the
+    split ``split``); image and audio columns as their stored ``{"bytes", "path"}`` (never
+    decoded here)."""
     try:
         import datasets
     except ImportError:
@@ -349,9 +356,16 @@ def _hf_dataset_rows(path: Path) -> Iterator[tuple[Any, str]]:
         ) from None
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
-        raise DataError(
-            f"{path}: holds the splits {', '.join(loaded)}; name one folder, e.g. {path / next(iter(loaded))}"
-        )
+        first = next(iter(loaded))
+        if split is None:
+            raise DataError(
+                f"{path}: holds the splits {', '.join(loaded)}; name one as {path}:{first}"
+            )
+        if split not in loaded:
+            raise DataError(f"{path}: no split '{split}'; {_did_you_mean(split, list(loaded))}")
+        loaded = loaded[split]
+    elif split is not None:
+        raise DataError(f"{path}:{split}: {path} holds one dataset, not splits; drop ':{split}'")
     for name, feature in loaded.features.items():
         if isinstance(feature, (datasets.Image, datasets.Audio)):
             loaded = loaded.cast_column(name, type(feature)(decode=False))
@@ -363,11 +377,15 @@ def iter_records(path: str | Path) -> Iterator[tuple[Any, str]]:
     """``(record, where)`` for every record of a dataset, whatever holds it: JSON lines
     (``.jsonl``, or a ``.json`` file of one object per line), a ``.json`` file holding one list,
     a ``.parquet`` file, a directory written by Hugging Face ``datasets`` (``save_to_disk``: a
-    ``state.json`` inside), or a directory of such files (a hub snapshot's ``data/*.parquet``),
+    ``state.json`` inside; a ``DatasetDict``'s split as ``folder:split``), or a directory of such files (a hub snapshot's ``data/*.parquet``),
     read in name order. ``where`` names the file and the line (``file:12``), the list item
     (``file:12 (item 3)``) or the row (``file row 12``). A record that is not valid JSON comes
     as a DataError to raise or skip."""
     path = Path(path)
+    folder, _, split = str(path).rpartition(":")
+    if not path.exists() and folder and split and "/" not in split and Path(folder).is_dir():
+        yield from _hf_dataset_rows(Path(folder), split)  # `folder:split` of a DatasetDict
+        return
     if path.is_dir():
         if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
             yield from _hf_dataset_rows(path)

@@ -142,10 +142,17 @@ def test_hugging_face_datasets_directory(tmp_path, monkeypatch):
     assert stats.kept == 4
     check_colour(samples)
     datasets.DatasetDict({"train": ds, "test": ds}).save_to_disk(str(tmp_path / "splits"))
-    with pytest.raises(DataError, match=r"holds the splits train, test; name one folder"):
+    with pytest.raises(DataError, match=r"holds the splits train, test; name one as .*:train"):
         task.read(tmp_path / "splits", fields=fields)
     samples, _ = task.read(tmp_path / "splits" / "test", fields=fields)
     assert len(samples) == 4
+    samples, _ = task.read(f"{tmp_path / 'splits'}:test", fields=fields)  # folder:split
+    check_colour(samples)
+    with pytest.raises(DataError, match=r"no split 'tset'.*test"):
+        task.read(f"{tmp_path / 'splits'}:tset", fields=fields)
+    # standard column names (problem, solution, images, choices, uid): no mapping at all
+    samples, _ = task.read(f"{tmp_path / 'splits'}:train")
+    assert [s.target for s in samples] == [s.target for s in check_samples(records)]
 
 
 def vlm_r1_conversations(n: int = 3) -> list[dict]:
@@ -279,3 +286,10 @@ def test_standard_column_names_need_no_mapping(tmp_path):
     odd.write_text(json.dumps({"q": "What colour?", "a": "red"}) + "\n")
     with pytest.raises(DataError, match="standard columns.*data.fields"):
         task.read(odd)
+
+
+def check_samples(records: list[dict]) -> list:
+    """The targets the EasyR1-like records mean (answer tags removed)."""
+    from mmrft.data import Sample, answer_value
+
+    return [Sample(r["uid"], [], answer_value(r["solution"])) for r in records]
