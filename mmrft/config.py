@@ -158,6 +158,10 @@ class DataConfig:
 class TaskConfig:
     name: str = _f("classification", "Registered task name (`mmrft list tasks`).")
     params: dict[str, Any] = _f({}, "Keyword parameters of the task (e.g. think: none).")
+    system_prompt: str = _f(
+        "",
+        "A system message before every prompt (training, evaluation, warm start) unless the sample has its own; empty = the chat template's default.",
+    )
 
 
 @dataclass

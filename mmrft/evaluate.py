@@ -171,7 +171,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     load_plugins(cfg.plugins)
     if not cfg.data.test:
         raise ConfigError("data.test: evaluation needs a test file")
-    task = build_task(cfg.task.name, cfg.task.params)
+    task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
     family = resolve_family(cfg.model)
     family.load_processor(str(resolve_path(cfg.model.path)))
     samples = read_split(

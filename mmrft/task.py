@@ -124,6 +124,7 @@ class Task:
     category_keys: ClassVar[tuple[str, ...]] = ("category",)
     example_data: ClassVar[ExampleData] = {}
     formats: ClassVar[tuple[str, ...]] = ("mmrft",)
+    system_prompt: str = ""  # set by build_task from task.system_prompt
 
     def __init__(self, *, think: ThinkMode = "required", template: str | None = None) -> None:
         """
@@ -204,7 +205,8 @@ class Task:
 
     def prompt(self, sample: Sample, family: ModelFamily) -> list[dict[str, Any]]:
         """The chat messages sent to the model: the sample's messages with the last user
-        turn's text replaced by the filled template (media parts kept, in order)."""
+        turn's text replaced by the filled template (media parts kept, in order), after a
+        system message of :attr:`system_prompt` when one is set and the sample has none."""
         text = self.template.format(
             question=self.question(sample),
             format_instruction=self.format_instruction(),
@@ -221,6 +223,9 @@ class Task:
                 )
                 messages[i] = {"role": "user", "content": [*media, {"type": "text", "text": text}]}
                 break
+        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+            system = {"type": "text", "text": self.system_prompt}
+            messages.insert(0, {"role": "system", "content": [system]})
         return messages
 
     # -- rewards and metrics --------------------------------------------------------------------
@@ -386,10 +391,13 @@ def read_split(
     return samples
 
 
-def build_task(name: str, params: dict[str, Any] | None = None) -> Task:
-    """Instantiate the registered task ``name`` with type-checked ``params``."""
+def build_task(name: str, params: dict[str, Any] | None = None, system_prompt: str = "") -> Task:
+    """Instantiate the registered task ``name`` with type-checked ``params``; ``system_prompt``
+    (``task.system_prompt``) goes before every prompt it builds (:meth:`Task.prompt`)."""
     try:
         cls = TASKS.get(name)
     except KeyError as exc:
         raise ConfigError(f"task.name: {exc}") from None
-    return cls(**bind_keyword_params(cls, params or {}, where=f"task '{name}'"))
+    built = cls(**bind_keyword_params(cls, params or {}, where=f"task '{name}'"))
+    built.system_prompt = system_prompt
+    return built

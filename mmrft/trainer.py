@@ -568,7 +568,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         markup=False,
     )
 
-    task = build_task(cfg.task.name, cfg.task.params)
+    task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
     reward = build_reward(
         cfg.reward.verifiers or task.default_verifiers(),
         cfg.reward.timeout_s,

@@ -384,3 +384,21 @@ def test_grounding_prompt_from_an_instruction_question():
         )
         prompt = task.prompt(sample, family)[-1]["content"][-1]["text"]
         assert prompt.startswith(f"Locate {expression} in the image."), prompt
+
+
+def test_system_prompt_goes_first_unless_the_sample_has_one():
+    from mmrft.config import load_config
+
+    family = MODEL_FAMILIES.get("qwen2_5_vl")()
+    cfg = load_config(None, ["train.steps=0", "task.system_prompt=Think step by step."])
+    task = build_task(cfg.task.name, {"think": "none"}, cfg.task.system_prompt)
+    plain = Sample(
+        "p", [{"role": "user", "content": "Colour?"}], "red", {"choices": ["red", "blue"]}
+    )
+    messages = task.prompt(plain, family)
+    assert messages[0] == {
+        "role": "system",
+        "content": [{"type": "text", "text": "Think step by step."}],
+    }
+    own = Sample("o", [{"role": "system", "content": "Mine."}, *plain.messages], "red", plain.meta)
+    assert task.prompt(own, family)[0] == {"role": "system", "content": "Mine."}
