@@ -383,7 +383,8 @@ class Run:
 
 
 # Keys a resumed run may change: how long it trains, how it evaluates, logs and checkpoints,
-# where it runs and in what chunks (none changes what a step computes).
+# where and how it is laid out in memory (sharding, chunks, recomputation): none changes what a
+# step computes beyond float summation order (a checkpoint resumes on any world size).
 RESUME_FREE = (
     "train.steps",
     "train.log_every",
@@ -392,6 +393,13 @@ RESUME_FREE = (
     "train.trackers",
     "train.threads",
     "train.micro_batch_size",
+    "train.sharding",
+    "train.deepspeed",
+    "rollout.micro_group",
+    "rollout.vllm.gpu_memory_utilization",
+    "rollout.vllm.kv_cache_gb",
+    "rollout.vllm.sleep",
+    "model.gradient_checkpointing",
     "eval.",
     "checkpoint.",
     "output_dir",

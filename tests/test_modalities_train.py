@@ -292,6 +292,36 @@ def chartqa_files(tmp_path: Path) -> list[str]:
     return out
 
 
+def deepeyes_files(tmp_path: Path) -> list[str]:
+    """The bundled zoom benchmark as DeepEyes' parquet rows (the user turn with <image>, the
+    image as stored bytes, reward_model.ground_truth, env_name switching the tool on)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder = BENCH / "zoom_marks"
+    out = []
+    for split in ("train", "test"):
+        rows = []
+        for line in (folder / f"{split}.jsonl").read_text().splitlines()[:8]:
+            record = json.loads(line)
+            image, text = record["messages"][0]["content"]
+            rows.append(
+                {
+                    "prompt": [
+                        {"role": "system", "content": "You are a helpful assistant."},
+                        {"role": "user", "content": f"<image>\n{text['text']}"},
+                    ],
+                    "images": [{"bytes": (folder / image["image"]).read_bytes(), "path": None}],
+                    "reward_model": {"ground_truth": record["target"], "style": "model"},
+                    "env_name": "visual_toolbox_v2",
+                    "extra_info": {"index": record["id"]},
+                }
+            )
+        pq.write_table(pa.Table.from_pylist(rows), tmp_path / f"{split}.parquet")
+        out.append(f"data.{split}={tmp_path / f'{split}.parquet'}")
+    return out
+
+
 def refcoco_files(tmp_path: Path) -> list[str]:
     """The bundled grounding benchmark as VLM-R1's REC lines (image relative to image_root)."""
     out = [f"task.params.image_root={BENCH / 'shapes_grounding' / 'images'}"]
@@ -388,6 +418,10 @@ RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
             f"task.params.audio_root={BENCH / 'audio_pitch'}",
         ),
     ),
+    # the tool recipes: multi-turn rollouts (the tiny model's first turns rarely call a tool)
+    "deepeyes": ("tiny-qwen2_5_vl", deepeyes_files),
+    "mgpo": ("tiny-qwen2_5_vl", bundled("zoom_marks/train.jsonl", "zoom_marks/test.jsonl")),
+    "video_mtr": ("tiny-qwen2_5_vl", bundled("zoom_video/train.jsonl", "zoom_video/test.jsonl")),
     "qwen3_5_video_r1": (
         "tiny-qwen3_5",
         bundled(
