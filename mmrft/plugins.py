@@ -93,6 +93,7 @@ class Registry(Generic[T]):
         except KeyError:
             raise UnknownNameError(
                 f"unknown {self.kind} '{name}'; {did_you_mean(name, self._items)}"
+                + unregistered_hint(name, self.kind)
             ) from None
 
     def names(self) -> list[str]:
@@ -154,11 +155,33 @@ def load_plugin(spec: str) -> None:
         except Exception as exc:
             del sys.modules[module_name]
             raise PluginError(f"plugin file {spec} failed to import: {exc}") from exc
+        _USER_MODULES.append(module_name)
         return
     try:
         importlib.import_module(spec)
     except ModuleNotFoundError as exc:
         raise PluginError(f"plugin module '{spec}' not found ({exc})") from exc
+    _USER_MODULES.append(spec)
+
+
+_USER_MODULES: list[str] = []  # the user plugins imported, by module name
+
+
+def unregistered_hint(name: str, kind: str) -> str:
+    """A hint when a user plugin defines a function called ``name`` that never registered
+    itself: it lacks its decorator (``@verifier("name")``, ``@task``, ``@tool``)."""
+    for module_name in _USER_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None and callable(getattr(module, name, None)):
+            where = getattr(module, "__file__", module_name)
+            decorator = {"verifier": "@verifier", "task": "@task", "tool": "@tool"}.get(
+                kind, "its registration decorator"
+            )
+            return (
+                f" ({where} defines a function '{name}' that is not registered: decorate it "
+                f'with {decorator}("{name}") from mmrft)'
+            )
+    return ""
 
 
 def load_plugins(specs: Iterable[str]) -> None:

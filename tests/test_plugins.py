@@ -117,3 +117,22 @@ def test_entry_point_plugins_load_with_the_builtins(tmp_path, monkeypatch):
     importlib.invalidate_caches()
     monkeypatch.setattr(plugins, "_builtins_loaded", False)
     assert "test_from_entry_point" in VERIFIERS
+
+
+def test_a_plain_function_without_its_decorator_gets_a_hint(tmp_path):
+    """A reward function written TRL-style, never registered: the unknown-name error says to
+    decorate it."""
+    from mmrft.plugins import load_plugin
+    from mmrft.rewards import build_reward
+    from mmrft.typecheck import ConfigError
+
+    plugin = tmp_path / "plain_reward.py"
+    plugin.write_text(
+        "def plain_len(completions, samples):\n    return [0.0 for _ in completions]\n"
+    )
+    load_plugin(str(plugin))
+    with pytest.raises(
+        ConfigError,
+        match=r"defines a function 'plain_len' that is not registered.*@verifier\(\"plain_len\"\)",
+    ):
+        build_reward([{"name": "plain_len"}])
