@@ -309,11 +309,17 @@ def summary_markdown(runs: dict[str, Path]) -> str:
 
 
 def report_runs(run_dirs: list[Path], out: Path | None = None) -> list[Path]:
-    """Write each run's ``report.png`` / ``report.md`` and, for several runs, the comparison."""
+    """The report of one run (``report.png`` / ``report.md``) or the comparison of several
+    (``comparison.png`` / ``comparison.md``, in ``out``, default the current directory).
+
+    Without ``out`` every run also gets its own report in its folder; with ``out`` nothing is
+    written anywhere else (one run's report goes into ``out`` too)."""
     written = []
-    for run_dir in run_dirs:
-        written.append(write_report(run_dir, read_history(run_dir)))
-        md = run_dir / "report.md"
+    for run_dir in run_dirs if out is None or len(run_dirs) == 1 else []:
+        folder = out or run_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        written.append(write_report(run_dir, read_history(run_dir), folder / "report.png"))
+        md = folder / "report.md"
         md.write_text(
             f"# {run_dir.name}\n\n![report](report.png)\n\n"
             + summary_markdown({run_dir.name: run_dir})

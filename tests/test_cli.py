@@ -145,7 +145,8 @@ def test_missing_image_is_named_or_skipped(tmp_path, capsys):
     assert len((tmp_path / "o" / "predictions.jsonl").read_text().splitlines()) == 2
 
 
-def test_report_one_run_and_a_comparison(tmp_path, capsys):
+def test_report_one_run_and_a_comparison(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a comparison without --out goes to the current directory
     for name, offset in (("a", 0.0), ("b", 0.5)):
         run = tmp_path / name
         run.mkdir()
@@ -172,6 +173,8 @@ def test_report_one_run_and_a_comparison(tmp_path, capsys):
         main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")])
         == 0
     )
+    assert not (tmp_path / "a" / "report.png").exists()  # --out: nothing written elsewhere
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     for path in (
         tmp_path / "a" / "report.png",
         tmp_path / "a" / "report.md",
