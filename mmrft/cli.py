@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -230,16 +231,23 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
     registry = {"tasks": TASKS, "verifiers": VERIFIERS, "models": MODEL_FAMILIES}[args.what]
     table = Table(title=args.what)
     table.add_column("name")
+    ranged = args.what == "verifiers"
+    if ranged:
+        table.add_column("range")
     table.add_column("parameters", overflow="fold")
     table.add_column("description", overflow="fold")
     for name in registry.names():
         obj = registry.get(name)
         fn = getattr(obj, "fn", obj)
         params = ", ".join(f"{k}: {t} = {d!r}" for k, (t, d) in keyword_params_doc(fn).items())
-        extra = f" [{obj.low:g}, {obj.high:g}]" if hasattr(obj, "low") else ""
+        description = first_paragraph(fn.__doc__)
+        cells = [escape(name)]
+        if ranged:  # the declared range, once (the docstrings' "Range [a, b]." is dropped)
+            cells.append(f"[{obj.low:g}, {obj.high:g}]")
+            description = re.sub(r"\s*Range \[[^\]]*\]\.?", "", description)
         # escaped: defaults and docstrings hold brackets ([a-z]+, [x1, y1, x2, y2]) that rich
         # would read as markup and drop
-        table.add_row(escape(name), escape(params), escape(first_paragraph(fn.__doc__) + extra))
+        table.add_row(*cells, escape(params), escape(description))
     console.print(table)
     return 0
 

@@ -20,6 +20,7 @@ import importlib
 import importlib.util
 import logging
 import pkgutil
+import re
 import sys
 from collections.abc import Iterable
 from importlib import metadata
@@ -60,13 +61,16 @@ def did_you_mean(name: str, valid: Iterable[str]) -> str:
 
 def first_paragraph(doc: str | None) -> str:
     """The first paragraph of a docstring on one line (a summary that runs over several lines
-    is kept whole)."""
+    is kept whole), its reStructuredText markup removed for a terminal: ````x```` → ``x``,
+    ``:class:`mmrft.x.Y``` → ``Y``."""
     lines = []
     for line in (doc or "").strip().splitlines():
         if not line.strip():
             break
         lines.append(line.strip())
-    return " ".join(lines)
+    text = " ".join(lines)
+    text = re.sub(r":\w+:`~?(?:[\w.]+\.)?([^`]+)`", r"\1", text)  # :func:`mmrft.x.f` → f
+    return text.replace("``", "")
 
 
 class Registry(Generic[T]):

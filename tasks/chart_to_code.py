@@ -31,6 +31,9 @@ LOW_LEVEL_PARTS = ("text_f1", "type_f1", "colour", "layout_f1")
 
 @task("chart_to_code")
 class ChartToCodeTask(Task):
+    """Write the matplotlib code that redraws a chart image; scored by running it in the
+    sandbox and comparing the figure and its elements with the reference's."""
+
     template = (
         "{question}\nThe code must save the figure; keep the chart's size.\n{format_instruction}"
     )

@@ -413,3 +413,17 @@ def test_verifier_plugins_as_evaluation_metrics(tmp_path):
     assert "verifier/format" in metrics and "accuracy" in metrics
     bad = [*args[:-2], "eval.verifiers=[{name: test_eval_lenght}]"]
     assert main(bad) == 2  # an unknown name fails at start-up, with the closest one
+
+
+def test_list_is_clean_text(capsys):
+    """No reStructuredText markup, each verifier's range once, every task described."""
+    assert main(["list", "verifiers"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and ":class:" not in out and ":func:" not in out
+    assert "Range [" not in out and "[-1, 0]" in out  # tool_failures' range, in its column
+    assert main(["list", "tasks"]) == 0
+    out = capsys.readouterr().out
+    rows = [
+        line for line in out.splitlines() if line.startswith("│ ") and line.split("│")[1].strip()
+    ]
+    assert all(line.rstrip().split("│")[-2].strip() for line in rows)  # a description each
