@@ -402,3 +402,27 @@ def test_system_prompt_goes_first_unless_the_sample_has_one():
     }
     own = Sample("o", [{"role": "system", "content": "Mine."}, *plain.messages], "red", plain.meta)
     assert task.prompt(own, family)[0] == {"role": "system", "content": "Mine."}
+
+
+def test_qa_task_for_free_form_answers(tmp_path):
+    """A flat dataset of short answers (a word, a number) runs as the generic qa task, no
+    mapping, no options; its metric is the accuracy verifier's rule."""
+    path = tmp_path / "qa.jsonl"
+    image = str(REPO / "assets/benchmarks/shapes_colour/images/test-0000.png")
+    rows = [
+        {"id": "w", "question": "What is written?", "answer": "Stop", "image": image},
+        {"id": "n", "question": "How many?", "answer": 12, "image": image},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = build_task("qa", {"think": "none"})
+    samples, _ = task.read(path)
+    assert [s.target for s in samples] == ["Stop", 12]
+    word, number = samples
+    assert task.evaluate_one("<answer>stop.</answer>", word).score == 1.0
+    assert task.evaluate_one("<answer>go</answer>", word).score == 0.0
+    assert task.evaluate_one("<answer>12</answer>", number).score == 1.0
+    assert task.evaluate_one("12", number).reason  # no answer tag: a reason, score 0
+    assert task.reference_answer(number) == "12"
+    assert {v["name"] for v in task.default_verifiers()} == {"format", "accuracy"}
+    with pytest.raises(ConfigError):
+        build_task("qa", {"mode": "choices"})
