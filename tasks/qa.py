@@ -19,11 +19,11 @@ Evaluation and reward use the same rule, so the reward is the metric.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from mmrft.answers import extract_answer
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, Task, ThinkMode, task
+from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 Mode = Literal["auto", "exact", "number", "math"]
 
@@ -38,6 +38,8 @@ class QATask(Task):
 
     template = "{question}\n{format_instruction}"
     primary_metric = "accuracy"
+    # for --smoke without the config's data: chart questions (numbers and short texts)
+    example_data: ClassVar[ExampleData] = {"mmrft": ("charts/train.jsonl", "charts/test.jsonl", {})}
 
     def __init__(
         self, *, think: ThinkMode = "required", template: str | None = None, mode: Mode = "auto"
