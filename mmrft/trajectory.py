@@ -386,9 +386,13 @@ class ToolLoop:
         family / processor: the policy's, for observation rendering and tokenising.
         tools: the enabled tools by name (:func:`mmrft.tool.enabled_tools`, aliases included).
         limits: the budgets.
-        tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may end
-            there); ``None`` otherwise (turns end at end-of-turn).
         context_kwargs: extra :meth:`ToolContext.from_sample` arguments.
+        describe: describe the tools in a system message (:meth:`with_tools`).
+
+    Attributes:
+        tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may also end
+            there); ``None`` otherwise (turns end at end-of-turn).
+        counts: what :meth:`metrics` reports, since its last call.
     """
 
     def __init__(
