@@ -138,9 +138,9 @@ class DataConfig:
         "mmrft",
         "Record layout: 'mmrft' (the project's records, or any flat layout through data.fields), 'conversations' (LLaVA / VLM-R1: from human / gpt), or one of the task's own formats ('refcoco', 'charades', 'video_r1', ...). 'mmrft' and 'conversations' are read from JSON lines, a JSON list, parquet, a Hugging Face datasets directory (save_to_disk) or a folder of such files.",
     )
-    fields: dict[str, str] = _f(
+    fields: dict[str, Any] = _f(
         {},
-        "Which key of a record holds what, for a layout that is not mmrft's: question, answer, image, video, audio (a path, a list of paths, or stored bytes), options (→ meta.choices), id; any other name copies that key into meta (e.g. {question: problem, answer: solution, image: image_path}). Dotted keys read nested objects; '<image>' placeholders are removed from the question; an answer in <answer> tags or written as JSON ('3', '[1, 2, 3, 4]') is unwrapped.",
+        "Which key of a record holds what, for a layout that is not mmrft's: question, answer, image, video, audio (a path, a list of paths, or stored bytes), options (→ meta.choices), id; any other name copies that key into meta (e.g. {question: problem, answer: solution, image: image_path}). Dotted keys read nested objects; '<image>' placeholders are removed from the question; an answer in <answer> tags or written as JSON ('3', '[1, 2, 3, 4]') is unwrapped. Splits laid out differently take one mapping each: {train: {...}, test: {...}}.",
     )
     media_root: str = _f(
         "",
@@ -549,6 +549,12 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
     need(0 <= cfg.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1)")
     need(cfg.eval.n >= 1, "eval.n", "must be ≥ 1 (1 = greedy)")
+    per_split = {k for k, v in cfg.data.fields.items() if isinstance(v, dict)}
+    need(
+        not per_split or per_split == set(cfg.data.fields) <= {"train", "test"},
+        "data.fields",
+        "either one mapping {role: key, ...} or one per split {train: {...}, test: {...}}",
+    )
     need(cfg.eval.temperature > 0, "eval.temperature", "must be > 0 for sampling")
     need(cfg.rollout.batch_size > 0, "rollout.batch_size", "must be > 0")
     need(cfg.rollout.micro_group >= 0, "rollout.micro_group", "must be ≥ 0 (0 = the whole group)")

@@ -608,6 +608,17 @@ def _user_record(
     return out
 
 
+def split_fields(fields: dict[str, Any] | None, split: str) -> dict[str, str] | None:
+    """The ``data.fields`` mapping of one split (``train`` / ``test``): the split's own when the
+    mapping is given per split (``{train: {...}, test: {...}}``; ``None`` for a split it
+    leaves out), else the one mapping for both."""
+    if not fields:
+        return None
+    if any(isinstance(v, dict) for v in fields.values()):
+        return fields.get(split) or None
+    return fields
+
+
 def check_fields(fields: dict[str, str]) -> None:
     """``data.fields`` needs ``question`` and ``answer``; every value is a key name."""
     missing = [role for role in ("question", "answer") if role not in fields]

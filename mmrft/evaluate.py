@@ -159,6 +159,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
     data (lines and media) is checked before any weights load."""
     from mmrft.config import resolve_path
+    from mmrft.data import split_fields
     from mmrft.plugins import load_plugins
     from mmrft.policy import load_policy, resolve_family
     from mmrft.runlog import progress_bar
@@ -181,7 +182,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
         fmt=cfg.data.format,
         on_error=cfg.data.on_error,
         limit=cfg.data.max_test_samples,
-        fields=cfg.data.fields,
+        fields=split_fields(cfg.data.fields, "test"),
         media_root=cfg.data.media_root or None,
     )
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load

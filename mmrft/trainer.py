@@ -66,7 +66,7 @@ from mmrft.checkpoint import (
 )
 from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
 from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
-from mmrft.data import Sample
+from mmrft.data import Sample, split_fields
 from mmrft.evaluate import EvalResult, eval_verifiers, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
 from mmrft.group import check_attention, rollout_logps
@@ -140,7 +140,7 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
     families bound clip lengths by its window."""
     family.load_processor(str(resolve_path(cfg.model.path)))
 
-    def split(path: str | None, limit: int | None) -> list[Sample]:
+    def split(name: str, path: str | None, limit: int | None) -> list[Sample]:
         if not path:
             return []
         return read_split(
@@ -150,13 +150,13 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
             fmt=cfg.data.format,
             on_error=cfg.data.on_error,
             limit=limit,
-            fields=cfg.data.fields,
+            fields=split_fields(cfg.data.fields, name),
             media_root=cfg.data.media_root or None,
         )
 
     return (
-        split(cfg.data.train, cfg.data.max_train_samples),
-        split(cfg.data.test, cfg.data.max_test_samples),
+        split("train", cfg.data.train, cfg.data.max_train_samples),
+        split("test", cfg.data.test, cfg.data.max_test_samples),
     )
 
 

@@ -293,3 +293,56 @@ def check_samples(records: list[dict]) -> list:
     from mmrft.data import Sample, answer_value
 
     return [Sample(r["uid"], [], answer_value(r["solution"])) for r in records]
+
+
+def test_a_mapping_per_split(tmp_path):
+    """data.fields may give each split its own mapping; a mixed form is refused at start-up."""
+    from mmrft.config import load_config
+    from mmrft.policy import resolve_family
+    from mmrft.trainer import read_data
+    from mmrft.typecheck import ConfigError
+
+    rows = [(r, image, text) for r, image, text in bundled(COLOUR, 2)]
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "q": t,
+                    "a": r["target"],
+                    "img": str(COLOUR / "images" / i),
+                    "opts": r["meta"]["choices"],
+                }
+            )
+            + "\n"
+            for r, i, t in rows
+        )
+    )
+    test.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "text": t,
+                    "label": r["target"],
+                    "pic": str(COLOUR / "images" / i),
+                    "opts": r["meta"]["choices"],
+                }
+            )
+            + "\n"
+            for r, i, t in rows
+        )
+    )
+    fields = (
+        "data.fields={train: {question: q, answer: a, image: img, options: opts}, "
+        "test: {question: text, answer: label, image: pic, options: opts}}"
+    )
+    cfg = load_config("demo", [f"data.train={train}", f"data.test={test}", fields])
+    task = build_task(cfg.task.name, cfg.task.params)
+    train_samples, test_samples = read_data(cfg, task, resolve_family(cfg.model))
+    assert (
+        [s.target for s in train_samples]
+        == [s.target for s in test_samples]
+        == [r["target"] for r, _, _ in rows]
+    )
+    with pytest.raises(ConfigError, match="one per split"):
+        load_config("demo", ["data.fields={train: {question: q}, answer: a}"])
