@@ -121,3 +121,12 @@ def test_every_bundled_config_name_smokes_or_says_why():
     for name in config_names():
         overrides, notes = smoke_overrides(load_config(name))
         assert any(o.startswith("model.path=") for o in overrides) and notes
+
+
+def test_smoke_does_not_ask_to_raise_its_own_budget(tmp_path, monkeypatch, capsys):
+    """--smoke cuts completions to 8 tokens; it says so instead of warning to raise the
+    budget it set itself."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "time_r1", "--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "Raise rollout.max_new_tokens" not in out and "smoke run:" in out
