@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/mmrft train
+	$(BIN)/mmrft train demo
 
 test: $(STAMP)
 	$(BIN)/pytest -q

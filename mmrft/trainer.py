@@ -463,9 +463,13 @@ def finished_summary(cfg: RunConfig, checkpoint: Path | None, console: Console) 
         "checkpoint.resume=never."
     )
     summary_file = run_dir / "summary.json"
-    if summary_file.is_file():
-        return json.loads(summary_file.read_text())
-    return {"run_dir": str(run_dir), "steps": step}
+    summary = (
+        json.loads(summary_file.read_text())
+        if summary_file.is_file()
+        else {"run_dir": str(run_dir), "steps": step}
+    )
+    console.print(f"summary: {json.dumps(summary)}")
+    return summary
 
 
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
