@@ -55,9 +55,9 @@ def forced_engine(policy, batch_size: int):
             finally:
                 self.forcing = False
 
-        def _next_tokens(self, logits, sampling, completions, t):
+        def _next_tokens(self, logits, sampling, completions, t, seen=None):
             if not self.forcing:
-                return super()._next_tokens(logits, sampling, completions, t)
+                return super()._next_tokens(logits, sampling, completions, t, seen)
             token = call[t] if t < len(call) else self.stop_ids[0]
             tokens = torch.full((logits.shape[0],), token, dtype=torch.long)
             return tokens, torch.log_softmax(logits, dim=-1)[:, token]

@@ -415,6 +415,7 @@ class Collector:
             rollout.top_p,
             rollout.top_k,
             min_p=rollout.min_p,
+            repetition_penalty=rollout.repetition_penalty,
             ignore_eos=rollout.ignore_eos,
         )
         self.tool_loop = build_tool_loop(cfg, policy, engine)

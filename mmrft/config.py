@@ -252,6 +252,10 @@ class RolloutConfig:
         0.0,
         "Min-p sampling: keep the tokens whose probability is at least min_p × the most likely one's (after temperature, top-k, top-p); 0 disables.",
     )
+    repetition_penalty: float = _f(
+        1.0,
+        "Repetition penalty on tokens already in the prompt or the completion (a positive logit divided by it, a negative one multiplied, before temperature; transformers' and vLLM's rule); 1 disables, > 1 discourages repeats. Sampling only: log-probs and the loss use the model's own distribution.",
+    )
     max_new_tokens: int = _f(512, "Maximum completion length in tokens.")
     batch_size: int = _f(
         64,
@@ -548,6 +552,7 @@ def check_config(cfg: RunConfig) -> None:
     need(0 < cfg.rollout.top_p <= 1, "rollout.top_p", "must be in (0, 1]")
     need(cfg.rollout.max_new_tokens > 0, "rollout.max_new_tokens", "must be > 0")
     need(0 <= cfg.rollout.min_p < 1, "rollout.min_p", "must be in [0, 1)")
+    need(cfg.rollout.repetition_penalty > 0, "rollout.repetition_penalty", "must be > 0 (1 = off)")
     need(cfg.eval.n >= 1, "eval.n", "must be ≥ 1 (1 = greedy)")
     per_split = {k for k, v in cfg.data.fields.items() if isinstance(v, dict)}
     need(

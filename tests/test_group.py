@@ -368,3 +368,40 @@ def test_min_p_keeps_tokens_near_the_most_likely():
     assert torch.allclose(logps, probs.log()[tokens])
     share = (tokens == 0).float().mean().item()
     assert abs(share - 0.5 / 0.8) < 0.03  # renormalised over the kept tokens
+
+
+def test_repetition_penalty_is_transformers_rule():
+    """penalise_repeats equals transformers' RepetitionPenaltyLogitsProcessor on the same
+    scores and seen tokens; by hand: 2.0 → 1.0 and −1.0 → −2.0 at penalty 2, unseen kept."""
+    from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
+    from mmrft.rollout.base import penalise_repeats
+
+    scores = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    seen = torch.tensor([[True, True, False, False]])
+    assert penalise_repeats(scores, seen, 2.0).tolist() == [[1.0, -2.0, 0.5, 3.0]]
+    torch.manual_seed(0)
+    scores = torch.randn(3, 50)
+    input_ids = torch.randint(0, 50, (3, 12))
+    seen = torch.zeros(3, 50, dtype=torch.bool).scatter(1, input_ids, True)
+    expected = RepetitionPenaltyLogitsProcessor(1.7)(input_ids, scores.clone())
+    assert torch.allclose(penalise_repeats(scores, seen, 1.7), expected)
+
+
+def test_repetition_penalty_decodes_as_transformers_generate() -> None:
+    """Near-greedy sampling (temperature 1e-6) with a penalty of 1.5 over prompt and completion:
+    the group-shared decoder picks what transformers' generate picks with the same penalty,
+    and the penalty changes what is generated. The reported log-probs stay the raw model's."""
+    policy = load("qwen2_5_vl")
+    penalised = Sampling(20, temperature=1e-6, repetition_penalty=1.5)
+    torch.manual_seed(0)
+    reference = HFEngine(policy, 8, group_shared=False).generate(
+        conversations("image"), 1, penalised
+    )
+    shared = HFEngine(policy, 8).generate(conversations("image"), 1, penalised)
+    assert shared.completion_ids == reference.completion_ids
+    free = HFEngine(policy, 8).generate(conversations("image"), 1, Sampling(20, greedy=True))
+    assert free.completion_ids != shared.completion_ids
+    logps, _, _ = rollout_logps(policy, shared, [0, 1], group_shared=True)
+    for i, values in enumerate(shared.logprobs):
+        assert torch.allclose(logps[i, : len(values)], torch.tensor(values), atol=1e-5)

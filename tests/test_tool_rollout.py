@@ -50,7 +50,7 @@ class ScriptedEngine(HFEngine):
         self.call += 1
         return super().continue_rows(rows, sampling)
 
-    def _next_tokens(self, logits, sampling, completions, t):
+    def _next_tokens(self, logits, sampling, completions, t, seen=None):
         script = self.scripts[self.call]
         end = self.stop_ids[0]
         tokens = torch.tensor([script[c][t] if t < len(script[c]) else end for c in completions])

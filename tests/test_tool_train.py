@@ -41,9 +41,9 @@ def forced_first_turn(monkeypatch):
         finally:
             state["on"] = False
 
-    def forced_next(self, logits, sampling, completions, t):
+    def forced_next(self, logits, sampling, completions, t, seen=None):
         if not state["on"]:
-            return next_tokens(self, logits, sampling, completions, t)
+            return next_tokens(self, logits, sampling, completions, t, seen)
         import torch
 
         ids = state["ids"]

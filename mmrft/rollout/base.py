@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import torch
+
 from mmrft.policy import Policy
 
 
@@ -27,6 +29,11 @@ class Sampling:
         top_k: keep the k most likely tokens; 0 = off.
         min_p: keep the tokens whose probability is at least ``min_p`` × the most likely
             token's (after temperature, top-k and top-p, transformers' order); 0 = off.
+        repetition_penalty: CTRL's penalty (Keskar et al. 2019, transformers' and vLLM's
+            ``repetition_penalty``) on every token already in the prompt or the completion so
+            far: a positive logit is divided by it, a negative one multiplied, before
+            temperature; 1 = off, > 1 discourages repeats. Sampling only: the reported
+            log-probs stay the model's raw ones.
         greedy: argmax decoding (evaluation).
         ignore_eos: end-of-turn tokens are never sampled: every completion is
             ``max_new_tokens`` long (benchmarks).
@@ -39,9 +46,18 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
     greedy: bool = False
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+
+
+def penalise_repeats(scores: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """``scores`` ``[B, V]`` with the repetition penalty on the tokens ``seen`` (bool
+    ``[B, V]``): s / penalty where s > 0, s · penalty where s ≤ 0, unchanged elsewhere (the
+    rule of transformers' ``RepetitionPenaltyLogitsProcessor`` and vLLM's)."""
+    penalised = torch.where(scores > 0, scores / penalty, scores * penalty)
+    return torch.where(seen, penalised, scores)
 
 
 @dataclass

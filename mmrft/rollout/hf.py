@@ -43,7 +43,13 @@ from mmrft.group import (
     returned_cache,
 )
 from mmrft.policy import Policy
-from mmrft.rollout.base import Rollouts, Sampling, cut_at_stop, stop_token_ids
+from mmrft.rollout.base import (
+    Rollouts,
+    Sampling,
+    cut_at_stop,
+    penalise_repeats,
+    stop_token_ids,
+)
 
 
 class HFEngine:
@@ -125,7 +131,7 @@ class HFEngine:
             for begin in range(0, len(rows), self.batch_size):
                 members = list(range(begin, min(begin + self.batch_size, len(rows))))
                 decoded = self._decode(
-                    members, first_logits, prefix, positions, sampling, start, begin
+                    members, first_logits, prefix, positions, sampling, start, begin, rows
                 )
                 for k, (ids, logprobs, truncated) in zip(members, decoded):
                     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -164,7 +170,9 @@ class HFEngine:
         jobs = [k for k in range(len(out.prompts)) for _ in range(n)]  # group-contiguous
         for begin in range(0, len(jobs), self.batch_size):
             members = jobs[begin : begin + self.batch_size]
-            decoded = self._decode(members, first_logits, prefix, positions, sampling, start, begin)
+            decoded = self._decode(
+                members, first_logits, prefix, positions, sampling, start, begin, out.prompts
+            )
             for k, (ids, logprobs, truncated) in zip(members, decoded):
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
                 out.add(k, ids, text, truncated, logprobs)
@@ -230,10 +238,13 @@ class HFEngine:
         sampling: Sampling,
         start: float,
         offset: int = 0,
+        prompts: list[dict[str, Any]] | None = None,
     ) -> list[tuple[list[int], list[float], bool]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
         prompts' caches; ``(ids, sampler log-probs, truncated)`` per member. ``offset``: the
-        index of the first member's completion in the engine call (for :meth:`_next_tokens`)."""
+        index of the first member's completion in the engine call (for :meth:`_next_tokens`).
+        ``prompts``: the prompt rows, whose tokens count as seen under
+        ``sampling.repetition_penalty``."""
         policy = self.policy
         model, device = policy.model, policy.device
         R = len(members)
@@ -256,9 +267,19 @@ class HFEngine:
         logps: list[list[float]] = [[] for _ in range(R)]
         done = [False] * R
         alive = torch.arange(R, device=device)  # the rows of `members` still in the batch
+        seen = None  # [rows alive, V]: the tokens the repetition penalty applies to
+        if sampling.repetition_penalty != 1.0 and not sampling.greedy:
+            seen = torch.zeros(logits.shape, dtype=torch.bool, device=device)
+            for i, k in enumerate(members):
+                if prompts is not None:
+                    seen[i, prompts[k]["input_ids"].to(device)] = True
         for t in range(sampling.max_new_tokens):
             rows = alive.tolist()
-            tokens, token_logps = self._next_tokens(logits, sampling, [offset + r for r in rows], t)
+            tokens, token_logps = self._next_tokens(
+                logits, sampling, [offset + r for r in rows], t, seen
+            )
+            if seen is not None:
+                seen[torch.arange(len(rows), device=device), tokens] = True
             for row, token, logp in zip(rows, tokens.tolist(), token_logps.tolist()):
                 if not done[row]:  # a finished row waiting to leave the batch gets nothing
                     ids[row].append(token)
@@ -274,6 +295,7 @@ class HFEngine:
                 cache.batch_select_indices(keep)
                 alive, tokens = alive[keep], tokens[keep]
                 attention, after = attention[keep], after[keep]
+                seen = seen[keep] if seen is not None else None
             else:  # finished rows run on padding until enough of them leave together
                 tokens = tokens.masked_fill(finished, policy.pad_token_id)
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
@@ -290,19 +312,26 @@ class HFEngine:
         return [(ids[r], logps[r], not done[r]) for r in range(R)]
 
     def _next_tokens(
-        self, logits: torch.Tensor, sampling: Sampling, completions: list[int], t: int
+        self,
+        logits: torch.Tensor,
+        sampling: Sampling,
+        completions: list[int],
+        t: int,
+        seen: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The tokens at step ``t`` of the completions ``completions`` (their indices in this
         engine call, one per row of ``logits``): :meth:`_sample`. A subclass may choose them
         otherwise (tests script whole trajectories this way, the log-probs still the model's)."""
-        return self._sample(logits, sampling)
+        return self._sample(logits, sampling, seen)
 
     def _sample(
-        self, logits: torch.Tensor, sampling: Sampling
+        self, logits: torch.Tensor, sampling: Sampling, seen: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Next tokens ``[B]`` and their log-probability under the raw logits ``[B, V]``.
 
-        Suppressed tokens (and with ``ignore_eos`` the stop tokens) get −inf; greedy takes the argmax; otherwise logits / temperature,
+        Suppressed tokens (and with ``ignore_eos`` the stop tokens) get −inf; greedy takes the
+        argmax; otherwise the repetition penalty on the ``seen`` tokens (bool ``[B, V]``,
+        :func:`penalise_repeats`), then logits / temperature,
         then top-k, then top-p (keep the smallest set of most likely tokens whose probability
         reaches ``top_p``, at least one), then min-p (keep tokens with p ≥ ``min_p`` · p_max),
         then one multinomial draw per row.
@@ -315,6 +344,8 @@ class HFEngine:
         if sampling.greedy:
             tokens = scores.argmax(dim=-1)
         else:
+            if seen is not None and sampling.repetition_penalty != 1.0:
+                scores = penalise_repeats(scores, seen, sampling.repetition_penalty)
             scores = scores / sampling.temperature
             if sampling.top_k and sampling.top_k < scores.shape[-1]:
                 kth = torch.topk(scores, sampling.top_k, dim=-1).values[:, -1:]
@@ -389,6 +420,7 @@ class HFEngine:
                 top_p=sampling.top_p,
                 top_k=sampling.top_k,
                 min_p=sampling.min_p or None,
+                repetition_penalty=sampling.repetition_penalty,
             )
         return kwargs
 

@@ -129,8 +129,6 @@ class VLLMEngine:
     def generate(
         self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
     ) -> Rollouts:
-        from vllm import SamplingParams
-
         policy = self.policy
         start = time.perf_counter()
         self._wake()
@@ -142,23 +140,7 @@ class VLLMEngine:
             if sampling.greedy
             else torch.randint(0, 2**31 - 1, (len(conversations),)).tolist()
         )
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p,
-                top_k=0 if sampling.greedy else sampling.top_k,
-                min_p=0.0 if sampling.greedy else sampling.min_p,
-                max_tokens=sampling.max_new_tokens,
-                stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
-                ignore_eos=sampling.ignore_eos,
-                allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
-                logprobs=0,
-                seed=seed,
-                detokenize=False,
-            )
-            for seed in seeds
-        ]
+        params = [self._params(sampling, n, seed) for seed in seeds]
         outputs = self.llm.generate(inputs, params, use_tqdm=False)
         out = Rollouts(prompts=prompts)
         for k, output in enumerate(outputs):
@@ -171,6 +153,28 @@ class VLLMEngine:
         out.seconds = time.perf_counter() - start
         return out
 
+    def _params(self, sampling: Sampling, n: int, seed: int | None) -> Any:
+        """vLLM's ``SamplingParams`` for ``sampling`` (greedy: temperature 0, no filters), ``n``
+        completions per prompt, sampler log-probs of the chosen tokens."""
+        from vllm import SamplingParams
+
+        greedy = sampling.greedy
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else sampling.temperature,
+            top_p=1.0 if greedy else sampling.top_p,
+            top_k=0 if greedy else sampling.top_k,
+            min_p=0.0 if greedy else sampling.min_p,
+            repetition_penalty=1.0 if greedy else sampling.repetition_penalty,
+            max_tokens=sampling.max_new_tokens,
+            stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
+            ignore_eos=sampling.ignore_eos,
+            allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
+            logprobs=0,
+            seed=seed,
+            detokenize=False,
+        )
+
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
         """One completion per prepared row (a prompt and a tool trajectory so far,
         :func:`mmrft.trajectory.joined_row`), from the row's exact token ids: each run of
@@ -178,8 +182,6 @@ class VLLMEngine:
         media as the family loaded them), vLLM's processor expands them again, and the
         expanded prompt must be the row, token for token (else :class:`EngineParityError`:
         the engine would continue another sequence than the trainer trains on)."""
-        from vllm import SamplingParams
-
         policy = self.policy
         start = time.perf_counter()
         self._wake()
@@ -198,23 +200,7 @@ class VLLMEngine:
             if sampling.greedy
             else torch.randint(0, 2**31 - 1, (len(rows),)).tolist()
         )
-        params = [
-            SamplingParams(
-                n=1,
-                temperature=0.0 if sampling.greedy else sampling.temperature,
-                top_p=1.0 if sampling.greedy else sampling.top_p,
-                top_k=0 if sampling.greedy else sampling.top_k,
-                min_p=0.0 if sampling.greedy else sampling.min_p,
-                max_tokens=sampling.max_new_tokens,
-                stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
-                ignore_eos=sampling.ignore_eos,
-                allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
-                logprobs=0,
-                seed=seed,
-                detokenize=False,
-            )
-            for seed in seeds
-        ]
+        params = [self._params(sampling, 1, seed) for seed in seeds]
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         out = Rollouts(prompts=list(rows))
         for k, (row, output) in enumerate(zip(rows, outputs)):
