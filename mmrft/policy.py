@@ -94,16 +94,53 @@ def resolve_family(cfg: ModelConfig) -> ModelFamily:
     else:  # a hub id such as Qwen/Qwen2.5-VL-3B-Instruct (needs the hub or its local cache)
         from transformers import AutoConfig
 
+        offline = go_offline_if_unreachable()
         try:
             model_type = AutoConfig.from_pretrained(cfg.path).model_type
         except OSError as exc:
+            if offline:
+                raise ConfigError(
+                    f"model.path: '{cfg.path}' is not a local folder, {offline}, and it is not "
+                    "in the Hugging Face cache: download it where the hub is reachable "
+                    f"(`hf download {cfg.path}`) or give a local checkpoint folder"
+                ) from None
             raise ConfigError(
-                f"model.path: '{cfg.path}' is neither a checkpoint directory nor a loadable hub id ({exc})"
+                f"model.path: '{cfg.path}' is neither a checkpoint directory nor a loadable "
+                f"hub id ({' '.join(str(exc).split())})"
             ) from None
     try:
         return build_family(family_for_model_type(model_type), cfg)
     except KeyError as exc:
         raise ConfigError(f"model.family: {exc}; set model.family explicitly") from None
+
+
+def go_offline_if_unreachable(timeout_s: float = 3.0) -> str:
+    """Whether the Hugging Face hub can be used, asked once with one TCP connection of at
+    most ``timeout_s`` seconds to its endpoint; when it cannot, the hub's offline mode is
+    turned on for this process (``HF_HUB_OFFLINE``), so hub ids load from the local cache at
+    once instead of after the client's retries (about 25 s per file). Returns why the hub is
+    not used (``"the hub is unreachable (…)"``, ``"HF_HUB_OFFLINE is set"``), or ``""``
+    when it is reachable."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return "HF_HUB_OFFLINE is set"
+    url = urlparse(constants.ENDPOINT)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+        return ""
+    except OSError as exc:
+        reason = f"the hub is unreachable ({url.hostname}:{port}: {exc.strerror or exc})"
+    # huggingface_hub reads HF_HUB_OFFLINE at import: set both, for this process and children
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    constants.HF_HUB_OFFLINE = True
+    log.warning("%s: loading hub ids from the local cache only", reason)
+    return reason
 
 
 def load_policy(
