@@ -25,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 
 # (title, y-axis label, metric-name predicate) of each panel after the reward and evaluation
 # panels, in order.
@@ -123,7 +124,30 @@ class _Styles:
         }
 
     def label(self, run: int, key: str) -> str:
-        return _label(key) if len(self.runs) == 1 else f"{self.runs[run]}: {_label(key)}"
+        """The series' legend label; with several runs only the first run's series are
+        labelled (the legend names the series, the figure's legend the runs)."""
+        return _label(key) if run == 0 else "_" + _label(key)
+
+    def panel_handles(self, handles: list[Any]) -> list[Any]:
+        """A panel's legend handles; with several runs a run's lines drawn in black (the line
+        style is what tells the series apart), other lines (chance) as they are."""
+        if len(self.runs) == 1:
+            return handles
+        first = self(0, 0)["color"]
+        out = []
+        for h in handles:
+            if isinstance(h, Line2D) and h.get_color() == first:
+                h = Line2D(
+                    [],
+                    [],
+                    color="black",
+                    linestyle=h.get_linestyle(),
+                    lw=h.get_linewidth(),
+                    marker=h.get_marker(),
+                    markersize=h.get_markersize(),
+                )
+            out.append(h)
+        return out
 
 
 def _reward_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
@@ -173,15 +197,15 @@ def _eval_panel(ax: Any, runs: dict[str, RunData], style: _Styles) -> None:
             if value is None:
                 continue
             ax.scatter([step], [value], s=90, marker="D", color=colour, zorder=5, edgecolor="black")
-            prefix = "" if len(runs) == 1 else f"{list(runs)[r]}: "
-            ax.annotate(
-                f"{prefix}{name} {value:.3f}",
-                (step, value),
-                textcoords="offset points",
-                xytext=(8, -16 - 13 * r) if name == "before RL" else (-8, -18 - 13 * r),
-                ha="left" if name == "before RL" else "right",
-                fontsize=9,
-            )
+            if len(runs) == 1:  # several runs: the values are in the figure's run legend
+                ax.annotate(
+                    f"{name} {value:.3f}",
+                    (step, value),
+                    textcoords="offset points",
+                    xytext=(8, -16) if name == "before RL" else (-8, -18),
+                    ha="left" if name == "before RL" else "right",
+                    fontsize=9,
+                )
     if chance is not None:
         ax.axhline(chance, color="gray", linestyle="--", lw=1, label=f"chance ({chance:.3g})")
     ax.set_title("evaluation on the test split")
@@ -240,12 +264,35 @@ def figure(runs: dict[str, RunData], title: str) -> Any:
         if not ax.get_xlabel():
             ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=9)
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            ax.legend(handles=style.panel_handles(handles), labels=labels, fontsize=9)
     for ax in list(axes.flat)[len(drawers) :]:
         ax.axis("off")
     fig.suptitle(title, fontsize=13)
-    fig.tight_layout()
+    if len(runs) == 1:
+        fig.tight_layout()
+        return fig
+    # several runs: colour names the run (one legend for the figure, with before → after),
+    # line style the series (each panel's legend, drawn in black)
+    run_labels = []
+    for name, data in runs.items():
+        before, after = data.summary.get("before"), data.summary.get("after")
+        change = (
+            f" ({before:.3f} → {after:.3f})" if before is not None and after is not None else ""
+        )
+        run_labels.append(name + change)
+    fig.legend(
+        handles=[Line2D([], [], lw=2.5, **style(r, 0)) for r in range(len(runs))],
+        labels=run_labels,
+        loc="upper center",
+        ncol=min(len(runs), 3),
+        bbox_to_anchor=(0.5, 1 - 0.45 / fig.get_figheight()),  # below the title
+        fontsize=10,
+        frameon=False,
+    )
+    top = 1 - (0.55 + 0.25 * ((len(runs) + 2) // 3)) / fig.get_figheight()
+    fig.tight_layout(rect=(0, 0, 1, top))
     return fig
 
 

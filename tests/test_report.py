@@ -92,20 +92,41 @@ def test_one_run_report_is_readable(tmp_path):
     assert (run / "report.png").stat().st_size > 0
 
 
-def test_comparison_gives_each_run_one_colour(tmp_path):
+def test_comparison_gives_each_run_one_colour_and_nothing_overlaps(tmp_path):
+    """Colour names the run (one figure legend with before → after), line style the series
+    (each panel's legend once, in black); no legend or note covers another or a panel."""
     a, b = fake_run(tmp_path / "a"), fake_run(tmp_path / "b", offset=0.3, warm=False)
     fig = figure({"a": RunData.read(a), "b": RunData.read(b)}, "a vs b")
+    (legend,) = fig.legends
+    runs = {
+        t.get_text(): to_hex(h.get_color()) for t, h in zip(legend.texts, legend.legend_handles)
+    }
+    assert list(runs) == ["a (0.250 → 0.500)", "b (0.250 → 0.800)"]
+    assert len(set(runs.values())) == 2
     for title, ax in panels(fig).items():
-        colours: dict[str, set[str]] = {}
-        for line in ax.get_lines():
-            run = line.get_label().split(":", 1)[0]
-            if run in ("a", "b"):
-                colours.setdefault(run, set()).add(to_hex(line.get_color()))
-        assert all(len(c) == 1 for c in colours.values()), (title, colours)
-        if len(colours) == 2:
-            assert colours["a"] != colours["b"], title
-    notes = [t.get_text() for t in panels(fig)["evaluation on the test split"].texts]
-    assert "a: after RL 0.500" in notes and "b: after RL 0.800" in notes
+        colours = {to_hex(line.get_color()) for line in ax.get_lines()} - {to_hex("gray")}
+        assert colours <= set(runs.values()), title
+        if title != "warm start (supervised, before RL)":  # run b has no warm start
+            assert colours == set(runs.values()), title
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert len(labels) == len(set(labels)) and all(":" not in x for x in labels), labels
+    reward = panels(fig)["training reward (mean over the step's completions)"]
+    assert [t.get_text() for t in reward.get_legend().get_texts()] == [
+        "total",
+        "accuracy",
+        "format",
+    ]
+    assert {to_hex(h.get_color()) for h in reward.get_legend().legend_handles} == {"#000000"}
+    assert not panels(fig)["evaluation on the test split"].texts  # the values are in the legend
+
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    boxes = [("run legend", legend.get_window_extent(renderer))]
+    boxes.append(("title", fig._suptitle.get_window_extent(renderer)))
+    boxes += [(ax.get_title(), ax.get_tightbbox(renderer)) for ax in panels(fig).values()]
+    for i, (name, box) in enumerate(boxes):
+        for other, box2 in boxes[i + 1 :]:
+            assert not box.overlaps(box2), (name, other)
     plt.close(fig)
 
 
