@@ -74,6 +74,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -367,6 +368,15 @@ def shard_model(
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)
+    # FSDP2 warns on every forward whose root returns a view (the logits cut to
+    # logits_to_keep): an in-place op on it would skip the all-gather. mmrft reads the logits
+    # out of place only (policy.completion_logps), and tests/test_sharding.py checks that two
+    # sharded ranks' gradients equal one process's, so here the warning is noise.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"FSDP2-wrapped module \(FSDP\w+\) returned a view tensor",
+        category=UserWarning,
+    )
     for module in model.modules():
         if isinstance(module, FSDPModule):
             # Σ over ranks, like sum_gradients: the loss already carries the global

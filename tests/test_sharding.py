@@ -305,6 +305,7 @@ def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "returned a view tensor" not in result.stderr  # FSDP2's false alarm, filtered
 
 
 @pytest.mark.parametrize(
