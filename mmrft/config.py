@@ -753,6 +753,17 @@ def _anchor_tree(tree: dict[str, Any], base: Path) -> None:
         for key, value in params.items():
             if key.endswith(PATH_PARAM_SUFFIXES) and isinstance(value, str):
                 params[key] = anchor_path(value, base)
+    for section in ("reward", "eval"):  # plain reward functions: FILE.py:FUNCTION
+        entries = (
+            (tree.get(section) or {}).get("verifiers")
+            if isinstance(tree.get(section), dict)
+            else None
+        )
+        for entry in entries if isinstance(entries, list) else []:
+            name = entry.get("name") if isinstance(entry, dict) else None
+            if isinstance(name, str) and ".py:" in name:
+                source, function = name.rsplit(":", 1)
+                entry["name"] = f"{anchor_path(source, base)}:{function}"
     plugins = tree.get("plugins")
     if isinstance(plugins, list):
         tree["plugins"] = [

@@ -648,7 +648,8 @@ def map_fields(record: Any, fields: dict[str, str], base: Path, where: str) -> d
     if "options" in fields:
         meta["choices"] = _lookup(record, fields["options"], where)
     record_id = _lookup(record, fields["id"], where) if "id" in fields else record.get("id")
-    target = answer_value(_lookup(record, fields["answer"], where))
+    # no answer column: target None (the prompt task; other tasks refuse a missing target)
+    target = answer_value(_lookup(record, fields["answer"], where)) if "answer" in fields else None
     return _user_record(record_id, question, media, target, meta, base, where)
 
 
@@ -705,8 +706,9 @@ STANDARD_FIELDS: dict[str, tuple[str, ...]] = {
 
 def standard_fields(record: Any) -> dict[str, str] | None:
     """The ``data.fields`` mapping a record's standard column names imply
-    (:data:`STANDARD_FIELDS`), or ``None`` when it is a project record (``messages``) or lacks
-    a text question or an answer."""
+    (:data:`STANDARD_FIELDS`; the answer optional, its target then ``None``), plus every other
+    column holding a JSON value as a ``meta`` key of its own name; ``None`` when it is a
+    project record (``messages``) or lacks a text question."""
     if not isinstance(record, dict) or "messages" in record:
         return None
     mapping = {}
@@ -714,11 +716,19 @@ def standard_fields(record: Any) -> dict[str, str] | None:
         found = next((n for n in names if n in record), None)
         if found is not None:
             mapping[role] = found
-    if "question" not in mapping or "answer" not in mapping:
+    if "question" not in mapping:
         return None
     if not isinstance(record[mapping["question"]], str):
         return None  # a conversational prompt (a message list): data.fields or conversations
+    used = set(mapping.values())
+    for key, value in record.items():  # other columns go to meta, as TRL hands them over
+        if key not in used and key not in FIELD_ROLES and isinstance(value, _COLUMN_TYPES):
+            mapping[key] = key
     return mapping
+
+
+_COLUMN_TYPES = (str, int, float, bool, list, dict, type(None))
+"""Values of other columns kept in ``meta`` (JSON values: not stored bytes or arrays)."""
 
 
 def standard_or_project(record: Any, base: Path, where: str) -> Any:

@@ -121,6 +121,10 @@ def evaluate(
             values = [score.value for score in scores if score is not None]
             if values:
                 metrics[f"verifier/{name}"] = sum(values) / len(values)
+        if task.scored_by_reward:  # the task's metric is the verifiers' weighted reward
+            for record, total in zip(records, scored.total):
+                record.score = record.values["reward"] = total
+            metrics["reward"] = metrics["primary"] = sum(scored.total) / max(len(records), 1)
     if tool_loop is not None:
         for record, trajectory in zip(records, rollouts.trajectories or []):
             record.trajectory = trajectory.to_json()
@@ -209,12 +213,17 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
 
 
 def eval_verifiers(cfg: Any) -> Any:
-    """``eval.verifiers`` built like the reward (under its time budget), or ``None``."""
+    """``eval.verifiers`` built like the reward (under its time budget), or ``None``; for a
+    task :attr:`~mmrft.task.Task.scored_by_reward` without them, ``reward.verifiers``."""
+    from mmrft.plugins import TASKS
     from mmrft.rewards import build_reward
 
-    if not cfg.eval.verifiers:
+    entries = cfg.eval.verifiers
+    if not entries and TASKS.get(cfg.task.name).scored_by_reward:
+        entries = cfg.reward.verifiers  # the task's metric is the reward
+    if not entries:
         return None
-    return build_reward(cfg.eval.verifiers, cfg.reward.timeout_s, cfg.reward.on_timeout)
+    return build_reward(entries, cfg.reward.timeout_s, cfg.reward.on_timeout)
 
 
 def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None = None) -> None:

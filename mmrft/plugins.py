@@ -140,8 +140,9 @@ def load_builtins() -> None:
             ) from exc
 
 
-def load_plugin(spec: str) -> None:
-    """Import one user plugin: a ``.py`` file path or a dotted module name."""
+def load_plugin(spec: str) -> Any:
+    """Import one user plugin, a ``.py`` file path or a dotted module name; returns the module
+    (imported once: a second call returns the same module)."""
     load_builtins()
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
         path = Path(spec).expanduser()
@@ -149,7 +150,7 @@ def load_plugin(spec: str) -> None:
             raise PluginError(f"plugin file not found: {spec}")
         module_name = f"mmrft_user_plugin_{path.stem}_{abs(hash(str(path.resolve()))):x}"
         if module_name in sys.modules:
-            return
+            return sys.modules[module_name]
         module_spec = importlib.util.spec_from_file_location(module_name, path)
         assert module_spec is not None and module_spec.loader is not None
         module = importlib.util.module_from_spec(module_spec)
@@ -160,12 +161,14 @@ def load_plugin(spec: str) -> None:
             del sys.modules[module_name]
             raise PluginError(f"plugin file {spec} failed to import: {exc}") from exc
         _USER_MODULES.append(module_name)
-        return
+        return module
     try:
-        importlib.import_module(spec)
+        module = importlib.import_module(spec)
     except ModuleNotFoundError as exc:
         raise PluginError(f"plugin module '{spec}' not found ({exc})") from exc
-    _USER_MODULES.append(spec)
+    if spec not in _USER_MODULES:
+        _USER_MODULES.append(spec)
+    return module
 
 
 _USER_MODULES: list[str] = []  # the user plugins imported, by module name
@@ -181,9 +184,10 @@ def unregistered_hint(name: str, kind: str) -> str:
             decorator = {"verifier": "@verifier", "task": "@task", "tool": "@tool"}.get(
                 kind, "its registration decorator"
             )
+            plain = f", or name the plain function as {where}:{name}" if kind == "verifier" else ""
             return (
                 f" ({where} defines a function '{name}' that is not registered: decorate it "
-                f'with {decorator}("{name}") from mmrft)'
+                f'with {decorator}("{name}") from mmrft{plain})'
             )
     return ""
 

@@ -48,6 +48,7 @@ from typing import Any
 
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
+from mmrft.reward_functions import is_function_spec, register_function
 from mmrft.typecheck import ConfigError, bind_keyword_params
 
 log = logging.getLogger(__name__)
@@ -507,8 +508,11 @@ def build_reward(
                 f"reward.verifiers[{i}].weight: expected a finite number, got {weight!r}"
             )
         try:
-            registered = VERIFIERS.get(name)
-        except KeyError as exc:
+            if is_function_spec(str(name)):  # a plain function, FILE.py:FUNCTION
+                registered = register_function(name)
+            else:
+                registered = VERIFIERS.get(name)
+        except (KeyError, ConfigError) as exc:
             raise ConfigError(f"reward.verifiers[{i}].name: {exc}") from None
         verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
     return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from mmrft.answers import choice_index, normalise_text
 from mmrft.data import (
     LAYOUTS,
+    STANDARD_FIELDS,
     DataError,
     OnError,
     ReadStats,
@@ -113,6 +114,8 @@ class Task:
             paths relative to the checkout's ``assets/benchmarks`` and ``params`` the task
             parameters naming its folders; ``mmrft train CONFIG --smoke`` runs on it when the
             config's data is not on this machine (:mod:`mmrft.smoke`).
+        scored_by_reward: the task has no metric of its own; its evaluation reports the
+            weighted reward of the configured verifiers as ``reward`` (the ``prompt`` task).
         formats: the task's own dataset formats, read by :meth:`read_format`, besides the
             layouts every task reads (:data:`mmrft.data.LAYOUTS`: ``"mmrft"``, the project
             records or any layout through ``data.fields``, and ``"conversations"``).
@@ -124,6 +127,7 @@ class Task:
     category_keys: ClassVar[tuple[str, ...]] = ("category",)
     example_data: ClassVar[ExampleData] = {}
     formats: ClassVar[tuple[str, ...]] = ("mmrft",)
+    scored_by_reward: ClassVar[bool] = False
     system_prompt: str = ""  # set by build_task from task.system_prompt
 
     def __init__(self, *, think: ThinkMode = "required", template: str | None = None) -> None:
@@ -191,8 +195,16 @@ class Task:
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         """One project-JSONL line → Sample; tasks extend it to validate their targets (raise
-        :class:`~mmrft.data.DataError` naming ``where``)."""
-        return parse_mmrft_record(record, base, where)
+        :class:`~mmrft.data.DataError` naming ``where``). A record without a target is
+        refused unless the task is :attr:`scored_by_reward`."""
+        sample = parse_mmrft_record(record, base, where)
+        if sample.target is None and not self.scored_by_reward:
+            raise DataError(
+                f"{where}: no answer (task '{self.name}' needs one: a column "
+                f"{'/'.join(STANDARD_FIELDS['answer'])}, data.fields answer, or the record's "
+                "'target'; task.name=prompt trains on prompts and reward functions alone)"
+            )
+        return sample
 
     # -- prompts ------------------------------------------------------------------------------
     def format_instruction(self) -> str:
