@@ -316,7 +316,7 @@ class TemporalContrastConfig:
 class AlgorithmConfig:
     preset: Literal["grpo", "dr_grpo", "dapo", "bnpo", "gspo"] | None = _f(
         None,
-        "Fill the fields below from a paper's recipe (see README); explicit keys still win. 'dapo' is the whole of DAPO: clip-higher, token-mean loss, dynamic sampling, overlong shaping over the last fifth of rollout.max_new_tokens, β = 0.",
+        "Fill the fields below from a paper's recipe (docs/algorithms.md); explicit keys still win. 'dapo' is the whole of DAPO: clip-higher, token-mean loss, dynamic sampling, overlong shaping over the last fifth of rollout.max_new_tokens, β = 0.",
     )
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = _f(
         "grpo",
@@ -871,7 +871,7 @@ def resolve_path(path: str) -> Path:
 
 
 def help_table(cls: type = RunConfig, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) for every leaf field, for ``--help-config`` and the README."""
+    """(key, type, default, help) for every leaf field, for ``--help-config`` and docs/config.md (scripts/config_reference.py)."""
     rows = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
