@@ -108,7 +108,8 @@ class ModelConfig:
         "float32", "Weights dtype. The papers train in bfloat16 on GPUs; CPU runs use float32."
     )
     attn_implementation: str | None = _f(
-        None, "'sdpa', 'eager', 'flash_attention_2'; None = transformers' default."
+        None,
+        "'sdpa', 'eager', 'flash_attention_2', or 'block_sparse' (SDPA, and FlexAttention with a block mask that skips masked blocks in the group-shared training forward, CUDA; the same function through SDPA elsewhere); None = transformers' default.",
     )
     min_pixels: int = _f(3136, "Lower bound on resized image H·W in pixels (56·56).")
     max_pixels: int = _f(

@@ -118,7 +118,9 @@ class ModelFamily:
             )
         kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
         if attn_implementation:
-            kwargs["attn_implementation"] = attn_implementation
+            from mmrft.attention import transformers_name
+
+            kwargs["attn_implementation"] = transformers_name(attn_implementation)
         return getattr(transformers, class_name).from_pretrained(path, **kwargs)
 
     def prepare(

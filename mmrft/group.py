@@ -21,9 +21,12 @@ A packed row holds at most ``rollout.micro_group`` completions; a larger group i
 rounds that each carry their own copy of the prompt (Infinite Sampling's micro groups,
 arXiv:2506.22950), so activation memory is set by the round, not by ``G``.
 
-The mask is a dense ``[rows, 1, L, L]`` tensor: boolean for SDPA, additive for eager attention.
-Kernels that take no arbitrary mask (flash-attention 2) cannot run this layout;
-:func:`check_attention` says so at start-up. A family whose prompt is not plain causal gives
+Who may attend to whom is held per token (:class:`RowLayout`: each token's segment, the
+prompts' own patterns), never as an ``L × L`` matrix until a kernel asks for one: SDPA and eager
+attention get a dense ``[rows, 1, L, L]`` mask (boolean for SDPA, additive for eager),
+``model.attn_implementation=block_sparse`` a FlexAttention ``BlockMask`` that skips the blocks
+masked entirely (:mod:`mmrft.attention`). Kernels that take no arbitrary mask
+(flash-attention 2) cannot run this layout; :func:`check_attention` says so at start-up. A family whose prompt is not plain causal gives
 its own block (:meth:`~mmrft.family.ModelFamily.prompt_attention`: Gemma's images attend to
 themselves bidirectionally), and a model with sliding-window layers gets one mask per layer
 type, each window counted in rotary positions (:func:`attention_masks`).
@@ -37,6 +40,7 @@ and states stay graph tensors, and the completions continue from copies of it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -58,9 +62,10 @@ except ImportError:
 
 from mmrft import distributed
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
+from mmrft.attention import REGISTERED as BLOCK_SPARSE
 from mmrft.trajectory import joined_row, with_media
 
-GROUP_ATTENTION = ("sdpa", "eager")
+GROUP_ATTENTION = ("sdpa", "eager", BLOCK_SPARSE)
 
 
 def attention_implementation(model: Any) -> str:
@@ -88,10 +93,19 @@ def check_attention(model: Any) -> None:
             )
         return
     name = attention_implementation(model)
+    shared_kv = any(
+        getattr(getattr(m, "config", None), "num_kv_shared_layers", 0) for m in model.modules()
+    )
+    if name == BLOCK_SPARSE and shared_kv:
+        raise ValueError(
+            "model.attn_implementation=block_sparse: this model shares keys and values across "
+            "layers (Gemma 4), and its forward then slices the attention mask by query rows, "
+            "which a FlexAttention block mask cannot take; set model.attn_implementation=sdpa"
+        )
     if name not in GROUP_ATTENTION:
         raise ValueError(
-            f"rollout.group_shared needs model.attn_implementation 'sdpa' or 'eager' "
-            f"(the group mask is a dense block mask), not '{name}'; set "
+            f"rollout.group_shared needs model.attn_implementation 'sdpa', 'eager' or "
+            f"'block_sparse' (the group mask is a block mask), not '{name}'; set "
             "model.attn_implementation=sdpa, or rollout.group_shared=false for the "
             "per-completion path"
         )
@@ -117,6 +131,7 @@ def pack(
     completions: Sequence[Sequence[Sequence[int]]],
     pad_token_id: int,
     trajectories: Sequence[Sequence[Any]] | None = None,
+    device: torch.device | str = "cpu",
 ) -> tuple[dict[str, Any], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """Model inputs of packed rows: row ``r`` is ``prompts[r]`` followed by the completions
     ``completions[r]`` (see the module docstring).
@@ -128,7 +143,8 @@ def pack(
     completions', the order of their placeholders in the row.
 
     Returns ``(inputs, rows, cols, ids, mask, keep)``: the keyword arguments of the model call
-    (without ``logits_to_keep``); for every completion (in order, row by row) the row index and
+    (without ``logits_to_keep``; a FlexAttention mask is built on ``device``, the rest stays on
+    the CPU); for every completion (in order, row by row) the row index and
     the column of the kept logits that predicts each of its tokens (``[n, C]``, padded with 0);
     its token ids and 0/1 mask (``[n, C]``); and how many last positions to keep logits for.
     """
@@ -139,7 +155,9 @@ def pack(
     R, L = len(prompts), max(lengths)
     input_ids = torch.full((R, L), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((axes, R, L), dtype=torch.long)
-    allowed = torch.eye(L, dtype=torch.bool).repeat(R, 1, 1)  # padding attends to itself only
+    segment = torch.full((R, L), -1, dtype=torch.long)  # padding attends to itself only
+    P = max(prompt_lengths)
+    prompt_attention = torch.zeros((R, P, P), dtype=torch.bool)
     first = min(prompt_lengths) - 1  # the first position whose logits are kept
     spans: list[tuple[int, int, int, int]] = []  # (row, prompt length, start, length)
     media_rows = []
@@ -149,10 +167,11 @@ def pack(
         media_rows.append(with_media(row, [t for t in row_trajectories if t is not None]))
         input_ids[r, :lp] = row["input_ids"]
         position_ids[:, r, :lp] = positions[r]
-        allowed[r, :lp, :lp] = prompt_block(family, model, row)
+        segment[r, :lp] = 0
+        prompt_attention[r, :lp, :lp] = prompt_block(family, model, row)
         after = int(positions[r].max()) + 1
         start = lp
-        for comp, trajectory in zip(comps, row_trajectories):
+        for j, (comp, trajectory) in enumerate(zip(comps, row_trajectories), start=1):
             n = len(comp)
             input_ids[r, start : start + n] = torch.as_tensor(list(comp), dtype=torch.long)
             if trajectory is not None and trajectory.has_media:
@@ -160,10 +179,7 @@ def pack(
                 position_ids[:, r, start : start + n] = own[:, lp:]
             else:
                 position_ids[:, r, start : start + n] = after + torch.arange(n)
-            allowed[r, start : start + n, :lp] = True
-            allowed[r, start : start + n, start : start + n] = torch.ones(
-                n, n, dtype=torch.bool
-            ).tril()
+            segment[r, start : start + n] = j
             spans.append((r, lp, start, n))
             start += n
     C = max(1, max(n for *_, n in spans))
@@ -187,10 +203,119 @@ def pack(
     inputs = {
         "input_ids": input_ids,
         "position_ids": position_ids[0] if axes == 1 else position_ids,
-        "attention_mask": attention_masks(family, model, allowed, position_ids[0]),
+        "attention_mask": layout_masks(
+            family, model, RowLayout(segment, prompt_attention), position_ids[0], device
+        ),
         **media,
     }
     return inputs, rows, cols, ids, mask, L - first
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """Who may attend to whom in packed rows, without an ``L × L`` matrix.
+
+    ``segment [R, L]``: 0 for a prompt token (prompts start at column 0), ``j ≥ 1`` for a token
+    of the row's completion ``j``, −1 for padding. ``prompt [R, P, P]`` (P = longest prompt):
+    each prompt's attention on itself (:func:`prompt_block`). A prompt token attends as its
+    prompt's pattern says; a completion token to its whole prompt and causally to its own
+    completion; a padding token to itself only (so no softmax row is empty).
+    """
+
+    segment: torch.Tensor
+    prompt: torch.Tensor
+
+    def to(self, device: torch.device | str) -> RowLayout:
+        return RowLayout(self.segment.to(device), self.prompt.to(device))
+
+    def allowed(self, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """Whether query ``q`` of row ``b`` may attend to key ``k`` (broadcasting index tensors;
+        FlexAttention's ``mask_mod`` without the head). Indices past the row (a kernel's last,
+        partial block) may not attend."""
+        L, last = self.segment.shape[1], self.prompt.shape[-1] - 1
+        inside = (q < L) & (k < L)
+        q, k = q.clamp(max=L - 1), k.clamp(max=L - 1)
+        sq, sk = self.segment[b, q], self.segment[b, k]
+        in_prompt = (sq == 0) & (sk == 0) & self.prompt[b, q.clamp(max=last), k.clamp(max=last)]
+        in_completion = (sq > 0) & ((sk == 0) | ((sk == sq) & (k <= q)))
+        return inside & (in_prompt | in_completion | ((sq < 0) & (q == k)))
+
+    def dense(self) -> torch.Tensor:
+        """``[R, L, L]`` bool: :meth:`allowed` at every (query, key)."""
+        R, L = self.segment.shape
+        b, q, k = torch.arange(R)[:, None, None], torch.arange(L)[:, None], torch.arange(L)
+        return self.allowed(b, q, k)
+
+
+def layout_masks(
+    family: Any,
+    model: Any,
+    layout: RowLayout,
+    positions: torch.Tensor,
+    device: torch.device | str = "cpu",
+) -> Any:
+    """The attention mask(s) of packed rows for the model's kernel: FlexAttention
+    ``BlockMask``s on ``device`` under ``block_sparse`` (:func:`block_sparse_mask`), else
+    :func:`attention_masks` of the dense layout (moved to ``device`` by the caller)."""
+    if attention_implementation(model) != BLOCK_SPARSE:
+        return attention_masks(family, model, layout.dense(), positions)
+    layers = family.attention_layers(model)
+    if layers is None:
+        return block_sparse_mask(layout, positions, None, device)
+    return {
+        name: block_sparse_mask(layout, positions, window, device)
+        for name, window in layers.items()
+    }
+
+
+def block_sparse_mask(
+    layout: RowLayout,
+    positions: torch.Tensor,
+    window: int | None = None,
+    device: torch.device | str = "cpu",
+    block: int = 128,
+) -> Any:
+    """A FlexAttention ``BlockMask`` of ``layout`` (keys limited to less than ``window`` text
+    positions behind the query when given; ``positions [R, L]``).
+
+    Built one row of ``block`` queries at a time (memory ``R × block × L``, never ``L × L``):
+    each ``block × block`` tile is empty (skipped by the kernel), full (computed without
+    evaluating the rule) or partial (the rule, :meth:`RowLayout.allowed`, evaluated in the
+    kernel)."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    def rule(b: torch.Tensor, q: torch.Tensor, k: torch.Tensor, where: RowLayout, pos: Any):
+        ok = where.allowed(b, q, k)
+        if window is None:
+            return ok
+        L = pos.shape[1]
+        return ok & (pos[b, q.clamp(max=L - 1)] - pos[b, k.clamp(max=L - 1)] < window)
+
+    R, L = layout.segment.shape
+    blocks = -(-L // block)
+    rows, keys = torch.arange(R)[:, None, None], torch.arange(blocks * block)
+    any_, all_ = [], []
+    for start in range(0, blocks * block, block):
+        tile = rule(rows, torch.arange(start, start + block)[:, None], keys, layout, positions)
+        tile = tile.view(R, block, blocks, block)
+        any_.append(tile.any(dim=(1, 3)))
+        all_.append(tile.all(dim=3).all(dim=1))
+    full = torch.stack(all_, 1)  # [R, query blocks, key blocks]
+    partial = torch.stack(any_, 1) & ~full
+
+    def listed(which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        order = torch.argsort(which.to(torch.int8), dim=-1, descending=True, stable=True)
+        count = which.sum(-1).to(torch.int32)
+        return count[:, None].to(device), order[:, None].to(torch.int32).to(device)
+
+    on_device, pos_device = layout.to(device), positions.to(device)
+
+    def mask_mod(b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return rule(b, q, k, on_device, pos_device)
+
+    return BlockMask.from_kv_blocks(
+        *listed(partial), *listed(full), BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(L, L)
+    )
 
 
 def prompt_block(family: Any, model: Any, row: dict[str, Any]) -> torch.Tensor:
@@ -291,7 +416,7 @@ def packed_logits(
     its ids and 0/1 mask ``[n, C]``: one forward of the packed rows (:func:`pack`)."""
     device, family, model = policy.device, policy.family, policy.model
     inputs, rows, cols, ids, mask, keep = pack(
-        family, model, prompts, completions, policy.pad_token_id, trajectories
+        family, model, prompts, completions, policy.pad_token_id, trajectories, device
     )
     inputs = {k: _to(v, device) for k, v in inputs.items()}
     _cast_media(inputs, family, model)
@@ -407,6 +532,9 @@ def returned_cache(out: Any) -> Any:
 
 
 def _to(value: Any, device: torch.device) -> Any:
+    """A tensor, or a dict of per-layer-type masks, on ``device`` (anything else as it is)."""
+    if isinstance(value, dict):
+        return {k: _to(v, device) for k, v in value.items()}
     return value.to(device) if isinstance(value, torch.Tensor) else value
 
 

@@ -187,6 +187,7 @@ def test_logps_and_gradients_equal_the_per_completion_path(family: str, modality
         ("gradient checkpointing", ["model.gradient_checkpointing=true"]),
         ("frozen vision tower", ["model.freeze_vision=true"]),
         ("eager attention", ["model.attn_implementation=eager"]),
+        ("block-sparse attention", ["model.attn_implementation=block_sparse"]),
     ],
 )
 @pytest.mark.parametrize("modality", ["image", "video"])
@@ -405,3 +406,76 @@ def test_repetition_penalty_decodes_as_transformers_generate() -> None:
     logps, _, _ = rollout_logps(policy, shared, [0, 1], group_shared=True)
     for i, values in enumerate(shared.logprobs):
         assert torch.allclose(logps[i, : len(values)], torch.tensor(values), atol=1e-5)
+
+
+def _layout(prompts: list[int], comps: list[list[int]], pad_to: int = 0):
+    """A RowLayout of rows [prompt | completions…] (causal prompts), padded to the longest."""
+    from mmrft.group import RowLayout
+
+    L = max(max(p + sum(c) for p, c in zip(prompts, comps)), pad_to)
+    segment = torch.full((len(prompts), L), -1)
+    P = max(prompts)
+    prompt = torch.zeros((len(prompts), P, P), dtype=torch.bool)
+    for r, (lp, lengths) in enumerate(zip(prompts, comps)):
+        segment[r, :lp] = 0
+        prompt[r, :lp, :lp] = torch.ones(lp, lp, dtype=torch.bool).tril()
+        start = lp
+        for j, n in enumerate(lengths, start=1):
+            segment[r, start : start + n] = j
+            start += n
+    return RowLayout(segment, prompt)
+
+
+def test_block_sparse_mask_is_the_dense_layout_and_skips_masked_blocks() -> None:
+    """Rows whose prompts and completions cross tile edges (tiles of 16, lengths not multiples of
+    it): the mask as FlexAttention reads it (listed tiles, the rule in partial ones) equals the
+    dense layout, completion-on-other-completion tiles are not listed, and a sliding window
+    (Gemma's local layers) cuts as the dense rule does."""
+    from mmrft.attention import dense_mask
+    from mmrft.group import block_sparse_mask
+
+    layout = _layout([37, 20], [[40, 33, 50], [90, 5]])
+    R, L = layout.segment.shape
+    positions = torch.arange(L).repeat(R, 1)
+    mask = block_sparse_mask(layout, positions, block=16)
+    assert torch.equal(dense_mask(mask)[:, 0], layout.dense())
+    tiles = -(-L // 16)
+    listed = mask.kv_num_blocks.sum() + mask.full_kv_num_blocks.sum()
+    assert int(mask.full_kv_num_blocks.sum()) > 0 and int(listed) < R * tiles * tiles * 0.6
+    windowed = block_sparse_mask(layout, positions, window=24, block=16)
+    behind = positions[:, :, None] - positions[:, None, :]
+    assert torch.equal(dense_mask(windowed)[:, 0], layout.dense() & (behind < 24))
+
+
+def test_flex_attention_under_the_block_mask_equals_sdpa_under_the_dense_one() -> None:
+    """FlexAttention's own (eager, forward-only on CPU) reading of the block mask equals SDPA
+    with the dense layout, with grouped-query heads and a length that is not a tile multiple."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from mmrft.group import block_sparse_mask
+
+    layout = _layout([150, 70], [[60, 90, 3], [200]])
+    R, L = layout.segment.shape
+    torch.manual_seed(0)
+    q = torch.randn(R, 4, L, 16)
+    k, v = torch.randn(R, 2, L, 16), torch.randn(R, 2, L, 16)
+    mask = block_sparse_mask(layout, torch.arange(L).repeat(R, 1))
+    flex = flex_attention(q, k, v, block_mask=mask, enable_gqa=True)
+    dense = torch.nn.functional.scaled_dot_product_attention(
+        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=layout.dense()[:, None]
+    )
+    assert float((flex - dense).abs().max()) < 1e-5
+
+
+def test_block_sparse_keeps_per_layer_windows_exact() -> None:
+    """Gemma 3 (sliding-window and full layers, one block mask each; images attending to
+    themselves bidirectionally) under block_sparse; Gemma 4, whose KV sharing slices the mask
+    by query rows, is refused with the key to change."""
+    policy = load("gemma3", "model.attn_implementation=block_sparse")
+    prompts = prompts_of(policy, "image")
+    comps = completions(policy, seed=1)
+    reference = logps_and_grads(policy, prompts, comps, shared=False)
+    assert_same(reference, logps_and_grads(policy, prompts, comps, shared=True))
+    gemma4 = load("gemma4", "model.attn_implementation=block_sparse")
+    with pytest.raises(ValueError, match=r"block_sparse: .*Gemma 4.*attn_implementation=sdpa"):
+        check_attention(gemma4.model)
