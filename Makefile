@@ -1,8 +1,9 @@
 # Two commands on a fresh machine with nothing but Python (>= 3.10):
 #   make demo   create .venv, install, run the CPU demo (train + before/after evaluation)
 #   make test   create .venv, install, run the test suite (slow, GPU and vLLM tests excluded)
-# and one for the vLLM engine:
+# and one for the vLLM engine, one for a GPU machine:
 #   make test-vllm  create .venv-vllm (vLLM's CPU build), run the tests marked vllm
+#   make gpu-check  benchmarks/gpu.py with the machine's own Python (docs/gpu.md)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: demo test test-slow test-vllm lint format clean
+.PHONY: demo test test-slow test-vllm gpu-check lint format clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +39,10 @@ $(VLLM_STAMP): pyproject.toml requirements-vllm.txt
 
 test-vllm: $(VLLM_STAMP)
 	VLLM_ENABLE_V1_MULTIPROCESSING=0 $(VLLM_VENV)/bin/pytest -q -m vllm tests/test_vllm.py
+
+# on a GPU machine (its own Python, torch and transformers; docs/gpu.md): every stage of the check
+gpu-check:
+	$(PYTHON) benchmarks/gpu.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
