@@ -167,7 +167,7 @@ def test_the_quick_path_works_from_a_fresh_clone(tmp_path):
             env=env,
             capture_output=True,
             text=True,
-            timeout=1200,
+            timeout=3600,
         )
         assert done.returncode == 0, f"{script}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         return done.stdout
