@@ -14,6 +14,7 @@ and ``None``, or ``None`` and a short reason that the run log counts (``"no answ
 
 from __future__ import annotations
 
+import math
 import re
 import string
 from typing import Any
@@ -254,3 +255,136 @@ def is_number_literal(value: Any) -> bool:
         return False
     m = _NUMBER.fullmatch(value.strip().rstrip("%").strip())
     return m is not None
+
+
+MATH_MAX_DIGITS = 100_000
+"""A power, factorial or binomial of numbers whose value would have more digits than this is
+refused before sympy evaluates it (``9^{9^{9}}`` has 370 million digits; sympy builds
+``3^{10^{6}}``, 477,000 digits, in 0.2 s)."""
+MATH_MAX_DEPTH = 50
+"""Deepest nesting of ``{}``, ``()``, ``[]`` groups read."""
+
+_MATH_TOKEN = re.compile(r"\d+(?:\.\d+)?|\\[A-Za-z]+|\*\*|\S")
+_CLOSERS = {"{": "}", "(": ")", "[": "]"}
+_LOG10_2 = math.log10(2)
+# Tokens that join numbers (a sum or product of numbers is a number) or wrap them.
+_JOINERS = frozenset(
+    {"+", "-", "−", "*", "/", ",", ";", ":", "=", "<", ">", "|", "'", "~", "\\", "&", "^", "!"}
+    | {"**", "\\cdot", "\\times", "\\div", "\\pm", "\\mp", "\\left", "\\right", "\\sqrt"}
+    | {"\\quad", "\\qquad", "\\displaystyle", "\\boxed", "\\text", "\\mathrm"}
+)
+_FRACTIONS = frozenset({"\\frac", "\\dfrac", "\\tfrac", "\\cfrac"})
+_BINOMIALS = frozenset({"\\binom", "\\dbinom", "\\tbinom", "\\choose"})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+_SKIP = object()  # a joining token: no value of its own
+
+
+def math_too_large(text: str, max_digits: int = MATH_MAX_DIGITS) -> bool:
+    """Whether evaluating ``text`` (LaTeX or plain ``**``) would build a number of more than
+    ``max_digits`` digits, or nests groups deeper than :data:`MATH_MAX_DEPTH`.
+
+    A cheap upper bound read from the tokens, before sympy sees them: numbers are bounded by
+    their digits; a sum, product or fraction of n numbers (each ≥ 1) by their product times
+    2^(n−1); ``a^b`` has about ``b · log10 a`` digits, ``n!`` about ``n · log10 n``,
+    ``\\binom{n}{k}`` at most ``min(n · log10 2, k · log10 n)``. A letter or an unknown command
+    makes an expression symbolic (sympy keeps ``x^{10^{100}}`` as it is), but its numeric
+    parts are still bounded (``x^{9^{9^{9}}}`` evaluates the exponent).
+
+    >>> math_too_large("9^{9^{9^{9}}}"), math_too_large("x^{9^{9}}"), math_too_large("2^{100}")
+    (True, False, False)
+    >>> math_too_large("(10^{7})!"), math_too_large("e^{-x^{2}/2}")
+    (True, False)
+    """
+    tokens = _MATH_TOKEN.findall(text)
+    try:
+        tree, _ = _math_groups(tokens, 0, None, 0)
+        _math_magnitude(tree, math.log10(max_digits))
+    except _TooLarge:
+        return True
+    return False
+
+
+def _math_groups(tokens: list[str], i: int, closer: str | None, depth: int) -> tuple[list, int]:
+    """Tokens as nested lists, one per bracketed group; returns (items, index after)."""
+    if depth > MATH_MAX_DEPTH:
+        raise _TooLarge
+    items: list[Any] = []
+    while i < len(tokens):
+        token = tokens[i]
+        if token == closer:
+            return items, i + 1
+        if token in _CLOSERS:
+            group, i = _math_groups(tokens, i + 1, _CLOSERS[token], depth + 1)
+            items.append(group)
+        else:
+            items.append(token)
+            i += 1
+    return items, i
+
+
+def _math_magnitude(items: list, limit: float) -> float | None:
+    """An upper bound of log10 |value| of a sequence of terms, or None when symbolic;
+    raises _TooLarge where a term's number of digits would exceed 10**limit."""
+    terms = []
+    i = 0
+    while i < len(items):
+        value, i = _math_power(items, i, limit)
+        if value is not _SKIP:
+            terms.append(value)
+    if any(t is None for t in terms):
+        return None
+    return sum(max(t, 0.0) for t in terms) + _LOG10_2 * max(len(terms) - 1, 0)
+
+
+def _math_power(items: list, i: int, limit: float) -> tuple[Any, int]:
+    """One term: an atom with its ``!`` and right-associative ``^`` / ``**``."""
+    value, i = _math_atom(items, i, limit)
+    while i < len(items) and items[i] == "!":
+        if value is not None and value is not _SKIP:  # log10 n! ≤ n · log10 n
+            digits = value + math.log10(value) if value > 0 else 0.0
+            if digits > limit:
+                raise _TooLarge
+            value = 10**value * value
+        i += 1
+    if i < len(items) and items[i] in ("^", "**") and value is not _SKIP:
+        exponent, i = _math_power(items, i + 1, limit)
+        if exponent is None or value is None:
+            return None, i
+        if exponent is _SKIP:
+            return value, i
+        if value > 0:  # digits of a^b ≈ b · log10 a, bounded in log space
+            if exponent + math.log10(value) > limit:
+                raise _TooLarge
+            value = 10**exponent * value
+    return value, i
+
+
+def _math_atom(items: list, i: int, limit: float) -> tuple[Any, int]:
+    item = items[i]
+    if isinstance(item, list):
+        return _math_magnitude(item, limit), i + 1
+    if item[0].isdigit():
+        whole = item.split(".")[0].lstrip("0")
+        return (math.log10(int(whole)) if whole and len(whole) < 300 else len(whole)), i + 1
+    if item in _FRACTIONS or item in _BINOMIALS:
+        parts = []
+        i += 1
+        for _ in range(2):
+            value, i = _math_atom(items, i, limit) if i < len(items) else (None, i)
+            parts.append(None if value is _SKIP else value)
+        if None in parts:
+            return None, i
+        top, bottom = parts
+        if item in _FRACTIONS:
+            return top + bottom, i
+        if top > 0 and min(top + math.log10(_LOG10_2), bottom + math.log10(top)) > limit:
+            raise _TooLarge
+        return min(10**top * _LOG10_2, 10**bottom * top) if top > 0 else 0.0, i
+    if item in _JOINERS:
+        return _SKIP, i + 1
+    return None, i + 1  # a letter or an unknown command: symbolic

@@ -24,7 +24,7 @@ from mmrft.config import (
     load_config,
     parse_override,
 )
-from mmrft.data import DataError, Sample
+from mmrft.data import DataError, Sample, parse_json, utf8
 from mmrft.plugins import (
     MODEL_FAMILIES,
     TASKS,
@@ -128,7 +128,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     naming it and the samples (exit status 2).
     """
     from mmrft.config import RewardConfig
-    from mmrft.rewards import WeightedReward
+    from mmrft.rewards import build_reward
 
     load_plugins(args.plugin)
     spec = VERIFIERS.get(args.name)
@@ -145,19 +145,16 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
                 f"{key}: mmrft verify takes reward.timeout_s (seconds ≥ 0) and "
                 f"reward.on_timeout (zero | stop), got {value!r}"
             )
-    reward = WeightedReward([(spec.bind(params), 1.0)], **budget)
+    reward = build_reward([{"name": spec.name, "params": params}], **budget)  # its worker pool
     completions, samples = [], []
     path = Path(args.file)
     if not path.is_file():
         raise DataError(f"file not found: {path}")
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        if not raw.strip():
             continue
         where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+        record = parse_json(utf8(raw, where), where)
         if not isinstance(record, dict) or "completion" not in record or "target" not in record:
             raise DataError(f"{where}: needs 'completion' and 'target'")
         if not isinstance(record.get("meta") or {}, dict):
@@ -173,7 +170,10 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
                 meta=record.get("meta") or {},
             )
         )
-    scores = reward.score_one(args.name, completions, samples, context=f"in {path}")
+    try:
+        scores = reward.score_one(spec.name, completions, samples, context=f"in {path}")
+    finally:
+        reward.close()
     for sample, score in zip(samples, scores):
         if score is None:
             line = {"id": sample.id, "score": None, "reason": "not applicable", "parts": {}}

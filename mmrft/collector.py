@@ -7,9 +7,14 @@ One step, in the order the code runs (:meth:`Collector.collect`)::
                                                                          auxiliary rollouts
                                                                          dynamic sampling
 
-1. **draw**: this process's ``train.prompts_per_step / world`` prompts from the prompt source.
-   Today that is :class:`DataStream` (a seeded order that is a pure function of the position,
-   so a resume continues it); a sampler plugin implements the same :class:`PromptSource`.
+1. **draw**: this process's ``train.prompts_per_step / world`` prompts from the prompt source
+   (:class:`~mmrft.sampling.PromptSource`; the trainer's is a ``data.sampler`` drawing from the
+   per-prompt statistics, :mod:`mmrft.sampling`). Every rank draws the whole round's prompts
+   from the same statistics and keeps its own slice, so the ranks' prompts are disjoint.
+   A sample whose media fail to load when it is drawn (a video cut in half that passed the
+   start-up probe) obeys ``data.on_error``: ``skip`` marks it bad, logs it with its
+   ``file:line``, counts it and draws its replacement (:meth:`DataStream.index_at`) so the step
+   stays full; ``raise`` stops the run with :class:`BadMediaError` (``failure.json`` names it).
 2. **generate**: the engine samples ``G = rollout.group_size`` completions per prompt,
    group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only. With tools
    (``rollout.tools.names``) this is the multi-turn loop (:class:`mmrft.trajectory.ToolLoop`):
@@ -23,6 +28,9 @@ One step, in the order the code runs (:meth:`Collector.collect`)::
 5. **filter**: with dynamic sampling (DAPO) groups whose rewards are all equal carry no
    advantage and are dropped; steps 1–4 repeat on fresh prompts until ``prompts_per_step``
    groups are kept or ``algorithm.max_sampling_tries`` rounds ran.
+6. **observe**: after every round each group's outcome (mean reward, correctness, reward
+   variance, answer diversity, dropped or not) updates its prompt's statistics
+   (:attr:`Collector.stats`); every rank applies every rank's outcomes, in rank order.
 
 The result is a :class:`StepBatch`: the kept groups, everything generated (the reward metrics
 are over it, so dropping groups hides nothing), counts and timings.
@@ -51,12 +59,15 @@ from mmrft.algorithms import (
     temporal_contrast_bonus,
     temporal_contrast_decided,
 )
+from mmrft.checkpoint import rng_state, set_rng_state
 from mmrft.config import RunConfig, TemporalContrastConfig
-from mmrft.data import Sample
+from mmrft.data import DataError, Sample, count_skip
 from mmrft.plugins import did_you_mean
 from mmrft.policy import Policy
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward
 from mmrft.rollout import Engine, Rollouts, Sampling
+from mmrft.sampling import DataStream as DataStream  # re-exported: the uniform order
+from mmrft.sampling import PromptSource, PromptStats, group_outcome
 from mmrft.task import Task
 from mmrft.trajectory import LoopLimits, ToolLoop
 from mmrft.typecheck import ConfigError
@@ -99,35 +110,20 @@ class StepBatch:
 
 
 # ---------------------------------------------------------------------------------------------
-# Stage 1: which prompts
+# Stage 1: which prompts (the prompt source, the samplers and the statistics: mmrft.sampling)
 
 
-class PromptSource(Protocol):
-    """Which training prompts come next: ``take(count)`` returns indices into the training
-    samples and advances ``position``, the number of prompts drawn so far (saved in
-    checkpoints, so a resumed run draws what the interrupted one would have)."""
+class BadMediaError(DataError):
+    """Media that failed to load when a step drew their sample, under ``data.on_error=raise``.
 
-    position: int
+    Attributes:
+        failed: one ``{"index", "id", "where", "error"}`` per failing sample (``index`` into
+            the training samples, ``where`` its dataset ``file:line``).
+    """
 
-    def take(self, count: int) -> list[int]: ...
-
-
-@dataclass
-class DataStream:
-    """Prompt order as a pure function of the position: epoch e uses permutation(seed + e)."""
-
-    size: int
-    seed: int
-    position: int = 0
-
-    def take(self, count: int) -> list[int]:
-        out = []
-        for _ in range(count):
-            epoch, offset = divmod(self.position, self.size)
-            order = np.random.default_rng(self.seed + epoch).permutation(self.size)
-            out.append(int(order[offset]))
-            self.position += 1
-        return out
+    def __init__(self, message: str, failed: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.failed = failed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,6 +324,22 @@ class TemporalContrast:
         return out
 
 
+def correctness_verifier(name: str, reward: WeightedReward) -> str | None:
+    """The verifier whose score is the correctness of the per-prompt statistics
+    (``data.stats_verifier``): ``name``, or when empty the first of the run's verifiers other
+    than ``format``; ``None`` (the normalised reward) for ``reward`` or when there is none."""
+    if name == "reward":
+        return None
+    if not name:
+        return next((n for n in reward.names if n != "format"), None)
+    if name not in reward.names:
+        raise ConfigError(
+            f"data.stats_verifier: '{name}' is not one of the run's verifiers; "
+            f"{did_you_mean(name, [*reward.names, 'reward'])}"
+        )
+    return name
+
+
 def build_auxiliaries(cfg: RunConfig, reward: WeightedReward) -> list[AuxiliaryRollouts]:
     """The auxiliary rollout stages the config turns on, checked against the run's verifiers."""
     out: list[AuxiliaryRollouts] = []
@@ -387,6 +399,10 @@ class Collector:
     Args:
         samples: the training split (indices of ``source`` point into it).
         auxiliaries: auxiliary rollout stages (:func:`build_auxiliaries`).
+
+    Attributes:
+        stats: the per-prompt statistics (:class:`~mmrft.sampling.PromptStats`), the same on
+            every rank; the prompt source draws from them, the trainer checkpoints them.
     """
 
     def __init__(
@@ -419,6 +435,8 @@ class Collector:
             ignore_eos=rollout.ignore_eos,
         )
         self.tool_loop = build_tool_loop(cfg, policy, engine)
+        self.stats = PromptStats(cfg.data.stats_ema)
+        self.correctness = correctness_verifier(cfg.data.stats_verifier, reward)
 
     def collect(self, step: int) -> StepBatch:
         """This process's share of step ``step``'s batch (collective under several processes:
@@ -451,6 +469,7 @@ class Collector:
                 if algo.dynamic_sampling
                 else torch.ones(P, dtype=torch.bool)
             )
+            self.observe(rnd, keep if algo.dynamic_sampling else None, step)
             for group in keep.nonzero().flatten().tolist()[: P - len(kept_samples) // G]:
                 indices = list(range(group * G, (group + 1) * G))
                 kept_samples += [rnd.samples[group]] * G
@@ -492,20 +511,41 @@ class Collector:
 
     def _round(self, step: int, P: int) -> tuple[Round, float]:
         """Stages 1–4 on ``P`` fresh prompts of this rank; returns the round and the seconds
-        spent verifying and shaping."""
+        spent verifying and shaping. Samples whose media fail to load are dropped and replaced
+        (:meth:`_drop_bad`) and the generation runs again from the same random state."""
         world, rank = distributed.world_size(), distributed.rank()
         first = self.source.position + rank * P  # data position of this rank's first prompt
-        drawn = self.source.take(P * world)  # every rank advances the shared order identically
-        samples = [self.samples[i] for i in drawn[rank * P : (rank + 1) * P]]
-        conversations = [self.task.prompt(s, self.policy.family) for s in samples]
+        # every rank draws the same prompts from the same statistics and keeps its slice
+        drawn = self.source.take(P * world, self.stats, step)
+        indices = drawn[rank * P : (rank + 1) * P]
+        positions = list(range(first, first + P))
         G = self.cfg.rollout.group_size
-        if self.tool_loop is not None:
-            conversations = [
-                self.tool_loop.with_tools(c, s) for c, s in zip(conversations, samples)
-            ]
-            rollouts = self.tool_loop.run(self.engine, conversations, samples, G, self.sampling)
-        else:
-            rollouts = self.engine.generate(conversations, G, self.sampling)
+        while True:
+            samples = [self.samples[i] for i in indices]
+            conversations = [self.task.prompt(s, self.policy.family) for s in samples]
+            if self.tool_loop is not None:
+                conversations = [
+                    self.tool_loop.with_tools(c, s) for c, s in zip(conversations, samples)
+                ]
+            before = rng_state()
+            failed: list[dict[str, Any]] = []
+            try:
+                if self.tool_loop is not None:
+                    rollouts = self.tool_loop.run(
+                        self.engine, conversations, samples, G, self.sampling
+                    )
+                else:
+                    rollouts = self.engine.generate(conversations, G, self.sampling)
+            except DataError as exc:
+                failed = self._failing(indices, conversations, exc)
+            # collective: every rank learns every bad sample, so the shared order stays shared
+            every = distributed.gather_objects(failed)
+            failed = list({f["index"]: f for part in every for f in part}.values())
+            if not failed:
+                break
+            self._drop_bad(failed, step)
+            set_rng_state(before)  # the retry samples as if the bad samples were known
+            indices = [self.source.index_at(p) for p in positions]
         t0 = time.perf_counter()
         rnd = Round(
             samples=samples,
@@ -536,6 +576,83 @@ class Collector:
         for aux in self.auxiliaries:
             seconds += self.run_auxiliary(aux, rnd, step)
         return rnd, seconds
+
+    def observe(self, rnd: Round, passed: torch.Tensor | None, step: int) -> None:
+        """Update :attr:`stats` with the outcome of each group of the round on every rank
+        (collective: one gather; every rank applies all outcomes in rank order). ``passed``:
+        which groups dynamic sampling keeps (``None``: no filter)."""
+        G = rnd.group_size
+        accuracies = self.accuracies(rnd.scored)
+        outcomes = [
+            group_outcome(
+                sample.id,
+                step,
+                rnd.scored.total[g * G : (g + 1) * G],
+                accuracies[g * G : (g + 1) * G],
+                rnd.rollouts.texts[g * G : (g + 1) * G],
+                discarded=passed is not None and not bool(passed[g]),
+            )
+            for g, sample in enumerate(rnd.samples)
+        ]
+        for part in distributed.gather_objects(outcomes):
+            for outcome in part:
+                self.stats.update(outcome)
+
+    def accuracies(self, scored: RewardBreakdown) -> list[float | None]:
+        """Each completion's correctness in [0, 1] (:class:`~mmrft.sampling.PromptStats`): the
+        correctness verifier's score normalised to its range, or the total reward normalised to
+        the reward's range (clipped) when there is none; ``None`` where the verifier gave none."""
+        if self.correctness is None:
+            low, high = self.reward.range
+            span = max(high - low, 1e-12)
+            return [min(max((t - low) / span, 0.0), 1.0) for t in scored.total]
+        spec = self.reward.bound(self.correctness).spec
+        span = max(spec.high - spec.low, 1e-12)
+        return [
+            (s.value - spec.low) / span if s is not None else None
+            for s in scored.scores[self.correctness]
+        ]
+
+    def _failing(
+        self, indices: list[int], conversations: list[Conversation], exc: DataError
+    ) -> list[dict[str, Any]]:
+        """The drawn samples whose media fail to load, each prepared alone (only after a
+        generation failed, so the usual path costs nothing); ``exc`` again when none fails
+        alone (the failure is not a sample's)."""
+        family, processor = self.policy.family, self.policy.processor
+        failed = []
+        for index, conversation in zip(indices, conversations):
+            try:
+                family.prepare(processor, [conversation])
+            except DataError as error:
+                sample = self.samples[index]
+                failed.append(
+                    {"index": index, "id": sample.id, "where": sample.where, "error": str(error)}
+                )
+        if not failed:
+            raise exc
+        return failed
+
+    def _drop_bad(self, failed: list[dict[str, Any]], step: int) -> None:
+        """Mark the failing samples bad in the prompt source, log each with its dataset line
+        and count it; under ``data.on_error=raise`` stop with :class:`BadMediaError`."""
+        first = failed[0]
+        if self.cfg.data.on_error == "raise":
+            raise BadMediaError(
+                f"{first['where'] or first['id']}: {first['error']} (drawn at step {step}; "
+                "data.on_error=skip skips and replaces such samples)",
+                failed,
+            )
+        for bad in failed:
+            self.source.bad.add(bad["index"])
+            count_skip("media failed when drawn")
+            log.warning(
+                "step %d: skipped %s (sample %s): %s; a replacement is drawn",
+                step,
+                bad["where"] or "?",
+                bad["id"],
+                bad["error"],
+            )
 
     def run_auxiliary(self, aux: AuxiliaryRollouts, rnd: Round, step: int) -> float:
         """Generate and score what ``aux`` requests, add its shaping term to the round's reward;

@@ -47,6 +47,17 @@ def yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
+def yaml_error(file: Path, exc: yaml.YAMLError) -> str:
+    """One line for a YAML error: ``file:line: problem`` (``!!python/...`` tags are refused by
+    the safe loader, and say so)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    where = f"{file}:{mark.line + 1}" if mark is not None else str(file)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if "could not determine a constructor" in str(exc):
+        problem = "a YAML tag that configs may not use (only plain YAML is read: no !!python/…)"
+    return f"{where}: not valid YAML ({' '.join(str(problem).split())})"
+
+
 CONFIG_DIR = REPO_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "demo.yaml"
 
@@ -153,6 +164,45 @@ class DataConfig:
     )
     max_train_samples: int | None = _f(None, "Use at most this many training samples (None = all).")
     max_test_samples: int | None = _f(None, "Evaluate at most this many test samples (None = all).")
+    max_prompt_tokens: int | None = _f(
+        None,
+        "Longest prompt (tokens of its rendered text; media count as their placeholders), checked when the data is read, before the model loads; a longer one is an error naming file:line (or skipped and counted under on_error=skip); a text over 32 characters per token is refused without tokenising it. None = the model's context (max_position_embeddings of its config) minus rollout.max_new_tokens.",
+    )
+    max_image_pixels: int | None = _f(
+        89_478_485,
+        "Largest source image or video frame (W·H pixels), read from the file header before decoding (a decompression bomb is refused without being decoded); the default is PIL's own Image.MAX_IMAGE_PIXELS, above which PIL only warns. None = no bound.",
+    )
+    max_video_seconds: float | None = _f(
+        3600.0, "Longest video (seconds), from the container's metadata. None = no bound."
+    )
+    max_video_frames: int | None = _f(
+        360_000,
+        "Most frames in a video file (frames, from the container's metadata; 1 h at 100 fps). None = no bound.",
+    )
+    max_audio_seconds: float | None = _f(
+        1200.0,
+        "Longest audio file (seconds), from its header (soundfile info), before it is decoded; model.audio.max_seconds then cuts what the model hears. None = no bound.",
+    )
+    allow_remote_media: bool = _f(
+        False,
+        "Media given as http(s):// URLs are fetched at run time only when true; false = a dataset naming one stops at start-up with its file:line.",
+    )
+    sampler: str = _f(
+        "uniform",
+        "Which prompts each step draws (docs/data.md): 'uniform' (every prompt once per epoch in a seeded order), 'variance' (MMR1: weighted by recent reward variance and answer diversity), 'difficulty' (prompts always or never solved are set aside for a while), 'curriculum' (easy to hard over steps), or a registered @sampler plugin.",
+    )
+    sampler_params: dict[str, Any] = _f(
+        {},
+        "Keyword parameters of data.sampler, checked at start-up (e.g. {floor: 0.1} for variance, {readmit_after: 20} for difficulty, {by: meta, key: level, schedule: linear} for curriculum).",
+    )
+    stats_ema: float = _f(
+        0.5,
+        "Weight α of a prompt's newest group in its exponential means of reward and accuracy (m ← (1 − α)·m + α·x), in (0, 1]; the statistics land in prompt_stats.jsonl at each checkpoint.",
+    )
+    stats_verifier: str = _f(
+        "",
+        "Verifier whose score, normalised to its range, is a completion's correctness in the per-prompt accuracy statistic; empty = the first of the run's verifiers other than format; 'reward' = the total reward normalised to its range.",
+    )
 
 
 @dataclass
@@ -176,7 +226,14 @@ class RewardConfig:
     )
     on_timeout: Literal["zero", "stop"] = _f(
         "zero",
-        "A verifier over its budget: score the batch 0 with reason 'timeout' (logged with the sample ids), or stop the run.",
+        "A verifier call over its budget: score the completions that time out alone (the batch is re-scored one at a time) the verifier's minimum with reason 'timeout' (logged with the sample ids), or stop the run.",
+    )
+    isolation: Literal["process", "inline"] = _f(
+        "process",
+        "Where verifiers run: worker processes killed at reward.timeout_s (a call stuck in C code cannot stall the run), or inline in the trainer's process (debugging; the budget is then kept by a thread, which such a call outlives).",
+    )
+    workers: int = _f(
+        1, "Verifier worker processes under reward.isolation=process; a batch is split among them."
     )
 
 
@@ -583,6 +640,7 @@ def check_config(cfg: RunConfig) -> None:
         "bounds the hf engine's generate() only; vLLM has no time budget (set it to 0)",
     )
     need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
+    need(0 < cfg.data.stats_ema <= 1, "data.stats_ema", "must be in (0, 1]")
     need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")
     need(cfg.train.steps >= 0, "train.steps", "must be ≥ 0")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
@@ -611,6 +669,7 @@ def check_config(cfg: RunConfig) -> None:
         "must be ≥ 1 (or null for rollout.group_size // 2)",
     )
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
+    need(cfg.reward.workers >= 1, "reward.workers", "must be ≥ 1")
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
     need(
@@ -637,6 +696,21 @@ def check_config(cfg: RunConfig) -> None:
         "data.train",
         "a training file is needed when train.steps > 0",
     )
+    need(
+        not re.search(r"[/\\\x00]", cfg.name) and cfg.name not in (".", ".."),
+        "name",
+        f"{cfg.name!r} must be a plain folder name inside output_dir (no '/', '\\', '..' or "
+        "absolute path)",
+    )
+    for key in (
+        "max_prompt_tokens",
+        "max_image_pixels",
+        "max_video_seconds",
+        "max_video_frames",
+        "max_audio_seconds",
+    ):
+        value = getattr(cfg.data, key)
+        need(value is None or value > 0, f"data.{key}", "must be > 0 (or null for no bound)")
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -787,7 +861,12 @@ def load_config(
     tree: dict[str, Any] = {}
     if path is not None:
         file = resolve_config_path(path)
-        tree = yaml_load(file.read_text(encoding="utf-8")) or {}
+        try:
+            tree = yaml_load(file.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:  # a syntax error, or a tag safe_load refuses (!!python/…)
+            raise ConfigError(yaml_error(file, exc)) from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start + 1})") from None
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a config file must be a YAML mapping")
         _anchor_tree(tree, file.resolve().parent)
@@ -811,10 +890,35 @@ def load_config(
         if not isinstance(max_new_tokens, int):
             max_new_tokens = RolloutConfig.max_new_tokens
         tree["algorithm"] = {**preset_fields(preset, max_new_tokens), **tree["algorithm"]}
-    cfg = _from_dict(RunConfig, tree, "")
-    cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
-    check_config(cfg)
+    try:
+        cfg = _from_dict(RunConfig, tree, "")
+        cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
+        check_config(cfg)
+    except ConfigError as exc:  # a key the file sets (not the command line): its file:line
+        given = {parse_override(o)[0] for o in overrides}
+        line = None if path is None else _key_line(file, str(exc), given)
+        raise ConfigError(f"{file}:{line}: {exc}" if line else str(exc)) from None
     return cfg
+
+
+def _key_line(file: Path, message: str, overridden: set[str]) -> int | None:
+    """The line of ``file`` that sets the key a :class:`ConfigError` message starts with
+    (``train.steps: ...``, ``unknown config key 'train.stepz'``), ``None`` when the file does
+    not set it or the command line overrode it."""
+    found = re.match(r"unknown config key '([\w.]+)'|([\w.]+): ", message)
+    key = found and (found.group(1) or found.group(2))
+    if not key or any(key == k or key.startswith(f"{k}.") for k in overridden):
+        return None
+    node = yaml.compose(file.read_text(encoding="utf-8"), Loader=_Loader)
+    line = None
+    for name in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return None
+        match = next(((k, v) for k, v in node.value if k.value == name), None)
+        if match is None:
+            return None
+        line, node = match[0].start_mark.line + 1, match[1]
+    return line
 
 
 def preset_fields(name: str, max_new_tokens: int) -> dict[str, Any]:

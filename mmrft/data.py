@@ -14,7 +14,11 @@ sample per line::
 Media paths are relative to the JSONL file, or to ``data.media_root`` (absolute paths and URLs
 are kept as they are). ``messages`` may also be a plain string, read as one user turn of text.
 Readers never skip a line silently: a malformed line raises :class:`DataError` naming file and
-line, or, with ``on_error="skip"``, is skipped and counted in :class:`ReadStats`.
+line, or, with ``on_error="skip"``, is skipped and counted in :class:`ReadStats` (and in the
+process's :func:`skip_counts`). Inside :func:`reading_budget` every sample is also held to a
+:class:`DataBudget` (prompt tokens, media size and length read from file headers, remote
+media), before any of its media is decoded. JSON nested deeper than :data:`MAX_JSON_DEPTH`,
+text that is not UTF-8 and NUL bytes in media paths are bad lines like any other.
 
 The records may sit in any container (:func:`iter_records`): JSON lines, a JSON list, parquet,
 a Hugging Face ``datasets`` directory, or a folder of such files. Records of another layout
@@ -25,6 +29,8 @@ hold the question, the answer, the media, the options) or the LLaVA / VLM-R1
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import hashlib
 import itertools
@@ -32,6 +38,8 @@ import json
 import logging
 import os
 import re
+import threading
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -60,12 +68,16 @@ class Sample:
             pixels ``[x1, y1, x2, y2]`` of the original image, x right, y down).
         meta: everything else a verifier or metric needs (``image_size`` as ``[W, H]``,
             ``choices``, the model input size once a model family annotated it, ...).
+        where: the dataset item it was read from (``file:line``, ``file row N``; set by
+            :func:`collect_samples`, empty for a sample built in code), named by errors that
+            come later (a video that fails when a step draws it).
     """
 
     id: str
     messages: list[dict[str, Any]]
     target: Any = None
     meta: dict[str, Any] = field(default_factory=dict)
+    where: str = ""
 
     def media(self, kind: str | None = None) -> list[str]:
         """Paths or URLs of the media parts, in order (optionally of one kind)."""
@@ -89,7 +101,11 @@ class Sample:
 
     def copy(self) -> Sample:
         return Sample(
-            self.id, copy.deepcopy(self.messages), copy.deepcopy(self.target), dict(self.meta)
+            self.id,
+            copy.deepcopy(self.messages),
+            copy.deepcopy(self.target),
+            dict(self.meta),
+            self.where,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -107,6 +123,7 @@ class ReadStats:
 
     def skip(self, reason: str, where: str) -> None:
         self.skipped[reason] += 1
+        count_skip(reason)
         log.warning("skipped %s: %s", where, reason)
 
     def summary(self) -> str:
@@ -114,6 +131,24 @@ class ReadStats:
         if self.skipped:
             text += " (skipped: " + ", ".join(f"{r} ×{n}" for r, n in self.skipped.items()) + ")"
         return text
+
+
+_SKIPPED: Counter[str] = Counter()
+_SKIPPED_LOCK = threading.Lock()
+
+
+def count_skip(reason: str, n: int = 1) -> None:
+    """Count ``n`` samples skipped for ``reason`` in this process (:func:`skip_counts`)."""
+    with _SKIPPED_LOCK:
+        _SKIPPED[reason] += n
+
+
+def skip_counts() -> Counter[str]:
+    """Samples skipped in this process so far, by reason: lines and media refused when a
+    dataset is read (``data.on_error=skip``) and media that failed when a step drew them. A run
+    prints what it added (the difference of two snapshots) on the console at its end."""
+    with _SKIPPED_LOCK:
+        return Counter(_SKIPPED)
 
 
 def local_media_path(source: str) -> str | None:
@@ -129,6 +164,8 @@ def local_media_path(source: str) -> str | None:
 def media_file_key(path: str, what: str = "media file") -> tuple[str, int, int]:
     """``(path, mtime_ns, size)``, the cache key of a media file; DataError naming the file when
     it is missing, unreadable or not a regular file."""
+    if "\x00" in path:
+        raise DataError(f"{path!r}: the {what} path contains a NUL byte")
     try:
         stat = os.stat(path)
     except FileNotFoundError:
@@ -160,6 +197,11 @@ def normalise_messages(messages: Any, base: Path, where: str) -> list[dict[str, 
         content = message["content"]
         if isinstance(content, str):
             content = [{"type": "text", "text": content}]
+        if not isinstance(content, list):
+            raise DataError(
+                f"{where}: messages[{i}].content must be a string or a list of parts, "
+                f"got {type(content).__name__}"
+            )
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
@@ -170,6 +212,8 @@ def normalise_messages(messages: Any, base: Path, where: str) -> list[dict[str, 
             elif kind in MEDIA_TYPES:
                 if not isinstance(part.get(kind), str):
                     raise DataError(f"{where}: messages[{i}].content[{j}] has no '{kind}' path")
+                if "\x00" in part[kind]:
+                    raise DataError(f"{where}: messages[{i}].content[{j}]: NUL byte in the path")
                 parts.append({**part, kind: _resolve_media(part[kind], base)})
             else:
                 raise DataError(
@@ -180,20 +224,64 @@ def normalise_messages(messages: Any, base: Path, where: str) -> list[dict[str, 
     return out
 
 
+MAX_JSON_DEPTH = 100
+"""Deepest nesting of lists and objects a dataset record may have (a record of the project's
+layout nests 5 deep). Deeper input is refused before it is parsed: Python's JSON parser
+recurses, and so do the copies of a record, so 100,000 brackets would be a RecursionError."""
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def json_too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> int | None:
+    """The offset in ``text`` (JSON) where its nesting passes ``limit``, ``None`` when it stays
+    within it. Free for ordinary text (fewer brackets than ``limit``); else one pass over the
+    brackets outside strings."""
+    if text.count("[") + text.count("{") <= limit:
+        return None
+    depth = 0
+    bare = _JSON_STRING.sub(lambda m: " " * len(m.group()), text)  # same offsets
+    for bracket in _JSON_BRACKET.finditer(bare):
+        depth += 1 if bracket.group() in "[{" else -1
+        if depth > limit:
+            return bracket.start()
+    return None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """``json.loads(text)``, or :class:`DataError` naming ``where`` when it is not JSON or
+    nests deeper than :data:`MAX_JSON_DEPTH`."""
+    if json_too_deep(text) is not None:
+        raise DataError(f"{where}: not valid JSON (nested deeper than {MAX_JSON_DEPTH} levels)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{where}: not valid JSON ({exc.msg})") from None
+
+
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any, str]]:
-    """Yield ``(line_number, parsed_json, where)``; a line that is not JSON raises DataError."""
+    """Yield ``(line_number, parsed_json, where)``; a line that is not UTF-8 or not JSON (or
+    nests deeper than :data:`MAX_JSON_DEPTH`) comes as a DataError in place of the value."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"dataset file not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            if not raw.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                yield number, json.loads(line), where
-            except json.JSONDecodeError as exc:
-                yield number, DataError(f"{where}: not valid JSON ({exc.msg})"), where
+                yield number, parse_json(utf8(raw, where), where), where
+            except DataError as exc:
+                yield number, exc, where
+
+
+def utf8(data: bytes, where: str) -> str:
+    """``data`` decoded as UTF-8, or DataError naming ``where`` and the first bad byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{where}: not UTF-8 text (at byte {exc.start + 1})") from None
 
 
 def _skip_space(text: str, i: int) -> int:
@@ -221,7 +309,13 @@ def iter_json_list(path: str | Path) -> Iterator[tuple[ListItem, str]]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"dataset file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = utf8(path.read_bytes(), str(path))
+    deep = json_too_deep(text, MAX_JSON_DEPTH + 1)  # + 1: the list itself
+    if deep is not None:
+        line = text.count("\n", 0, deep) + 1
+        raise DataError(
+            f"{path}:{line}: not valid JSON (nested deeper than {MAX_JSON_DEPTH} levels)"
+        )
     decoder = json.JSONDecoder()
     i = _skip_space(text, 0)
     if i >= len(text) or text[i] != "[":
@@ -265,7 +359,7 @@ def _records_of_file(path: Path) -> Iterator[tuple[Any, str]]:
 
 
 def _first_char(path: Path) -> str:
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8", errors="replace") as f:
         while True:
             chunk = f.read(4096)
             if not chunk:
@@ -406,6 +500,186 @@ def iter_records(path: str | Path) -> Iterator[tuple[Any, str]]:
     yield from _records_of_file(path)
 
 
+# ---------------------------------------------------------------------------------------------
+# Budgets: what one sample may cost, checked when it is read
+
+
+CHARS_PER_TOKEN = 32
+"""Bound on characters per token used to refuse an over-long text before tokenising it: a
+prompt whose text has more than ``max_prompt_tokens × 32`` characters is over the budget
+whatever the tokenizer (BPE tokens of natural text average 3–5 characters)."""
+
+
+class RemoteMediaError(DataError):
+    """Remote media without ``data.allow_remote_media``: a decision for the user, raised
+    whatever ``data.on_error`` says."""
+
+
+@dataclass(frozen=True)
+class DataBudget:
+    """What one sample may cost, checked by :func:`collect_samples` when a dataset is read under
+    :func:`reading_budget`, before any model is loaded. Each bound is ``None`` for none; the
+    names are the config keys (``data.*``) the messages tell the user to raise.
+
+    Attributes:
+        max_prompt_tokens: tokens of the rendered prompt's text (media placeholders counted as
+            the tokenizer writes them, not the visual tokens they expand to). A text longer
+            than ``max_prompt_tokens ×`` :data:`CHARS_PER_TOKEN` characters is refused without
+            tokenising it.
+        count_tokens: ``sample -> tokens`` of its rendered prompt, or an upper bound of them
+            when that is within ``max_prompt_tokens`` (the trainer builds it from the
+            processor; ``None``: only the character bound applies).
+        max_image_pixels: source W·H of an image or a video frame (pixels), read from the
+            file header before anything is decoded: a decompression bomb costs nothing.
+        max_video_seconds / max_video_frames: a video's duration (s) and frame count, from the
+            container's metadata.
+        max_audio_seconds: an audio file's length (s), from its header (soundfile ``info``).
+        allow_remote_media: ``http(s)://`` (any non-file URL) media are refused unless true;
+            remote files cannot be checked by header, so the other media bounds skip them.
+    """
+
+    max_prompt_tokens: int | None = None
+    count_tokens: Callable[[Sample], int] | None = None
+    max_image_pixels: int | None = None
+    max_video_seconds: float | None = None
+    max_video_frames: int | None = None
+    max_audio_seconds: float | None = None
+    allow_remote_media: bool = True
+
+    def check_remote(self, sample: Sample, where: str) -> None:
+        """DataError naming ``where``, the URL and ``data.allow_remote_media`` when ``sample``
+        has remote media and they are not allowed (raised whatever ``data.on_error`` says)."""
+        if self.allow_remote_media:
+            return
+        for source in sample.media():
+            if "://" in source and not source.startswith("file://"):
+                raise RemoteMediaError(
+                    f"{where}: remote media {source!r:.120} are fetched only with "
+                    "data.allow_remote_media=true"
+                )
+
+    def check_media(self, sample: Sample) -> None:
+        """The media bounds, from file headers only; a file that cannot be read is left to
+        the model family's check, which names it."""
+        for kind in MEDIA_TYPES:
+            for source in sample.media(kind):
+                path = local_media_path(source)
+                if path is not None and os.path.isfile(path):
+                    {"image": self._image, "video": self._video, "audio": self._audio}[kind](path)
+
+    def _image(self, path: str) -> None:
+        if self.max_image_pixels is None:
+            return
+        from PIL import Image
+
+        # PIL's own guard (Image.MAX_IMAGE_PIXELS) is left as it is: it warns above its value
+        # and refuses above twice it, when the header is read; this bound acts first.
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                with Image.open(path) as image:  # lazy: reads the header, decodes nothing
+                    width, height = image.size
+        except Image.DecompressionBombError as exc:  # over 2 × PIL's limit, whatever ours is
+            raise DataError(
+                f"{path}: image over PIL's decompression-bomb limit ({exc}; "
+                "PIL.Image.MAX_IMAGE_PIXELS, which data.max_image_pixels does not lift)"
+            ) from None
+        except Exception:  # not an image PIL reads: the family's check names it
+            return
+        self._pixels(path, "image", width, height)
+
+    def _pixels(self, path: str, what: str, width: int, height: int) -> None:
+        if self.max_image_pixels is not None and width * height > self.max_image_pixels:
+            raise DataError(
+                f"{path}: {what} over data.max_image_pixels ({width}×{height} = "
+                f"{width * height:,} pixels > {self.max_image_pixels:,}; raise "
+                "data.max_image_pixels, or data.on_error=skip to skip such samples)"
+            )
+
+    def _video(self, path: str) -> None:
+        if (self.max_image_pixels, self.max_video_seconds, self.max_video_frames) == (None,) * 3:
+            return
+        from mmrft.video import probe_video
+
+        info = probe_video(path)  # headers only, memoised (the family's check probes it too)
+        self._pixels(path, "video frame", info.width, info.height)
+        if self.max_video_seconds is not None and info.duration_s > self.max_video_seconds:
+            raise DataError(
+                f"{path}: video over data.max_video_seconds ({info.duration_s:.1f} s > "
+                f"{self.max_video_seconds:g} s; raise data.max_video_seconds, or "
+                "data.on_error=skip to skip such samples)"
+            )
+        if self.max_video_frames is not None and info.total_frames > self.max_video_frames:
+            raise DataError(
+                f"{path}: video over data.max_video_frames ({info.total_frames:,} frames > "
+                f"{self.max_video_frames:,}; raise data.max_video_frames, or "
+                "data.on_error=skip to skip such samples)"
+            )
+
+    def _audio(self, path: str) -> None:
+        if self.max_audio_seconds is None:
+            return
+        import importlib.util
+
+        if importlib.util.find_spec("soundfile") is None:
+            return  # the audio families need it and say so
+        from mmrft.audio import audio_duration
+
+        seconds = audio_duration(path)
+        if seconds > self.max_audio_seconds:
+            raise DataError(
+                f"{path}: audio over data.max_audio_seconds ({seconds:.1f} s > "
+                f"{self.max_audio_seconds:g} s; raise data.max_audio_seconds, or "
+                "data.on_error=skip to skip such samples)"
+            )
+
+    def check_text(self, sample: Sample, where: str) -> None:
+        """The prompt length bound in characters (free: nothing is tokenised)."""
+        if self.max_prompt_tokens is None:
+            return
+        chars = sum(
+            len(content)
+            if isinstance(content, str)
+            else sum(len(p.get("text", "")) for p in content)
+            for content in (message.get("content") or "" for message in sample.messages)
+        )
+        if chars > self.max_prompt_tokens * CHARS_PER_TOKEN:
+            bound = f"{self.max_prompt_tokens:,} × {CHARS_PER_TOKEN}"
+            self._over_long(where, f"{chars:,} characters > {bound}")
+
+    def check_tokens(self, sample: Sample, where: str) -> None:
+        """The prompt length bound in tokens of the rendered prompt (:attr:`count_tokens`)."""
+        if self.max_prompt_tokens is None or self.count_tokens is None:
+            return
+        tokens = self.count_tokens(sample)
+        if tokens > self.max_prompt_tokens:
+            self._over_long(where, f"{tokens:,} tokens > {self.max_prompt_tokens:,}")
+
+    def _over_long(self, where: str, length: str) -> None:
+        raise DataError(
+            f"{where}: prompt over data.max_prompt_tokens ({length}; raise "
+            "data.max_prompt_tokens, or data.on_error=skip to skip such samples)"
+        )
+
+
+_BUDGET: contextvars.ContextVar[DataBudget | None] = contextvars.ContextVar(
+    "mmrft_data_budget", default=None
+)
+
+
+@contextlib.contextmanager
+def reading_budget(budget: DataBudget) -> Iterator[DataBudget]:
+    """Every dataset read inside the ``with`` block (:func:`collect_samples`) checks each
+    sample against ``budget``: remote media first (an error whatever ``on_error`` says), then
+    the media bounds by header before the reader's own media check decodes anything, then the
+    prompt length after it (raised or skipped and counted as any bad line)."""
+    token = _BUDGET.set(budget)
+    try:
+        yield budget
+    finally:
+        _BUDGET.reset(token)
+
+
 def collect_samples(
     path: str | Path,
     items: Iterable[tuple[Any, str]],
@@ -421,9 +695,11 @@ def collect_samples(
     the item's ``where`` in front when it does not name it already, so an error always names
     both the dataset item and the media file. With ``on_error="skip"`` failing items are
     skipped and counted in the returned :class:`ReadStats` (by reason, e.g. ``image file not
-    found``); otherwise the first error propagates.
+    found``); otherwise the first error propagates. Inside :func:`reading_budget` each sample
+    is also checked against the :class:`DataBudget`. Each sample keeps its ``where``.
     """
     stats = ReadStats(str(path))
+    budget = _BUDGET.get()
     samples: list[Sample] = []
     seen: set[str] = set()
     for record, where in items:
@@ -432,13 +708,20 @@ def collect_samples(
             if isinstance(record, DataError):
                 raise record
             sample = parse(record, where)
+            sample.where = where
             if sample.id in seen:
                 raise DataError(f"{where}: duplicate id '{sample.id}'")
+            if budget is not None:
+                budget.check_remote(sample, where)
+                budget.check_text(sample, where)
+                budget.check_media(sample)
             if check is not None:
                 check(sample)
+            if budget is not None:
+                budget.check_tokens(sample, where)
         except DataError as exc:
             message = str(exc)
-            if on_error == "skip":
+            if on_error == "skip" and not isinstance(exc, RemoteMediaError):
                 # the reason without "file:line: " (an item's error) or "path: " (a media check's)
                 stats.skip(message.split(": ", 1)[-1].split(" (")[0], where)
                 continue
@@ -559,10 +842,14 @@ def media_source(value: Any, base: Path, where: str) -> str:
     or a ``{"path", "bytes"}`` record as ``datasets`` stores images and audio (the bytes are
     written once into :func:`media_cache_dir`, named by their hash)."""
     if isinstance(value, str) and value:
+        if "\x00" in value:
+            raise DataError(f"{where}: NUL byte in a media path")
         return _resolve_media(value, base)
     if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
         data, name = value.get("bytes"), value.get("path") or ""
         if not data:
+            if "\x00" in str(name):
+                raise DataError(f"{where}: NUL byte in a media path")
             return _resolve_media(str(name), base)
         suffix = Path(name).suffix or next((s for m, s in _MAGIC if data.startswith(m)), "")
         if not suffix and data[4:8] == b"ftyp":

@@ -163,12 +163,12 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
     data (lines and media) is checked before any weights load."""
     from mmrft.config import resolve_path
-    from mmrft.data import split_fields
+    from mmrft.data import reading_budget, split_fields
     from mmrft.plugins import load_plugins
     from mmrft.policy import load_policy, resolve_family
     from mmrft.runlog import progress_bar
     from mmrft.task import build_task, read_split
-    from mmrft.trainer import pick_device, seed_everything
+    from mmrft.trainer import data_budget, pick_device, seed_everything
     from mmrft.typecheck import ConfigError
 
     console = console or Console()
@@ -178,17 +178,18 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
         raise ConfigError("data.test: evaluation needs a test file")
     task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
     family = resolve_family(cfg.model)
-    family.load_processor(str(resolve_path(cfg.model.path)))
-    samples = read_split(
-        task,
-        family,
-        resolve_path(cfg.data.test),
-        fmt=cfg.data.format,
-        on_error=cfg.data.on_error,
-        limit=cfg.data.max_test_samples,
-        fields=split_fields(cfg.data.fields, "test"),
-        media_root=cfg.data.media_root or None,
-    )
+    processor = family.load_processor(str(resolve_path(cfg.model.path)))
+    with reading_budget(data_budget(cfg, task, family, processor)):  # as training reads it
+        samples = read_split(
+            task,
+            family,
+            resolve_path(cfg.data.test),
+            fmt=cfg.data.format,
+            on_error=cfg.data.on_error,
+            limit=cfg.data.max_test_samples,
+            fields=split_fields(cfg.data.fields, "test"),
+            media_root=cfg.data.media_root or None,
+        )
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     tool_loop = None
@@ -196,20 +197,24 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
         from mmrft.collector import build_tool_loop
 
         tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))
-    with progress_bar(console, transient=True) as progress:
-        return evaluate(
-            policy,
-            task,
-            samples,
-            cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            progress,
-            tool_loop=tool_loop,
-            n=cfg.eval.n,
-            temperature=cfg.eval.temperature,
-            seed=cfg.train.seed,
-            verifiers=verifiers,
-        )
+    try:
+        with progress_bar(console, transient=True) as progress:
+            return evaluate(
+                policy,
+                task,
+                samples,
+                cfg.eval.batch_size,
+                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                progress,
+                tool_loop=tool_loop,
+                n=cfg.eval.n,
+                temperature=cfg.eval.temperature,
+                seed=cfg.train.seed,
+                verifiers=verifiers,
+            )
+    finally:
+        if verifiers is not None:
+            verifiers.close()  # their worker processes
 
 
 def eval_verifiers(cfg: Any) -> Any:
@@ -223,7 +228,13 @@ def eval_verifiers(cfg: Any) -> Any:
         entries = cfg.reward.verifiers  # the task's metric is the reward
     if not entries:
         return None
-    return build_reward(entries, cfg.reward.timeout_s, cfg.reward.on_timeout)
+    return build_reward(
+        entries,
+        cfg.reward.timeout_s,
+        cfg.reward.on_timeout,
+        cfg.reward.isolation,
+        cfg.reward.workers,
+    )
 
 
 def write_eval(result: EvalResult, directory: Path, extra: dict[str, Any] | None = None) -> None:

@@ -16,6 +16,7 @@ decorators.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import importlib.util
 import logging
@@ -32,6 +33,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 ENTRY_POINT_GROUP = "mmrft.plugins"
+FILE_PLUGIN_PREFIX = "mmrft_user_plugin_"
+"""Module names of plugin files start with this (:func:`load_plugin`)."""
 
 
 class UnknownNameError(KeyError):
@@ -115,6 +118,9 @@ MODEL_FAMILIES: Registry[Any] = Registry("model family")
 TOOLS: Registry[Any] = Registry("tool")
 """Tools of multi-turn rollouts (:mod:`mmrft.tool`); an alias is registered as one more name
 of the same :class:`~mmrft.tool.ToolSpec`."""
+SAMPLERS: Registry[Any] = Registry("sampler")
+"""Prompt samplers (``data.sampler``): :class:`~mmrft.sampling.Sampler` subclasses registered
+with ``@sampler``; the built-ins live in :mod:`mmrft.sampling` and register when it is imported."""
 
 _BUILTIN_PACKAGES = ("mmrft.verifiers", "mmrft.tasks", "mmrft.models", "mmrft.tools")
 _builtins_loaded = False
@@ -148,7 +154,8 @@ def load_plugin(spec: str) -> Any:
         path = Path(spec).expanduser()
         if not path.is_file():
             raise PluginError(f"plugin file not found: {spec}")
-        module_name = f"mmrft_user_plugin_{path.stem}_{abs(hash(str(path.resolve()))):x}"
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+        module_name = f"{FILE_PLUGIN_PREFIX}{path.stem}_{digest}"  # the same in every process
         if module_name in sys.modules:
             return sys.modules[module_name]
         module_spec = importlib.util.spec_from_file_location(module_name, path)

@@ -31,6 +31,10 @@ samples, and which carries them as attributes for ``failure.json`` (:func:`write
 * :class:`VerifierTimeoutError`: over ``reward.timeout_s`` under ``reward.on_timeout: stop``.
 
 ``mmrft`` prints such an error as one line and exits with status 2.
+
+Where verifiers run: :func:`build_reward` starts verifier worker processes
+(:mod:`mmrft.verifier_pool`, ``reward.isolation: process``) that are killed at
+``reward.timeout_s``; the contract checks above stay in this process.
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
 from mmrft.reward_functions import is_function_spec, register_function
 from mmrft.typecheck import ConfigError, bind_keyword_params
+from mmrft.verifier_pool import (
+    TIMEOUT,
+    NotSendable,
+    VerifierPool,
+    WorkerDied,
+    WorkerRaised,
+    WrongCount,
+    source,
+)
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +164,11 @@ def write_failure(run_dir: str | Path, error: RewardError, step: int | None = No
 def call_with_budget(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """Run ``fn()`` in a daemon thread and wait at most ``timeout_s`` seconds (0 = no limit).
 
-    Raises :class:`TimeoutError` naming ``what`` when the budget is exceeded. A Python thread
-    cannot be killed, so a verifier that never returns keeps its thread (and nothing else) until
-    the process ends; verifiers that run untrusted code use the sandbox, which kills its
-    processes on its own timeout.
+    Raises :class:`TimeoutError` naming ``what`` when the budget is exceeded. The budget of the
+    verifiers that run in this process (``reward.isolation: inline``, ``isolate=False``): a
+    Python thread cannot be killed, so a verifier that never returns keeps its thread until the
+    process ends, and one that holds the GIL in a long C call stalls the caller too; the
+    verifier worker processes (:mod:`mmrft.verifier_pool`) are killed instead.
     """
     if not timeout_s:
         return fn()
@@ -181,12 +195,14 @@ VerifierFn = Callable[..., Sequence[Score | float | None]]
 
 @dataclass(frozen=True)
 class VerifierSpec:
-    """A registered verifier: the function and its declared score range."""
+    """A registered verifier: the function, its declared score range, and whether it may run
+    in a verifier worker process (``isolate``; see :func:`verifier`)."""
 
     name: str
     fn: VerifierFn
     low: float
     high: float
+    isolate: bool = True
 
     @property
     def doc(self) -> str:
@@ -218,17 +234,21 @@ class VerifierSpec:
 
 
 def verifier(
-    name: str, *, low: float = 0.0, high: float = 1.0
+    name: str, *, low: float = 0.0, high: float = 1.0, isolate: bool = True
 ) -> Callable[[VerifierFn], VerifierFn]:
     """Register a batched verifier under ``name`` with score range ``[low, high]``.
 
-    The decorated function is returned unchanged, so it stays callable in a notebook.
+    ``isolate=False``: the verifier always runs in the trainer's process, even under
+    ``reward.isolation: process`` (one that needs the parent's state, e.g. a judge holding a
+    client); there ``reward.timeout_s`` is kept by a thread, which a call stuck in C code
+    outlives. The decorated function is returned unchanged, so it stays callable in a notebook.
     """
     if not low < high:
         raise ValueError(f"verifier '{name}': low ({low}) must be below high ({high})")
 
     def register(fn: VerifierFn) -> VerifierFn:
-        VERIFIERS.add(name, VerifierSpec(name=name, fn=fn, low=float(low), high=float(high)))
+        spec = VerifierSpec(name=name, fn=fn, low=float(low), high=float(high), isolate=isolate)
+        VERIFIERS.add(name, spec)
         return fn
 
     return register
@@ -276,8 +296,6 @@ class BoundVerifier:
         a verifier that takes them (``None`` per completion when absent)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
-        ids = [_sample_id(s) for s in samples]
-        where = f" {context}" if context else ""
         try:
             if self.spec.wants_trajectories:
                 given = list(trajectories) if trajectories is not None else [None] * len(samples)
@@ -286,21 +304,31 @@ class BoundVerifier:
                 raw = self.spec.fn(list(completions), list(samples), **self.params)
             count = len(raw)
         except Exception as exc:
-            raise VerifierError(
-                f"verifier '{self.name}' raised {type(exc).__name__}: {_first_line(exc)}"
-                f"{where} on samples {_ids(ids)}",
-                verifier=self.name,
-                sample_ids=ids,
-                context=context,
+            raise self.failed(
+                f"raised {type(exc).__name__}: {_first_line(exc)}", samples, context
             ) from exc
         if count != len(completions):
-            raise VerifierError(
-                f"verifier '{self.name}' returned {count} results for {len(completions)} "
-                f"completions{where} on samples {_ids(ids)}",
-                verifier=self.name,
-                sample_ids=ids,
-                context=context,
+            raise self.failed(
+                f"returned {count} results for {len(completions)} completions", samples, context
             )
+        return self.check(raw, samples, context)
+
+    def failed(self, what: str, samples: Sequence[Sample], context: str) -> VerifierError:
+        """``verifier '<name>' <what> <context> on samples <ids>`` as a VerifierError."""
+        ids = [_sample_id(s) for s in samples]
+        where = f" {context}" if context else ""
+        return VerifierError(
+            f"verifier '{self.name}' {what}{where} on samples {_ids(ids)}",
+            verifier=self.name,
+            sample_ids=ids,
+            context=context,
+        )
+
+    def check(
+        self, raw: Sequence[Any], samples: Sequence[Sample], context: str
+    ) -> list[Score | None]:
+        """The raw results of one batch (one per sample, counted by the caller) checked
+        against the contract: fresh Scores inside ``[low, high]``, or a RewardError."""
         return [self._checked(r, sample, context) for r, sample in zip(raw, samples)]
 
     def _checked(self, result: Any, sample: Sample, context: str) -> Score | None:
@@ -393,6 +421,14 @@ class WeightedReward:
     verifiers: list[tuple[BoundVerifier, float]]
     timeout_s: float = 0.0
     on_timeout: str = "zero"
+    pool: VerifierPool | None = None
+    """Worker processes running the verifiers it names (:mod:`mmrft.verifier_pool`); the
+    others, and all of them without a pool, run in this process under a thread's budget."""
+
+    def close(self) -> None:
+        """Stop the verifier worker processes, if any (also done at garbage collection and exit)."""
+        if self.pool is not None:
+            self.pool.close()
 
     @property
     def range(self) -> tuple[float, float]:
@@ -461,6 +497,8 @@ class WeightedReward:
         context: str,
         trajectories: Sequence[Any] | None = None,
     ) -> list[Score | None]:
+        if self.pool is not None and bound.name in self.pool.names:
+            return self._pooled(bound, completions, samples, context, trajectories)
         try:
             return call_with_budget(
                 lambda: bound(completions, samples, context, trajectories),
@@ -477,11 +515,84 @@ class WeightedReward:
             log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
             return [Score(bound.spec.low, reason="timeout") for _ in completions]
 
+    def _pooled(
+        self,
+        bound: BoundVerifier,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        trajectories: Sequence[Any] | None,
+    ) -> list[Score | None]:
+        """One batch through the worker processes: a call past ``timeout_s`` is killed and
+        only the completions that time out alone score the minimum with reason ``timeout``
+        (or stop the run under ``on_timeout: stop``); see :meth:`VerifierPool.call`."""
+        assert self.pool is not None
+        if len(completions) != len(samples):
+            raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+        given = None
+        if bound.spec.wants_trajectories:
+            given = list(trajectories) if trajectories is not None else [None] * len(samples)
+        try:
+            call = self.pool.call(
+                bound.name, bound.params, list(completions), list(samples), given, self.timeout_s
+            )
+        except WorkerRaised as exc:
+            what = f"raised {exc.kind}: {exc.message}"
+            raise bound.failed(what, samples, context) from exc.error
+        except WrongCount as exc:
+            what = f"returned {exc.count} results for {exc.expected} completions"
+            raise bound.failed(what, samples, context) from None
+        except WorkerDied as exc:
+            raise bound.failed(f"ended its worker process ({exc})", samples, context) from None
+        except NotSendable as exc:
+            what = (
+                f"could not be sent its batch ({exc}); declare it @verifier(..., isolate=False) "
+                "or set reward.isolation=inline"
+            )
+            raise bound.failed(what, samples, context) from exc
+        late = sorted(call.timed_out + call.unreached)
+        if late:
+            ids = [_sample_id(samples[i]) for i in late]
+            message = (
+                f"verifier '{bound.name}' exceeded its {self.timeout_s:g}s budget"
+                f"{f' {context}' if context else ''} on {len(late)} of {len(samples)} "
+                f"completions (run alone), of samples {_ids(ids)}"
+            )
+            if call.unreached:
+                message += (
+                    f"; {len(call.unreached)} of them were not re-scored alone (the isolation "
+                    "budget was spent)"
+                )
+            if self.on_timeout == "stop":
+                raise VerifierTimeoutError(
+                    message, verifier=bound.name, sample_ids=ids, context=context
+                )
+            log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
+        scored = [i for i, r in enumerate(call.results) if r is not TIMEOUT]
+        checked = bound.check(
+            [call.results[i] for i in scored], [samples[i] for i in scored], context
+        )
+        scores: list[Score | None] = [Score(bound.spec.low, reason="timeout") for _ in samples]
+        for i, score in zip(scored, checked):
+            scores[i] = score
+        return scores
+
 
 def build_reward(
-    specs: Sequence[Mapping[str, Any]], timeout_s: float = 0.0, on_timeout: str = "zero"
+    specs: Sequence[Mapping[str, Any]],
+    timeout_s: float = 0.0,
+    on_timeout: str = "zero",
+    isolation: str = "process",
+    workers: int = 1,
 ) -> WeightedReward:
-    """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``."""
+    """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``.
+
+    ``isolation="process"`` starts ``workers`` verifier worker processes now (start-up, not
+    step 0) for the verifiers that can run there (:mod:`mmrft.verifier_pool`); ``"inline"``
+    runs every verifier in this process. Close the pool with :meth:`WeightedReward.close`.
+    """
+    if isolation not in ("process", "inline"):
+        raise ConfigError(f"reward.isolation: expected process or inline, got {isolation!r}")
     if not specs:
         raise ConfigError("reward.verifiers: at least one verifier is needed")
     verifiers = []
@@ -515,4 +626,19 @@ def build_reward(
         except (KeyError, ConfigError) as exc:
             raise ConfigError(f"reward.verifiers[{i}].name: {exc}") from None
         verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
-    return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout)
+    pooled = {}
+    for bound, _ in verifiers if isolation == "process" else []:
+        if not bound.spec.isolate:
+            continue
+        if source(bound.spec.fn) is None:
+            log.warning(
+                "verifier '%s' is defined in __main__ or inside a function, where a worker "
+                "process cannot re-create it: it runs in this process, where reward.timeout_s "
+                "cannot stop a call stuck in C code (define it in a plugin file, or declare "
+                "@verifier(..., isolate=False))",
+                bound.name,
+            )
+            continue
+        pooled[bound.name] = bound.spec
+    pool = VerifierPool(pooled, workers) if pooled else None
+    return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout, pool=pool)

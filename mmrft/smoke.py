@@ -15,7 +15,10 @@ user's own overrides still win):
 * the data: the config's own when its files are on this machine (every line and media file
   read and checked, as in a real run), else the task's bundled example data
   (:attr:`mmrft.task.Task.example_data`) in the config's format when one is bundled, else in
-  the project's format.
+  the project's format;
+* judges (``judge``, ``caption_qa``) served over HTTP: a local judge on the bundled tiny
+  Qwen2.5-VL, scored by label probabilities (so a random model still gives a verdict), the
+  rest of the verifier's parameters as written.
 """
 
 from __future__ import annotations
@@ -128,7 +131,42 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
     if cfg.algorithm.overlong_buffer:  # the buffer must fit in the 8 new tokens
         overrides.append("algorithm.overlong_buffer=2")
     overrides += _data_overrides(cfg, notes)
+    overrides += _judge_overrides(cfg, notes)
     return overrides, notes
+
+
+JUDGES = ("judge", "caption_qa")
+HTTP_ONLY = ("base_url", "model", "api_key_env", "concurrency", "timeout_s", "budget_s")
+HTTP_ONLY += ("retries", "rpm", "tpm")
+
+
+def _judge_overrides(cfg: RunConfig, notes: list[str]) -> list[str]:
+    """``reward.verifiers`` / ``eval.verifiers`` with every served judge made a local tiny one."""
+    import yaml
+
+    judge_model = MODELS / "tiny-qwen2_5_vl"
+    out = []
+    for key, entries in (
+        ("reward.verifiers", cfg.reward.verifiers),
+        ("eval.verifiers", cfg.eval.verifiers),
+    ):
+        changed = False
+        local = []
+        for entry in entries:
+            params = dict(entry.get("params") or {})
+            if entry.get("name") in JUDGES and params.get("backend", "http") != "local":
+                params = {k: v for k, v in params.items() if k not in HTTP_ONLY}
+                params.update(backend="local", path=str(judge_model), max_tokens=8)
+                if entry["name"] == "judge":
+                    params["verdict"] = {"kind": "prob", "labels": {"yes": 1.0, "no": 0.0}}
+                changed = True
+            local.append({**entry, "params": params})
+        if changed:
+            out.append(
+                f"{key}={yaml.safe_dump(local, default_flow_style=True, width=10**6).strip()}"
+            )
+            notes.append(f"{key}: served judges → a local tiny judge ({judge_model.name})")
+    return out
 
 
 def _data_overrides(cfg: RunConfig, notes: list[str]) -> list[str]:

@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import Progress
 
-from mmrft import distributed, zero
+from mmrft import distributed, judges, zero
 from mmrft.algorithms import (
     group_advantages,
     group_stats,
@@ -64,9 +64,16 @@ from mmrft.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from mmrft.collector import Collector, DataStream, StepBatch, build_auxiliaries
+from mmrft.collector import BadMediaError, Collector, StepBatch, build_auxiliaries
 from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
-from mmrft.data import Sample, split_fields
+from mmrft.data import (
+    DataBudget,
+    Sample,
+    count_skip,
+    reading_budget,
+    skip_counts,
+    split_fields,
+)
 from mmrft.evaluate import EvalResult, eval_verifiers, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
 from mmrft.group import check_attention, rollout_logps
@@ -94,6 +101,7 @@ from mmrft.runlog import (
     progress_bar,
     write_failure_record,
 )
+from mmrft.sampling import SampledStream, build_sampler
 from mmrft.task import Task, build_task, read_split
 from mmrft.tracking import build_trackers
 from mmrft.trajectory import ToolLoop, demonstration_call
@@ -133,12 +141,64 @@ def run_name(cfg: RunConfig) -> str:
     return cfg.name or f"{cfg.task.name}__{Path(cfg.model.path).name}__{cfg.train.seed}"
 
 
+def model_context(path: str) -> int | None:
+    """The model's context length in tokens (``max_position_embeddings`` of its text config),
+    read from its config file without loading weights; ``None`` when the config has none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning(
+            "no context length from %s (%s): data.max_prompt_tokens has no default", path, exc
+        )
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    context = getattr(text, "max_position_embeddings", None)
+    return int(context) if isinstance(context, int) else None
+
+
+def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any) -> DataBudget:
+    """The ``data.*`` budgets every sample is read under (:class:`~mmrft.data.DataBudget`).
+    ``data.max_prompt_tokens`` defaults to the model's context (:func:`model_context`) minus
+    ``rollout.max_new_tokens``; prompts are counted as the rollout renders them (the task's
+    prompt through the family's chat template, text tokens). A prompt of at most ``limit − 1``
+    UTF-8 bytes is not tokenised: every token covers at least one byte of the text (at most
+    one more, a SentencePiece word-start marker), so its byte count bounds its tokens."""
+    limit = cfg.data.max_prompt_tokens
+    if limit is None:
+        context = model_context(str(resolve_path(cfg.model.path)))
+        limit = None if context is None else max(context - cfg.rollout.max_new_tokens, 1)
+    tokenizer = getattr(processor, "tokenizer", processor)
+
+    def prompt_tokens(sample: Sample) -> int:
+        annotated = sample.copy()
+        family.annotate(annotated)
+        text = family.render(processor, [task.prompt(annotated, family)], True)[0]
+        size = len(text.encode("utf-8")) + 1
+        if limit is not None and size <= limit:
+            return size  # a bound within the budget: no need to count exactly
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    data = cfg.data
+    return DataBudget(
+        max_prompt_tokens=limit,
+        count_tokens=prompt_tokens,
+        max_image_pixels=data.max_image_pixels,
+        max_video_seconds=data.max_video_seconds,
+        max_video_frames=data.max_video_frames,
+        max_audio_seconds=data.max_audio_seconds,
+        allow_remote_media=data.allow_remote_media,
+    )
+
+
 def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sample], list[Sample]]:
     """The train and test splits, every line and media file checked (errors name the dataset's
-    ``file:line`` and the media path), annotated with the family's frames: all before any
-    weights are loaded. The family's processor is loaded first (no weights): the audio
-    families bound clip lengths by its window."""
-    family.load_processor(str(resolve_path(cfg.model.path)))
+    ``file:line`` and the media path) against the ``data.*`` budgets (:func:`data_budget`),
+    annotated with the family's frames: all before any weights are loaded. The family's
+    processor is loaded first (no weights): it counts prompt tokens, and the audio families
+    bound clip lengths by its window."""
+    processor = family.load_processor(str(resolve_path(cfg.model.path)))
 
     def split(name: str, path: str | None, limit: int | None) -> list[Sample]:
         if not path:
@@ -154,10 +214,11 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
             media_root=cfg.data.media_root or None,
         )
 
-    return (
-        split("train", cfg.data.train, cfg.data.max_train_samples),
-        split("test", cfg.data.test, cfg.data.max_test_samples),
-    )
+    with reading_budget(data_budget(cfg, task, family, processor)):
+        return (
+            split("train", cfg.data.train, cfg.data.max_train_samples),
+            split("test", cfg.data.test, cfg.data.max_test_samples),
+        )
 
 
 def demonstration_turns(sample: Sample, answer: str, tool_loop: ToolLoop) -> list[str]:
@@ -370,7 +431,7 @@ class Run:
     collector: Collector
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    stream: DataStream
+    stream: SampledStream
     runlog: RunLog
     t_start: float
     no_signal: NoSignalWatch
@@ -380,6 +441,7 @@ class Run:
     resumed_from: Path | None = None
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
     eval_verifiers: Any = None  # eval.verifiers, built at set-up (a bad entry fails there)
+    skipped_before: Counter = field(default_factory=Counter)  # skip_counts() at set-up
 
 
 # Keys a resumed run may change: how long it trains, how it evaluates, logs and checkpoints,
@@ -423,7 +485,8 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
 def resume_point(cfg: RunConfig) -> Path | None:
     """The checkpoint ``cfg`` resumes from (``checkpoint.resume``), checked before anything
     loads: with ``auto`` (or a path) a run whose saved ``config.yaml`` differs from ``cfg`` in
-    a key outside :data:`RESUME_FREE` is refused with a :class:`ConfigError` naming each
+    a key outside :data:`RESUME_FREE` (a key missing there, newer than the run, counts as its
+    default) is refused with a :class:`ConfigError` naming each
     changed key and the three ways out; ``force`` resumes all the same."""
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
     checkpoint = find_resume_checkpoint(run_dir, cfg.checkpoint.resume)
@@ -434,6 +497,9 @@ def resume_point(cfg: RunConfig) -> Path | None:
 
     saved = _flat(yaml_load(saved_file.read_text(encoding="utf-8")) or {})
     now = _flat(yaml_load(to_yaml(cfg)))
+    # a key the saved run did not know (added to mmrft since) ran as its default then
+    defaults = _flat(yaml_load(to_yaml(RunConfig())))
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
     changed = [
         key
         for key in sorted(set(saved) | set(now))
@@ -518,6 +584,9 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         return finish(run, start_step, time.perf_counter() - t_train)
     finally:
         run.engine.close()
+        run.reward.close()  # the verifier workers
+        if run.eval_verifiers is not None:
+            run.eval_verifiers.close()
         run.runlog.close()
 
 
@@ -572,6 +641,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         attach_file_log(run_dir / "train.log")
     distributed.barrier()
+    judges.use_run_dir(run_dir, rank)  # judges' verdicts outlive the process (judge_cache*.jsonl)
     console.rule(f"[bold]mmrft train[/bold] → {escape(str(run_dir))}")
     console.print(
         f"config, what differs from the defaults (all of it: {run_dir / 'config.yaml'}):\n"
@@ -585,6 +655,8 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         cfg.reward.verifiers or task.default_verifiers(),
         cfg.reward.timeout_s,
         cfg.reward.on_timeout,
+        cfg.reward.isolation,
+        cfg.reward.workers,
     )
     auxiliaries = build_auxiliaries(cfg, reward)  # checked against the verifiers now
     low, high = reward.range
@@ -596,7 +668,9 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         markup=False,
     )
     family = resolve_family(cfg.model)
+    skipped_before = skip_counts()
     train_samples, test_samples = read_data(cfg, task, family)
+    sampler = build_sampler(cfg.data.sampler, cfg.data.sampler_params, train_samples)
     policy = load_policy(cfg.model, device, family=family)
     if rank == 0:
         if cfg.name.endswith("-smoke"):  # --smoke cuts every budget to 8 tokens on purpose
@@ -653,7 +727,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    stream = DataStream(len(train_samples) or 1, cfg.train.seed)
+    stream = SampledStream(sampler, train_samples, cfg.train.seed, cfg.train.steps, reward.range)
     runlog = RunLog(
         run_dir,
         trackers=build_trackers(
@@ -688,6 +762,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         t_start=t_start,
         no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
         eval_verifiers=eval_verifiers(cfg),
+        skipped_before=skipped_before,
     )
 
 
@@ -703,6 +778,8 @@ def begin(run: Run) -> int:
         run.scheduler.load_state_dict(state["scheduler"])
         _restore_rng(state, cfg, run.rank, run.world)
         run.stream.position = state["data_position"]
+        run.stream.bad = set(state.get("bad_samples", []))
+        run.collector.stats.load_state_dict(state.get("prompt_stats", {}))
         run.evals = state.get("evals", {})
         run.categories = state.get("eval_categories", {})
         start_step = state["step"]
@@ -728,6 +805,7 @@ def begin(run: Run) -> int:
                 run.reference = warm_started_reference(
                     run.policy, run.run_dir, save=run.rank == 0, load=False
                 )
+    skip_failed_media(run)
     saved = run.run_dir / REFERENCE_FILE  # the warm start's reference, not model.path's
     if checkpoint is not None and run.reference is not None and saved.is_file():
         run.reference = None
@@ -807,6 +885,14 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         report_runs([run.run_dir])
+    skipped = skip_counts() - run.skipped_before
+    if skipped:
+        run.console.print(
+            "skipped samples (data.on_error=skip; each named in train.log): "
+            + ", ".join(f"{reason} ×{n}" for reason, n in sorted(skipped.items())),
+            highlight=False,
+            markup=False,
+        )
     run.console.print(f"summary: {json.dumps(summary)}")
     return summary
 
@@ -814,13 +900,53 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
 def collect(run: Run, step: int) -> StepBatch:
     """The step's batch from the collector. A verifier that breaks its contract (raises,
     returns a value outside its range, NaN, over its budget under ``on_timeout: stop``) stops
-    the run with ``failure.json`` naming the step, the verifier and the samples."""
+    the run with ``failure.json`` naming the step, the verifier and the samples; so do media
+    that fail when drawn under ``data.on_error=raise`` (``bad_media``: each sample's id,
+    dataset line and error, which a resume skips: :func:`skip_failed_media`)."""
     try:
         return run.collector.collect(step)
     except RewardError as exc:
         if run.rank == 0:
             write_failure(run.run_dir, exc, step)
         raise
+    except BadMediaError as exc:
+        if run.rank == 0:
+            record = {
+                "step": step,
+                "reason": str(exc),
+                "samples": sorted({f["id"] for f in exc.failed}),
+                "bad_media": exc.failed,
+            }
+            write_failure_record(run.run_dir, record)
+        raise
+
+
+def skip_failed_media(run: Run) -> None:
+    """After a run stopped on media that failed when drawn (``failure.json``'s ``bad_media``),
+    a resume never draws those samples again: each still at its index (same id) joins the
+    stream's bad set and is named on the console."""
+    failure = run.run_dir / "failure.json"
+    if run.cfg.checkpoint.resume == "never" or not failure.is_file():
+        return
+    try:
+        bad_media = json.loads(failure.read_text(encoding="utf-8")).get("bad_media") or []
+    except (json.JSONDecodeError, AttributeError):
+        return
+    for bad in bad_media:
+        index = bad.get("index")
+        if not (isinstance(index, int) and 0 <= index < len(run.train_samples)):
+            continue
+        if run.train_samples[index].id != bad.get("id") or index in run.stream.bad:
+            continue
+        run.stream.bad.add(index)
+        count_skip("media failed when drawn (failure.json)")
+        log.warning("skipped %s (sample %s): named by %s", bad.get("where"), bad["id"], failure)
+        run.console.print(
+            f"{failure} stopped the last run on sample {bad['id']} ({bad.get('where')}): "
+            "it is skipped from now on",
+            highlight=False,
+            markup=False,
+        )
 
 
 def advantages(run: Run, batch: StepBatch, step: int, heartbeat: Heartbeat) -> torch.Tensor:
@@ -916,6 +1042,8 @@ def save(run: Run, step: int) -> None:
         "rng_by_rank": distributed.gather_objects(rng_state()),
         "world_size": run.world,
         "data_position": run.stream.position,
+        "bad_samples": sorted(run.stream.bad),  # media that failed when drawn: never drawn again
+        "prompt_stats": run.collector.stats.state_dict(),  # the same on every rank
         "evals": run.evals,
         "eval_categories": run.categories,
         "config": to_dict(run.cfg),
@@ -931,6 +1059,7 @@ def save(run: Run, step: int) -> None:
             run.cfg.checkpoint.keep_last,
         )
         log.info("checkpoint %s", path)
+        run.collector.stats.write_jsonl(run.run_dir / "prompt_stats.jsonl")
     distributed.barrier()
 
 

@@ -423,7 +423,13 @@ def test_list_is_clean_text(capsys):
     assert "Range [" not in out and "[-1, 0]" in out  # tool_failures' range, in its column
     assert main(["list", "tasks"]) == 0
     out = capsys.readouterr().out
+    from mmrft.plugins import TASKS
+
+    builtin = {n for n in TASKS.names() if TASKS.get(n).__module__.startswith("mmrft.tasks")}
     rows = [
-        line for line in out.splitlines() if line.startswith("│ ") and line.split("│")[1].strip()
+        line
+        for line in out.splitlines()
+        if line.startswith("│ ") and line.split("│")[1].strip() in builtin
     ]
+    assert len(rows) == len(builtin)  # (plugins other tests registered may lack one)
     assert all(line.rstrip().split("│")[-2].strip() for line in rows)  # a description each

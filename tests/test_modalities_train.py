@@ -352,6 +352,10 @@ def bundled(train: str, test: str, *extra: str) -> Callable[[Path], list[str]]:
 # recipe: (tiny model of the same family, data overrides: bundled data of the same modality in the
 # recipe's own dataset format)
 RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
+    "mmr1_variance": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
+    # judged recipes: the served judge becomes --smoke's local tiny judge (the test swaps it)
+    "caprl": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
+    "vqa_judge": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
     "visual_rft_detection": (
         "tiny-qwen2_vl",
         bundled("shapes_detection/train.jsonl", "shapes_detection/test.jsonl"),
@@ -462,9 +466,12 @@ def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
     """The recipe as written (task and params, verifiers, group-relative settings, β > 0 with its
     reference model, gradient checkpointing, data format) with only model, device, data and
     sizes replaced."""
+    from mmrft.smoke import _judge_overrides
+
     model, data = RECIPES[recipe]
     path = REPO / "configs" / "recipes" / f"{recipe}.yaml"
     paper = load_config(path)
+    judged = _judge_overrides(paper, [])  # a served judge: the local tiny one instead
     cfg = load_config(
         path,
         [
@@ -473,8 +480,11 @@ def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
             f"model.path={MODELS / model}",
             *TINY_SIZES,
             *data(tmp_path),
+            *judged,
         ],
     )
+    if judged:  # everything of the reward but the judges' backend as the recipe says
+        paper.reward.verifiers, paper.eval.verifiers = cfg.reward.verifiers, cfg.eval.verifiers
     # the paper's settings that the tiny run keeps
     assert cfg.task.name == paper.task.name
     assert cfg.task.params.get("think") == paper.task.params.get("think")

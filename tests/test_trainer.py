@@ -244,10 +244,14 @@ CALLS = {"n": 0}
 
 @verifier("test_sigint_at_two")
 def sigint_at_two(completions, samples):
+    # runs in a verifier worker (reward.isolation: process): Ctrl-C goes to the trainer, its
+    # parent, while the worker is busy; the worker ignores it and the step completes
+    fired = __file__ + ".fired"  # once per test, across processes
     if completions:
         CALLS["n"] += 1
-        if CALLS["n"] == 2:
-            os.kill(os.getpid(), signal.SIGINT)
+        if CALLS["n"] == 2 and not os.path.exists(fired):
+            open(fired, "w").close()
+            os.kill(os.getppid(), signal.SIGINT)
     return [min(len(c), 20) / 20 for c in completions]
 """
 
@@ -479,6 +483,20 @@ def test_a_changed_config_never_resumes_silently(tmp_path):
     assert forced["steps"] == 3
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3]
+
+
+def test_a_run_saved_before_a_key_existed_resumes_with_its_default(tmp_path):
+    """A key added to mmrft after a run was saved ran as its default then: at the default it is
+    no change; set otherwise, it is one."""
+    train(tiny_config(tmp_path, "name=old", "train.steps=1", "eval.after=false"))
+    saved = tmp_path / "old" / "config.yaml"
+    saved.write_text(saved.read_text().replace("  repetition_penalty: 1.0\n", ""))
+    assert "repetition_penalty" not in saved.read_text()
+    resumed = train(tiny_config(tmp_path, "name=old", "train.steps=2", "eval.after=false"))
+    assert resumed["steps"] == 2
+    saved.write_text(saved.read_text().replace("  repetition_penalty: 1.0\n", ""))
+    with pytest.raises(ConfigError, match=r"rollout.repetition_penalty: 1.0 → 1.2"):
+        train(tiny_config(tmp_path, "name=old", "train.steps=3", "rollout.repetition_penalty=1.2"))
 
 
 def test_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):

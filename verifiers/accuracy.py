@@ -11,6 +11,7 @@ from mmrft.answers import (
     extract_answer,
     is_number_literal,
     match_choice,
+    math_too_large,
     normalise_text,
     parse_number,
 )
@@ -23,6 +24,9 @@ MATH_TIMEOUT_S = 3
 """Seconds allowed to each math_verify parse and comparison."""
 MATH_MAX_CHARS = 1000
 """Longer math answers score 0 (``answer too long``) without being parsed."""
+# Before sympy: answers over MATH_MAX_CHARS, and numbers too large to build
+# (mmrft.answers.math_too_large: 9^{9^{9}}, (10^{7})!) score 0 with a reason. A call that
+# still holds the GIL past reward.timeout_s is killed with its worker (mmrft.verifier_pool).
 
 
 def _score(ok: bool, reason: str) -> Score:
@@ -114,7 +118,11 @@ def _check_math(answer: str, target: Any) -> Score:
 
     if len(answer) > MATH_MAX_CHARS:
         return Score(0.0, reason="answer too long")
+    if math_too_large(answer):
+        return Score(0.0, reason="math too large")
     target_text = str(target)
+    if math_too_large(target_text):
+        return Score(0.0, reason="target too large")
     if threading.current_thread() is threading.main_thread():
         try:
             ok, reason = _math_equal(answer, target_text, MATH_TIMEOUT_S)
@@ -172,13 +180,16 @@ def accuracy(
     * ``exact``: :func:`normalise_text` equality (lower case, articles and surrounding
       punctuation dropped); never a substring test. A list target lists accepted answers.
     * ``math``: ``math_verify.parse`` of target and answer (retried inside ``$…$``), then
-      ``math_verify.verify(gold, answer)``; timeouts as in :func:`_check_math`.
+      ``math_verify.verify(gold, answer)``; timeouts as in :func:`_check_math`. An answer
+      over ``MATH_MAX_CHARS`` characters, or one whose powers, factorials or binomials of
+      numbers would exceed ``MATH_MAX_DIGITS`` digits (``9^{9^{9}}``), is refused before
+      sympy sees it (:func:`mmrft.answers.math_too_large`).
 
     Reasons at 0: those of :func:`extract_answer`, ``wrong option``, ``several options``,
     ``no option matched``, ``wrong number``, ``several numbers``, ``no number``,
-    ``wrong answer``, ``unparsable answer``, ``answer too long``, ``math timed out``; data
-    problems: ``no target``, ``target not among choices``, ``target not a number``,
-    ``target not parsable``.
+    ``wrong answer``, ``unparsable answer``, ``answer too long``, ``math too large``,
+    ``math timed out``; data problems: ``no target``, ``target not among choices``,
+    ``target not a number``, ``target not parsable``, ``target too large``.
 
     >>> from mmrft.data import Sample
     >>> s = Sample("q1", [], target="green", meta={"choices": ["red", "green", "blue"]})

@@ -5,12 +5,18 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+import regex
+
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
 
 _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 _THINK_ANSWER = re.compile(r"\s*<think>.*</think>\s*<answer>(.*)</answer>\s*", re.DOTALL)
 _ANSWER_ONLY = re.compile(r"\s*<answer>(.*)</answer>\s*", re.DOTALL)
+PATTERN_TIMEOUT_S = 1.0
+"""Seconds a user ``pattern`` may spend on one completion (the ``regex`` engine's own
+timeout, which stops a backtracking match such as ``(a|aa)*`` on ``aaa…!``); over it the
+completion scores 0 with reason ``pattern timed out``."""
 
 
 def _check(text: str, think: str) -> Score:
@@ -64,8 +70,10 @@ def check_format(
     ``nested or misordered tags``, ``text outside tags``, ``empty answer``.
 
     ``pattern`` replaces all of this with a custom regular expression that must match the
-    whole completion (``re.fullmatch``, ``re.DOTALL``); reason ``pattern mismatch``. A pattern
-    that does not compile is a configuration error at start-up.
+    whole completion (``fullmatch``, ``DOTALL``; the ``regex`` package, whose syntax is
+    ``re``'s plus extensions); reason ``pattern mismatch``, or ``pattern timed out`` past
+    ``PATTERN_TIMEOUT_S`` on one completion. A pattern that does not compile is a
+    configuration error at start-up.
 
     >>> from mmrft.data import Sample
     >>> s = Sample("q1", [])
@@ -78,15 +86,19 @@ def check_format(
     compiled = None
     if pattern is not None:
         try:
-            compiled = re.compile(pattern, re.DOTALL)
-        except re.error as exc:
+            compiled = regex.compile(pattern, regex.DOTALL)
+        except regex.error as exc:
             raise ValueError(
                 f"pattern {pattern!r} is not a valid regular expression: {exc}"
             ) from None
     scores = []
     for text in completions:
         if compiled is not None:
-            ok = compiled.fullmatch(text) is not None
+            try:
+                ok = compiled.fullmatch(text, timeout=PATTERN_TIMEOUT_S) is not None
+            except TimeoutError:
+                scores.append(Score(0.0, reason="pattern timed out"))
+                continue
             scores.append(Score(1.0) if ok else Score(0.0, reason="pattern mismatch"))
         else:
             scores.append(_check(text, think))

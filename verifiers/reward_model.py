@@ -1,0 +1,67 @@
+"""``reward_model``: a scalar reward model's score of (prompt, answer) (:mod:`mmrft.judges`)."""
+
+from __future__ import annotations
+
+import math
+
+from mmrft.answers import extract_answer
+from mmrft.data import Sample
+from mmrft.judges import LocalScorer
+from mmrft.rewards import Score, verifier
+
+
+@verifier("reward_model", low=0.0, high=1.0, isolate=False)
+def reward_model(
+    completions: list[str],
+    samples: list[Sample],
+    *,
+    path: str = "",
+    device: str = "cpu",
+    batch_size: int = 8,
+    answer_tag: str = "",
+    normalise: str = "sigmoid",
+    temperature: float = 1.0,
+    low: float = -10.0,
+    high: float = 10.0,
+) -> list[Score]:
+    """A sequence-classification reward model's score of (question, answer), mapped to [0, 1].
+    Range [0, 1].
+
+    The answer is the whole completion (``answer_tag``: its tag's content; without one → 0 with
+    the reason). ``normalise``: ``sigmoid`` = σ(s / ``temperature``); ``clip`` = (clip(s, low,
+    high) − low) / (high − low); ``rank`` = the completion's rank among its batch's scores
+    divided by (n − 1) (ties share their mean rank; 0.5 for a batch of one).
+    """
+    if not path:
+        raise ValueError("reward_model needs path (a sequence-classification model, 1 label)")
+    if normalise not in ("sigmoid", "clip", "rank"):
+        raise ValueError(f"normalise '{normalise}': choose sigmoid, clip or rank")
+    if normalise == "clip" and not low < high:
+        raise ValueError(f"clip range: low ({low}) must be below high ({high})")
+    if temperature <= 0:
+        raise ValueError("temperature must be > 0")
+    scores: list[Score | None] = [None] * len(completions)
+    pairs, where = [], []
+    for i, (completion, sample) in enumerate(zip(completions, samples)):
+        answer, reason = (
+            extract_answer(completion, answer_tag) if answer_tag else (completion, None)
+        )
+        if answer is None:
+            scores[i] = Score(0.0, reason=reason)
+            continue
+        pairs.append((sample.text(), answer))
+        where.append(i)
+    raw = LocalScorer(path, device, batch_size).score(pairs) if pairs else []
+    if normalise == "sigmoid":
+        values = [1.0 / (1.0 + math.exp(-max(-700.0, min(700.0, s / temperature)))) for s in raw]
+    elif normalise == "clip":
+        values = [(min(high, max(low, s)) - low) / (high - low) for s in raw]
+    else:
+        order = sorted(raw)
+        n = len(raw)
+        values = [
+            0.5 if n == 1 else (order.index(s) + (order.count(s) - 1) / 2) / (n - 1) for s in raw
+        ]
+    for i, value, s in zip(where, values, raw):
+        scores[i] = Score(value, parts={"raw": s})
+    return [s if s is not None else Score(0.0, reason="no answer") for s in scores]
