@@ -512,8 +512,8 @@ class WeightedReward:
                 raise VerifierTimeoutError(
                     message, verifier=bound.name, sample_ids=ids, context=context
                 ) from None
-            log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
-            return [Score(bound.spec.low, reason="timeout") for _ in completions]
+            log.warning("%s; scored %g with reason 'timeout'", message, timeout_score(bound))
+            return [Score(timeout_score(bound), reason="timeout") for _ in completions]
 
     def _pooled(
         self,
@@ -567,15 +567,24 @@ class WeightedReward:
                 raise VerifierTimeoutError(
                     message, verifier=bound.name, sample_ids=ids, context=context
                 )
-            log.warning("%s; scored %g with reason 'timeout'", message, bound.spec.low)
+            log.warning("%s; scored %g with reason 'timeout'", message, timeout_score(bound))
         scored = [i for i, r in enumerate(call.results) if r is not TIMEOUT]
         checked = bound.check(
             [call.results[i] for i in scored], [samples[i] for i in scored], context
         )
-        scores: list[Score | None] = [Score(bound.spec.low, reason="timeout") for _ in samples]
+        scores: list[Score | None] = [
+            Score(timeout_score(bound), reason="timeout") for _ in samples
+        ]
         for i, score in zip(scored, checked):
             scores[i] = score
         return scores
+
+
+def timeout_score(bound: BoundVerifier) -> float:
+    """What a completion scores when its verifier call times out: the verifier's minimum, or 0
+    for a plain reward function, whose range is unbounded (its minimum, −inf, would stop the
+    run as a non-finite reward)."""
+    return bound.spec.low if math.isfinite(bound.spec.low) else 0.0
 
 
 def build_reward(

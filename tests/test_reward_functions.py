@@ -144,3 +144,27 @@ def test_training_on_prompts_and_reward_functions_alone(tmp_path):
     assert results["metrics"]["reward"] == pytest.approx(sum(expected) / len(expected))
     assert summary["after"] == pytest.approx(results["metrics"]["reward"])
     assert f"verifier/{tmp_path}/my_rewards.py:short" in results["metrics"]
+
+
+@pytest.mark.parametrize("isolation", ["process", "inline"])
+def test_a_plain_function_that_hangs_scores_zero_with_a_reason(tmp_path, isolation):
+    """A plain function has no declared minimum (−inf would stop the run as non-finite): the
+    completion that hangs scores 0 with reason `timeout`, the others as returned."""
+    rewards = tmp_path / "slow_rewards.py"
+    rewards.write_text(
+        "import time\n"
+        "def slow(completions, **kwargs):\n"
+        "    if any('hang' in c for c in completions):\n"
+        "        time.sleep(30)\n"
+        "    return [-2.0 for c in completions]\n"
+    )
+    reward = build_reward([{"name": f"{rewards}:slow"}], timeout_s=1.0, isolation=isolation)
+    try:
+        out = reward(["fine", "hang"], [sample(0, "a"), sample(1, "b")])
+    finally:
+        reward.close()
+    if isolation == "process":  # the culprit alone
+        assert out.total == [-2.0, 0.0]
+    else:  # a thread cannot tell which: the whole call
+        assert out.total == [0.0, 0.0]
+    assert out.reasons[f"{rewards}:slow/timeout"] >= 1
