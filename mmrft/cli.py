@@ -79,12 +79,13 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         )
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
     if args.smoke:  # the smoke settings first, so that the command line's overrides still win
-        from mmrft.smoke import smoke_overrides
+        from mmrft.smoke import smoke_data, smoke_overrides
 
         smoke, notes = smoke_overrides(cfg, config)
         for note in notes:
             console.print(f"--smoke: {note}", highlight=False, markup=False)
-        cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides])
+        # but data the command line names and this machine lacks: the bundled stand-in wins
+        cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides, *smoke_data(cfg)])
     train(cfg, console)
     return 0
 

@@ -145,3 +145,22 @@ def test_smoke_does_not_ask_to_raise_its_own_budget(tmp_path, monkeypatch, capsy
     assert main(["train", "time_r1", "--smoke"]) == 0
     out = capsys.readouterr().out
     assert "Raise rollout.max_new_tokens" not in out and "smoke run:" in out
+
+
+def test_data_named_on_the_command_line_but_absent_gets_the_bundled_stand_in(tmp_path, monkeypatch):
+    """The README's smoke line names the user's /data files; on a machine without them the
+    bundled examples stand in (the command line's other overrides still win)."""
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "train",
+        "vlm_r1_rec",
+        "--smoke",
+        "task.params.image_root=/nonexistent/coco",
+        "data.train=/nonexistent/train.jsonl",
+        "data.test=/nonexistent/val.jsonl",
+        "train.seed=7",
+    ]
+    assert main(argv) == 0
+    saved = (tmp_path / "runs" / "vlm_r1_rec-smoke" / "config.yaml").read_text()
+    assert "/nonexistent/train" not in saved and "/nonexistent/val" not in saved
+    assert "seed: 7" in saved
