@@ -819,7 +819,7 @@ def test_chartqa_reader(tmp_path):
 @pytest.mark.parametrize(
     ("target", "meta", "message"),
     [
-        (None, {}, "target must be a number or a non-empty string"),
+        (None, {}, r"no answer \(task 'chart_qa' needs one.*task.name=prompt"),
         (True, {}, "target must be a number or a non-empty string"),
         ("Z", {"choices": ["A", "B"]}, "not one of meta.choices"),
     ],
