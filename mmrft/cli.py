@@ -27,6 +27,7 @@ from mmrft.config import (
 from mmrft.data import DataError, Sample, parse_json, utf8
 from mmrft.plugins import (
     MODEL_FAMILIES,
+    SAMPLERS,
     TASKS,
     TOOLS,
     VERIFIERS,
@@ -201,7 +202,7 @@ def package_version() -> str:
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     if args.what is None:  # everything, one table each
-        for what in ("tasks", "verifiers", "models", "tools", "configs"):
+        for what in ("tasks", "verifiers", "samplers", "models", "tools", "configs"):
             cmd_list(argparse.Namespace(**{**vars(args), "what": what}), console)
         return 0
     load_plugins(args.plugin)
@@ -229,7 +230,14 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
                 )
         console.print(table)
         return 0
-    registry = {"tasks": TASKS, "verifiers": VERIFIERS, "models": MODEL_FAMILIES}[args.what]
+    if args.what == "samplers":
+        import mmrft.sampling  # noqa: F401  (the built-in samplers register on import)
+    registry = {
+        "tasks": TASKS,
+        "verifiers": VERIFIERS,
+        "samplers": SAMPLERS,
+        "models": MODEL_FAMILIES,
+    }[args.what]
     table = Table(title=args.what)
     table.add_column("name")
     ranged = args.what == "verifiers"
@@ -320,7 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "what",
         nargs="?",
-        choices=["tasks", "verifiers", "models", "tools", "configs"],
+        choices=["tasks", "verifiers", "samplers", "models", "tools", "configs"],
         help="what to list (default: all of them)",
     )
     p.add_argument(

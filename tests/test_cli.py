@@ -88,6 +88,7 @@ def test_list(capsys):
     for what, expected in [
         ("tasks", "grounding"),
         ("verifiers", "iou"),
+        ("samplers", "curriculum"),
         ("models", "qwen2_5_vl"),
         ("configs", "configs/recipes/time_r1.yaml"),
     ]:
