@@ -8,7 +8,8 @@ Layout of a run directory's checkpoints::
 
 A checkpoint is written into ``step-NNNNNN.tmp-<pid>``, every file fsynced, then renamed to
 ``step-NNNNNN``: a rename is atomic, so a directory without ``.tmp`` is always complete, and
-a kill during a save leaves only a ``.tmp`` directory that the next save removes.
+a kill during a save leaves only a ``.tmp`` directory that the next save removes. Old
+checkpoints are renamed to such a name before they are deleted, for the same reason.
 """
 
 from __future__ import annotations
@@ -76,13 +77,25 @@ def save_checkpoint(
     write_model(tmp)
     torch.save(trainer_state, tmp / STATE_FILE)
     _fsync_tree(tmp)
+    replaced = None
     if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-        shutil.rmtree(final)
+        replaced = _set_aside(final)
     os.replace(tmp, final)
     _fsync_tree(checkpoints_dir)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(_set_aside(old), ignore_errors=True)
     return final
+
+
+def _set_aside(checkpoint: Path) -> Path:
+    """Rename ``checkpoint`` to a ``.tmp-`` name before deleting it, so that a kill during the
+    deletion leaves a directory the next save removes, never a ``step-NNNNNN`` without its
+    trainer state."""
+    aside = checkpoint.with_name(f"{checkpoint.name}.tmp-old-{os.getpid()}")
+    os.replace(checkpoint, aside)
+    return aside
 
 
 def list_checkpoints(checkpoints_dir: Path) -> list[Path]:
