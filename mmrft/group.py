@@ -241,10 +241,18 @@ class RowLayout:
         return inside & (in_prompt | in_completion | ((sq < 0) & (q == k)))
 
     def dense(self) -> torch.Tensor:
-        """``[R, L, L]`` bool: :meth:`allowed` at every (query, key)."""
-        R, L = self.segment.shape
-        b, q, k = torch.arange(R)[:, None, None], torch.arange(L)[:, None], torch.arange(L)
-        return self.allowed(b, q, k)
+        """``[R, L, L]`` bool: :meth:`allowed` at every (query, key), built from whole-row
+        comparisons (bool temporaries only; gathering through :meth:`allowed` would hold
+        ``R × L × L`` int64 indices, 8× the mask, on the default path)."""
+        L = self.segment.shape[1]
+        sq, sk = self.segment[:, :, None], self.segment[:, None, :]
+        causal = torch.ones(L, L, dtype=torch.bool).tril()
+        out = (sq > 0) & ((sk == 0) | ((sk == sq) & causal))
+        out |= (sq < 0) & torch.eye(L, dtype=torch.bool)
+        P = min(self.prompt.shape[-1], L)
+        in_prompt = (self.segment[:, :P] == 0)[:, :, None] & (self.segment[:, :P] == 0)[:, None, :]
+        out[:, :P, :P] |= in_prompt & self.prompt[:, :P, :P]
+        return out
 
 
 def layout_masks(
