@@ -425,6 +425,8 @@ class VerifierPool:
         """Send a request to worker ``w``; one that ended while idle (a kill, the kernel's OOM
         killer) is replaced, with a warning, and the request goes to its replacement."""
         try:
+            if self._workers[w].proc.poll() is not None:  # reaped: it ended before this call
+                raise BrokenPipeError
             self._workers[w].conn.send_bytes(data)
         except OSError:
             how = self._workers[w].exit_status()

@@ -77,12 +77,21 @@ def samples(n: int, target: object = "5") -> list[Sample]:
 
 
 def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie awaiting its parent's wait counts as ended)."""
+    """Whether any thread of process ``pid`` runs. A killed process's main thread can show as a
+    zombie while its other threads still hold its files (its sockets stay open), so every task
+    is read, not only the main one."""
     try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+        tasks = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return False
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return True
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return False
 
 
 @pytest.mark.parametrize(
