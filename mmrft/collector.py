@@ -438,6 +438,28 @@ class Collector:
         self.stats = PromptStats(cfg.data.stats_ema)
         self.correctness = correctness_verifier(cfg.data.stats_verifier, reward)
 
+    def sync_weights(self, version: int) -> None:
+        """The trainer's weights are now ``version`` (RL updates included): an engine with its
+        own copy reloads them (:meth:`Engine.sync_weights`)."""
+        self.engine.sync_weights()
+
+    def start(self, first_step: int, last_step: int) -> None:
+        """Nothing runs ahead: every step is collected when the trainer asks for it."""
+
+    def resume_state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint after ``step`` keeps of the collector: the data position, the
+        samples whose media failed, the prompt statistics and the random state (this process's;
+        the trainer gathers every rank's)."""
+        return {
+            "data_position": self.source.position,
+            "bad_samples": sorted(self.source.bad),  # media that failed when drawn: never again
+            "prompt_stats": self.stats.state_dict(),  # the same on every rank
+            "rng": rng_state(),
+        }
+
+    def close(self) -> None:
+        """Nothing runs in the background."""
+
     def collect(self, step: int) -> StepBatch:
         """This process's share of step ``step``'s batch (collective under several processes:
         every rank runs as many rounds)."""

@@ -339,6 +339,14 @@ class RolloutConfig:
         default_factory=ToolsConfig,
         metadata={"help": "Multi-turn rollouts with tools (crop, video_frames, ...)."},
     )
+    max_staleness: int = _f(
+        0,
+        "Asynchronous rollouts: step t's completions may be sampled by weights up to this many updates older than the ones step t updates (t − 1), so generating the next steps overlaps the update (a rollout thread with its own copy of the weights, docs/algorithms.md#asynchronous-rollouts); the loss corrects the gap with algorithm.tis_cap (required). 0 = synchronous: generate, then update.",
+    )
+    partial_rollouts: bool = _f(
+        False,
+        "With max_staleness > 0: weights pushed while a batch decodes are loaded between two decode steps, so a completion cut by an update continues under the new weights (each token's version is recorded); false = a batch samples with the weights it started with.",
+    )
 
 
 @dataclass
@@ -627,6 +635,27 @@ def check_config(cfg: RunConfig) -> None:
         "must be in (0, 1]",
     )
     need(cfg.algorithm.tis_cap >= 0, "algorithm.tis_cap", "must be ≥ 0 (0 = off)")
+    need(cfg.rollout.max_staleness >= 0, "rollout.max_staleness", "must be ≥ 0 (0 = synchronous)")
+    if cfg.rollout.max_staleness:
+        need(
+            cfg.algorithm.tis_cap > 0,
+            "algorithm.tis_cap",
+            f"rollout.max_staleness={cfg.rollout.max_staleness} trains on completions sampled by "
+            "older weights; set algorithm.tis_cap (e.g. 2.0) so the loss corrects for it",
+        )
+        need(
+            cfg.rollout.engine == "hf" and cfg.rollout.group_shared,
+            "rollout.max_staleness",
+            "asynchronous rollouts run on rollout.engine=hf with rollout.group_shared=true "
+            "(the engine that reports its sampling log-probs and can take new weights between "
+            "two decode steps)",
+        )
+    else:
+        need(
+            not cfg.rollout.partial_rollouts,
+            "rollout.partial_rollouts",
+            "needs rollout.max_staleness > 0 (a synchronous step never changes weights mid-batch)",
+        )
     need(
         not (cfg.warm_start.steps and cfg.algorithm.beta > 0 and cfg.train.sharding != "none"),
         "warm_start.steps",

@@ -49,6 +49,7 @@ from rich.markup import escape
 from rich.progress import Progress
 
 from mmrft import distributed, judges, zero
+from mmrft.ahead import AheadCollector, rollout_copy
 from mmrft.algorithms import (
     group_advantages,
     group_stats,
@@ -60,7 +61,6 @@ from mmrft.checkpoint import (
     checkpoint_step,
     find_resume_checkpoint,
     load_trainer_state,
-    rng_state,
     save_checkpoint,
     set_rng_state,
 )
@@ -428,7 +428,7 @@ class Run:
     train_samples: list[Sample]
     test_samples: list[Sample]
     engine: Engine
-    collector: Collector
+    collector: Collector | AheadCollector
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     stream: SampledStream
@@ -548,6 +548,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     run = setup(cfg, console)
     try:
         start_step = begin(run)
+        run.collector.start(start_step + 1, cfg.train.steps)
         t_train = time.perf_counter()
         progress = run.progress = progress_bar(run.console)
         with progress, GracefulStop() as stop, Heartbeat(cfg.train.heartbeat_s) as heartbeat:
@@ -583,6 +584,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
         run.progress = None
         return finish(run, start_step, time.perf_counter() - t_train)
     finally:
+        run.collector.close()  # the rollout thread, if one runs ahead
         run.engine.close()
         run.reward.close()  # the verifier workers
         if run.eval_verifiers is not None:
@@ -704,9 +706,16 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
             check_attention(policy.model)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    # asynchronous rollouts sample from a copy of the weights, in a thread (mmrft.ahead)
+    if cfg.rollout.max_staleness and world > 1:
+        raise ConfigError(
+            "rollout.max_staleness: asynchronous rollouts run in one process for now; "
+            "launch a single process or set rollout.max_staleness=0"
+        )
+    sampler_policy = rollout_copy(policy) if cfg.rollout.max_staleness else policy
     engine = build_engine(
         cfg.rollout,
-        policy,
+        sampler_policy,
         model_path=str(resolve_path(cfg.model.path)),
         limits=media_limits(
             train_samples + test_samples,
@@ -740,7 +749,13 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         ),
         enabled=rank == 0,
     )
-    collector = Collector(cfg, task, policy, engine, reward, train_samples, stream, auxiliaries)
+    collector: Collector | AheadCollector = Collector(
+        cfg, task, sampler_policy, engine, reward, train_samples, stream, auxiliaries
+    )
+    if cfg.rollout.max_staleness:
+        collector = AheadCollector(
+            collector, policy, cfg.rollout.max_staleness, cfg.rollout.partial_rollouts
+        )
     return Run(
         cfg=cfg,
         console=console,
@@ -810,7 +825,7 @@ def begin(run: Run) -> int:
     if checkpoint is not None and run.reference is not None and saved.is_file():
         run.reference = None
         run.reference = warm_started_reference(run.policy, run.run_dir, save=False, load=True)
-    run.engine.sync_weights()  # an engine with its own weights starts from the loop's
+    run.collector.sync_weights(start_step)  # an engine with its own weights starts from these
     if checkpoint is None and cfg.eval.before and run.test_samples:
         run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
     # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
@@ -982,7 +997,7 @@ def update(run: Run, batch: StepBatch, advantage: torch.Tensor, step: int) -> di
     except FloatingPointError as exc:
         _write_failure(run.run_dir, step, str(exc), batch.samples)
         raise
-    run.engine.sync_weights()
+    run.collector.sync_weights(step)
     return stats
 
 
@@ -1033,17 +1048,17 @@ def log_step(
 def save(run: Run, step: int) -> None:
     """Write the checkpoint of ``step`` (collective: every rank takes part, rank 0 writes)."""
     _check_replicas(run.policy, f"step {step}")
+    collector_state = run.collector.resume_state(step)
     state = {
         "step": step,
         # full, in the unsharded layout, so any world size resumes
         "optimizer": distributed.full_optimizer_state(run.policy.model, run.optimizer),
         "scheduler": run.scheduler.state_dict(),
-        "rng": rng_state(),  # rank 0's, kept for single-process readers
-        "rng_by_rank": distributed.gather_objects(rng_state()),
+        # the collector's state before step + 1 (data position, bad media, prompt statistics,
+        # random state: "rng" is rank 0's, kept for single-process readers)
+        **collector_state,
+        "rng_by_rank": distributed.gather_objects(collector_state["rng"]),
         "world_size": run.world,
-        "data_position": run.stream.position,
-        "bad_samples": sorted(run.stream.bad),  # media that failed when drawn: never drawn again
-        "prompt_stats": run.collector.stats.state_dict(),  # the same on every rank
         "evals": run.evals,
         "eval_categories": run.categories,
         "config": to_dict(run.cfg),

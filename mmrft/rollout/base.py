@@ -85,6 +85,9 @@ class Rollouts:
             tokens among ``completion_ids`` (observations: 0) and whose ``media`` are the
             observations' media tensors, after the prompt's; ``texts`` then holds each
             trajectory's last turn. ``None`` for single-turn rollouts.
+        token_versions: per completion, the version of the weights that sampled each of its
+            tokens (the number of RL updates they include, :mod:`mmrft.ahead`), where the
+            engine records them; ``None`` otherwise.
     """
 
     prompts: list[dict[str, Any]] = field(default_factory=list)
@@ -96,6 +99,7 @@ class Rollouts:
     seconds: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
     trajectories: list[Any] | None = None
+    token_versions: list[list[int]] | None = None
 
     def loss_tokens(self, i: int) -> int:
         """Tokens of completion ``i`` that the loss counts: the model's own."""
@@ -115,10 +119,17 @@ class Rollouts:
         text: str,
         truncated: bool,
         logprobs: list[float] | None = None,
+        versions: list[int] | None = None,
     ) -> None:
-        """Append one completion of ``prompts[prompt]``."""
+        """Append one completion of ``prompts[prompt]`` (``versions``: its tokens' weight
+        versions, kept only while every completion has them)."""
         if not self.completion_ids:
             self.logprobs = [] if logprobs is not None else None
+            self.token_versions = [] if versions is not None else None
+        if self.token_versions is not None and versions is not None:
+            self.token_versions.append(versions)
+        else:
+            self.token_versions = None
         self.prompt_index.append(prompt)
         self.completion_ids.append(ids)
         self.texts.append(text)
@@ -145,6 +156,9 @@ class Rollouts:
             trajectories=None
             if self.trajectories is None
             else [self.trajectories[i] for i in indices],
+            token_versions=None
+            if self.token_versions is None
+            else [self.token_versions[i] for i in indices],
         )
 
     def extend(self, other: Rollouts) -> None:
@@ -165,6 +179,10 @@ class Rollouts:
             self.logprobs = (self.logprobs or []) + other.logprobs
         else:
             self.logprobs = None
+        if other.token_versions is not None and (self.token_versions is not None or not had_any):
+            self.token_versions = (self.token_versions or []) + other.token_versions
+        else:
+            self.token_versions = None
         self.seconds += other.seconds
         for key, value in other.timings.items():
             self.timings[key] = self.timings.get(key, 0.0) + value

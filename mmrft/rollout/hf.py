@@ -27,7 +27,7 @@ weights to push after an optimizer step.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,6 +78,10 @@ class HFEngine:
         # A model must never write a media placeholder: the training forward would then count
         # more image tokens than images ("Image features and image tokens do not match").
         self.suppress_ids = policy.family.suppress_token_ids(policy.processor)
+        # asynchronous rollouts (mmrft.ahead): the weights' version, recorded with every token,
+        # and a hook run between two decode steps that may load newer weights (partial rollouts)
+        self.version = 0
+        self.between_tokens: Callable[[], None] | None = None
 
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the policy's own parameters."""
@@ -133,9 +137,9 @@ class HFEngine:
                 decoded = self._decode(
                     members, first_logits, prefix, positions, sampling, start, begin, rows
                 )
-                for k, (ids, logprobs, truncated) in zip(members, decoded):
+                for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
                     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-                    out.add(k, ids, text, truncated, logprobs)
+                    out.add(k, ids, text, truncated, logprobs, versions)
             out.timings = {
                 "encode_s": encode[0],
                 "prefill_s": t1 - start - encode[0],
@@ -173,9 +177,9 @@ class HFEngine:
             decoded = self._decode(
                 members, first_logits, prefix, positions, sampling, start, begin, out.prompts
             )
-            for k, (ids, logprobs, truncated) in zip(members, decoded):
+            for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-                out.add(k, ids, text, truncated, logprobs)
+                out.add(k, ids, text, truncated, logprobs, versions)
         t2 = time.perf_counter()
         out.timings = {"encode_s": encode[0], "prefill_s": t1 - t0 - encode[0], "decode_s": t2 - t1}
         return out
@@ -239,9 +243,11 @@ class HFEngine:
         start: float,
         offset: int = 0,
         prompts: list[dict[str, Any]] | None = None,
-    ) -> list[tuple[list[int], list[float], bool]]:
+    ) -> list[tuple[list[int], list[float], bool, list[int]]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
-        prompts' caches; ``(ids, sampler log-probs, truncated)`` per member. ``offset``: the
+        prompts' caches; ``(ids, sampler log-probs, truncated, versions)`` per member, where
+        ``versions`` is :attr:`version` when each token was sampled (:attr:`between_tokens`
+        may load newer weights between two steps; the cache of earlier tokens is kept). ``offset``: the
         index of the first member's completion in the engine call (for :meth:`_next_tokens`).
         ``prompts``: the prompt rows, whose tokens count as seen under
         ``sampling.repetition_penalty``."""
@@ -265,6 +271,7 @@ class HFEngine:
         stops = set(self.stop_ids) | set(sampling.stop_token_ids)
         ids: list[list[int]] = [[] for _ in range(R)]
         logps: list[list[float]] = [[] for _ in range(R)]
+        versions: list[list[int]] = [[] for _ in range(R)]
         done = [False] * R
         alive = torch.arange(R, device=device)  # the rows of `members` still in the batch
         seen = None  # [rows alive, V]: the tokens the repetition penalty applies to
@@ -284,6 +291,7 @@ class HFEngine:
                 if not done[row]:  # a finished row waiting to leave the batch gets nothing
                     ids[row].append(token)
                     logps[row].append(logp)
+                    versions[row].append(self.version)
                     done[row] = token in stops
             if t + 1 == sampling.max_new_tokens or all(done):
                 break
@@ -298,6 +306,8 @@ class HFEngine:
                 seen = seen[keep] if seen is not None else None
             else:  # finished rows run on padding until enough of them leave together
                 tokens = tokens.masked_fill(finished, policy.pad_token_id)
+            if self.between_tokens is not None:
+                self.between_tokens()
             attention = torch.cat([attention, attention.new_ones((len(alive), 1))], dim=1)
             step_positions = (after + t)[None, :, None].expand(axes, -1, -1)
             out = model(
@@ -309,7 +319,7 @@ class HFEngine:
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1].float()
-        return [(ids[r], logps[r], not done[r]) for r in range(R)]
+        return [(ids[r], logps[r], not done[r], versions[r]) for r in range(R)]
 
     def _next_tokens(
         self,

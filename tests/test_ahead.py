@@ -1,0 +1,356 @@
+"""Asynchronous rollouts (mmrft.ahead): versions, the gate, the correction's inputs, drops,
+errors, resume, and k = 0 through the rollout thread equal to the synchronous path."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from mmrft import trainer
+from mmrft.ahead import AheadCollector, drop_groups, lag_stats, rollout_copy, stale_groups
+from mmrft.collector import Collector, StepBatch
+from mmrft.data import Sample
+from mmrft.rewards import RewardBreakdown
+from mmrft.rollout import HFEngine, Rollouts
+from mmrft.typecheck import ConfigError
+from tests.test_trainer import tiny_config, weights
+
+# ---------------------------------------------------------------------------------------------
+# Pure pieces, hand-computed
+
+
+def test_stale_groups_and_lag_by_hand():
+    versions = [[3, 3], [3], [1, 3], [3, 3]]  # two groups of 2; group 1 holds a version-1 token
+    assert stale_groups(versions, 2, current=3, bound=1) == [1]
+    assert stale_groups(versions, 2, current=3, bound=2) == []
+    assert stale_groups(versions, 2, current=5, bound=1) == [0, 1]
+    # lags 0,0 | 0 | 2,0 | 0,0 → mean 2/7, max 2
+    assert lag_stats(versions, 3) == pytest.approx((2 / 7, 2.0))
+    assert lag_stats([], 3) == (0.0, 0.0)
+
+
+def test_drop_groups_keeps_the_others_and_everything_generated():
+    samples = [Sample(id=f"s{g}", messages=[], target="") for g in range(3) for _ in range(2)]
+    rollouts = Rollouts(prompts=[{}, {}, {}], prompt_index=[0, 0, 1, 1, 2, 2])
+    for i in range(6):
+        rollouts.add(i // 2, [i], f"c{i}", False, [-0.1 * i], [i // 2])
+    rollouts.prompt_index = [0, 0, 1, 1, 2, 2]
+    batch = StepBatch(
+        samples=samples,
+        rollouts=rollouts,
+        rewards=torch.arange(6.0),
+        generated=rollouts,
+        generated_samples=samples,
+        scored=RewardBreakdown(total=[0.0] * 6, scores={}, reasons={}),
+    )
+    out = drop_groups(batch, [1], 2)
+    assert [s.id for s in out.samples] == ["s0", "s0", "s2", "s2"]
+    assert out.rewards.tolist() == [0.0, 1.0, 4.0, 5.0]
+    assert out.rollouts.texts == ["c0", "c1", "c4", "c5"]
+    assert out.rollouts.token_versions == [[0], [0], [2], [2]]
+    assert out.generated is rollouts and len(out.generated_samples) == 6
+
+
+# ---------------------------------------------------------------------------------------------
+# The rollout thread on a scripted schedule
+
+
+class ScriptedEngine(HFEngine):
+    """The real ``hf`` engine, whose calls wait until the test releases them: the test decides
+    how generation interleaves with the updates. ``entered[c]`` is set when call ``c`` starts
+    (with the version it samples with in ``versions_at_entry``)."""
+
+    def __init__(self, policy, calls: int = 8) -> None:
+        super().__init__(policy, batch_size=8)
+        self.entered = [threading.Event() for _ in range(calls)]
+        self.release = [threading.Event() for _ in range(calls)]
+        self.versions_at_entry: list[int] = []
+        self.calls = 0
+
+    def generate(self, conversations, n, sampling):
+        call = self.calls
+        self.calls += 1
+        self.versions_at_entry.append(self.version)
+        self.entered[call].set()
+        assert self.release[call].wait(60), f"call {call} never released"
+        return super().generate(conversations, n, sampling)
+
+
+HASH_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_ahead_hash", low=0.0, high=1.0)
+def spread(completions, samples):
+    \"\"\"A deterministic score that differs between completions: rewards vary in a group.\"\"\"
+    return [sum(map(ord, c)) % 7 / 6 for c in completions]
+"""
+
+
+def config(tmp_path, *extra: str):
+    """The trainer tests' tiny run, rewarded by ``test_ahead_hash`` (so updates move)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    plugin = tmp_path / "hash_plugin.py"
+    plugin.write_text(HASH_PLUGIN)
+    return tiny_config(
+        tmp_path, f"plugins=[{plugin}]", "reward.verifiers=[{name: test_ahead_hash}]", *extra
+    )
+
+
+def scripted_run(tmp_path, partial: bool = False, staleness: int = 1):
+    cfg = config(
+        tmp_path,
+        f"rollout.max_staleness={staleness}",
+        "algorithm.tis_cap=2",
+        f"rollout.partial_rollouts={str(partial).lower()}",
+        "optim.lr=5e-2",
+        "rollout.max_new_tokens=8",
+    )
+    run = trainer.setup(cfg)
+    copy = rollout_copy(run.policy)
+    engine = ScriptedEngine(copy)
+    inner = Collector(
+        cfg,
+        run.task,
+        copy,
+        engine,
+        run.reward,
+        run.train_samples,
+        run.stream,
+        run.collector.collector.auxiliaries,
+    )
+    run.collector.close()
+    run.collector = AheadCollector(inner, run.policy, staleness, partial)
+    return run, engine
+
+
+def train_on(run, batch, step):
+    advantage = trainer.advantages(run, batch, step, trainer.Heartbeat(0))
+    return trainer.update(run, batch, advantage, step)  # pushes version `step` to the thread
+
+
+def sampler_gap(policy, batch, cfg) -> float:
+    """Largest |log π(y_t) − sampler log-prob| over the batch's tokens under ``policy``."""
+    indices = list(range(len(batch.rollouts.completion_ids)))
+    with torch.no_grad():
+        logps, mask, _ = trainer.training_forward(policy, batch.rollouts, indices, cfg, False)
+    sampler = trainer.sampler_logps(batch.rollouts, indices, logps)
+    return float(((logps - sampler).abs() * mask).max())
+
+
+def test_one_step_ahead_records_versions_and_the_samplers_weights(tmp_path):
+    run, engine = scripted_run(tmp_path)
+    ahead = run.collector
+    try:
+        ahead.sync_weights(0)
+        ahead.start(1, 3)
+        engine.release[0].set()
+        b1 = ahead.collect(1)
+        assert {v for vs in b1.rollouts.token_versions for v in vs} == {0}
+        assert b1.counts["rollout/lag_max"] == 0.0
+        # batch 2 starts at version 0 (the gate allows it: 0 ≥ 2 − 1 − 1), then update 1 runs
+        assert engine.entered[1].wait(60)
+        version_0 = rollout_copy(run.policy)
+        train_on(run, b1, 1)
+        engine.release[1].set()
+        b2 = ahead.collect(2)
+        assert engine.versions_at_entry[:2] == [0, 0]
+        assert {v for vs in b2.rollouts.token_versions for v in vs} == {0}
+        assert b2.counts["rollout/lag_mean"] == 1.0 and b2.counts["rollout/stale_dropped"] == 0
+        # the correction's input: the sampler's log-probs are version 0's, not the trainer's
+        assert sampler_gap(version_0, b2, run.cfg) < 1e-4
+        assert sampler_gap(run.policy, b2, run.cfg) > 1e-3
+        # batch 3 may start once version 1 exists; it samples with version 1
+        assert engine.entered[2].wait(60)
+        stats = train_on(run, b2, 2)
+        assert stats["rollout/logp_gap_mean"] > 0  # what the importance weights correct
+        engine.release[2].set()
+        b3 = ahead.collect(3)
+        assert engine.versions_at_entry == [0, 0, 1]
+        assert b3.counts["rollout/lag_max"] == 1.0
+        # the checkpoint after step 2 keeps the state from before step 3: position 2 × 2
+        assert ahead.resume_state(2)["data_position"] == 2 * 2
+    finally:
+        for event in engine.release:
+            event.set()
+        run.collector.close()
+        run.reward.close()
+
+
+def test_the_gate_holds_the_rollout_thread_k_updates_ahead(tmp_path):
+    run, engine = scripted_run(tmp_path)
+    ahead = run.collector
+    try:
+        ahead.sync_weights(0)
+        ahead.start(1, 3)
+        for c in range(3):
+            engine.release[c].set()
+        b1 = ahead.collect(1)
+        assert engine.entered[1].wait(60)
+        # batch 3 needs version 1: the thread waits at the gate with batch 2 done
+        assert not engine.entered[2].wait(1.0)
+        train_on(run, b1, 1)
+        assert engine.entered[2].wait(60)
+        assert ahead.collect(2).counts["rollout/lag_max"] == 1.0
+    finally:
+        for event in engine.release:
+            event.set()
+        run.collector.close()
+        run.reward.close()
+
+
+def test_partial_rollouts_continue_under_the_new_weights(tmp_path):
+    run, engine = scripted_run(tmp_path, partial=True)
+    ahead = run.collector
+    try:
+        ahead.sync_weights(0)
+        ahead.start(1, 2)
+        engine.release[0].set()
+        b1 = ahead.collect(1)
+        assert engine.entered[1].wait(60)  # batch 2 entered at version 0 ...
+        train_on(run, b1, 1)  # ... version 1 arrives before its first decode step
+        engine.release[1].set()
+        b2 = ahead.collect(2)
+        versions = b2.rollouts.token_versions
+        assert all(vs[0] == 0 for vs in versions)  # the first token: sampled at entry
+        assert all(set(vs[1:]) <= {1} for vs in versions)  # later ones: the new weights
+        assert any(len(vs) > 1 for vs in versions)
+        assert 0 < b2.counts["rollout/lag_mean"] < 1.0
+    finally:
+        for event in engine.release:
+            event.set()
+        run.collector.close()
+        run.reward.close()
+
+
+def test_groups_older_than_the_bound_are_dropped_and_counted(tmp_path):
+    run, engine = scripted_run(tmp_path)
+    ahead = run.collector
+    real_generate = HFEngine.generate
+
+    def aged(self, conversations, n, sampling):  # the first group reports version −5
+        out = real_generate(self, conversations, n, sampling)
+        for i in range(n):
+            out.token_versions[i] = [-5] * len(out.token_versions[i])
+        return out
+
+    try:
+        engine.release[0].set()
+        ahead.sync_weights(0)
+        engine.generate = aged.__get__(engine)
+        ahead.start(1, 1)
+        batch = ahead.collect(1)
+        G = run.cfg.rollout.group_size
+        assert batch.counts["rollout/stale_dropped"] == G
+        assert len(batch.samples) == len(batch.generated_samples) - G
+        assert batch.counts["rollout/lag_max"] == 0.0
+    finally:
+        run.collector.close()
+        run.reward.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole runs
+
+
+def metrics(summary) -> list[dict]:
+    text = (Path(summary["run_dir"]) / "metrics.jsonl").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_staleness_zero_through_the_rollout_thread_equals_the_synchronous_path(
+    tmp_path, monkeypatch
+):
+    sync = trainer.train(config(tmp_path / "sync", "optim.lr=5e-2", "algorithm.tis_cap=2"))
+    real = trainer.Collector
+
+    def threaded(cfg, task, policy, engine, reward, samples, source, auxiliaries):
+        copy = rollout_copy(policy)
+        inner = real(
+            cfg,
+            task,
+            copy,
+            HFEngine(copy, cfg.rollout.batch_size),
+            reward,
+            samples,
+            source,
+            auxiliaries,
+        )
+        return AheadCollector(inner, policy, 0)
+
+    monkeypatch.setattr(trainer, "Collector", threaded)
+    ahead = trainer.train(config(tmp_path / "ahead", "optim.lr=5e-2", "algorithm.tis_cap=2"))
+
+    def lines(summary):
+        rows = metrics(summary)
+        keep = ("train/reward", "loss", "rollout/logp_gap_max")
+        return [{k: r[k] for k in r if k.startswith(keep)} for r in rows]
+
+    assert lines(ahead) == lines(sync)
+    last = lambda s: weights(next((tmp_path / s["run_dir"]).glob("checkpoints/step-*3")))  # noqa: E731
+    for name, tensor in last(sync).items():
+        assert torch.equal(tensor, last(ahead)[name]), name
+
+
+def test_a_run_one_step_ahead_trains_checkpoints_and_resumes(tmp_path):
+    cfg = config(
+        tmp_path, "rollout.max_staleness=1", "algorithm.tis_cap=2", "train.steps=4", "optim.lr=5e-2"
+    )
+    summary = trainer.train(cfg)
+    rows = metrics(summary)
+    steps = [r for r in rows if "rollout/lag_max" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert steps[0]["rollout/lag_max"] == 0.0
+    assert all(r["rollout/lag_max"] <= 1.0 and r["rollout/stale_dropped"] == 0 for r in steps)
+    state = torch.load(
+        next((tmp_path / "smoke/checkpoints").glob("step-*2")) / "trainer_state.pt",
+        weights_only=False,
+    )
+    assert state["data_position"] == 2 * 2  # before step 3, though the thread ran ahead
+    # a longer run resumes from step 4 and regenerates from the saved state
+    more = config(
+        tmp_path, "rollout.max_staleness=1", "algorithm.tis_cap=2", "train.steps=5", "optim.lr=5e-2"
+    )
+    trainer.train(more)
+    rows = metrics(summary)
+    assert [r["step"] for r in rows if "rollout/lag_max" in r] == [1, 2, 3, 4, 5]
+
+
+def test_a_verifier_error_in_the_rollout_thread_stops_the_run_at_its_step(tmp_path):
+    plugin = tmp_path / "boom.py"
+    plugin.write_text(
+        "from mmrft import verifier\n"
+        "calls = [0]\n"
+        "@verifier('test_ahead_boom', low=0.0, high=1.0, isolate=False)\n"
+        "def boom(completions, samples):\n"
+        "    calls[0] += 1\n"
+        "    if calls[0] == 3:  # call 1 is the start-up probe\n"
+        "        raise ValueError('boom')\n"
+        "    return [0.5] * len(completions)\n"
+    )
+    cfg = tiny_config(
+        tmp_path,
+        "rollout.max_staleness=1",
+        "algorithm.tis_cap=2",
+        f"plugins=[{plugin}]",
+        "reward.verifiers=[{name: test_ahead_boom}]",
+        "reward.isolation=inline",
+    )
+    with pytest.raises(Exception, match="boom"):
+        trainer.train(cfg)
+    failure = json.loads((tmp_path / "smoke/failure.json").read_text())
+    assert failure["step"] == 2
+
+
+def test_bad_settings_fail_at_start_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="algorithm.tis_cap"):
+        tiny_config(tmp_path, "rollout.max_staleness=1")
+    with pytest.raises(ConfigError, match="rollout.partial_rollouts"):
+        tiny_config(tmp_path, "rollout.partial_rollouts=true")
+    with pytest.raises(ConfigError, match="rollout.max_staleness"):
+        tiny_config(
+            tmp_path, "rollout.max_staleness=1", "algorithm.tis_cap=2", "rollout.group_shared=false"
+        )
