@@ -15,13 +15,17 @@ The *lag* of a token trained at step t is (t − 1) − v, v the version that sa
 keeps it in [0, k]. k = 0 through this class alternates strictly and equals the synchronous
 path (the trainer itself uses the plain collector for k = 0).
 
-**Weights.** After each update the trainer thread copies its trainable tensors (only they
-change: with LoRA, the adapters) into a pending snapshot (:meth:`AheadCollector.sync_weights`),
-which the rollout thread loads into its copy before its next batch, or, with
-``rollout.partial_rollouts``, between two decode steps: a completion cut by an update continues
-under the new weights, each token recording the version that sampled it (the KV cache of its
-earlier tokens is kept, computed by the older weights, as verl's and AReaL's partial rollouts
-do). Tool rollouts record each completion's version at its batch's start, the oldest it can be.
+**Weights.** After each update the trainer thread copies the weights into a pending snapshot
+(:meth:`AheadCollector.sync_weights`), which the rollout thread loads before its next batch.
+With ``rollout.engine=hf`` the rollout thread samples from a copy of the model
+(:func:`rollout_copy`) and the snapshot holds only the trainable tensors (only they change:
+with LoRA, the adapters); with ``rollout.partial_rollouts`` it is loaded between two decode
+steps, so a completion cut by an update continues under the new weights, each token recording
+the version that sampled it (the KV cache of its earlier tokens is kept, computed by the older
+weights, as verl's and AReaL's partial rollouts do). An engine with its own copy of the weights
+(``vllm``, ``vllm_server``) gets the snapshot in its checkpoint format (LoRA merged) through its
+``load_weights`` and reports no per-token versions: each completion records its batch's
+version, as tool rollouts do (the oldest its tokens can be).
 
 **Correction.** The engine reports every token's log-probability under the weights that sampled
 it, log π_v(y_t); the loss weights each token by min(π_old(y_t) / π_v(y_t), tis_cap) (truncated
@@ -40,9 +44,9 @@ in distribution to an uninterrupted one, not bit for bit (the uninterrupted run 
 steps with older weights); k = 0 resumes exactly.
 
 **Limits.** One process (the rollout thread's collectives would interleave with the trainer's);
-``rollout.engine=hf`` with ``group_shared`` (the engine that reports sampling log-probs and takes
-weights between decode steps); memory for a second copy of the model and one of its trainable
-tensors.
+``rollout.engine=hf`` needs ``group_shared`` (the path that reports sampling log-probs); partial
+rollouts only on ``hf``; memory for a second copy of the model (``hf``) or one snapshot of the
+weights (the vLLM engines).
 """
 
 from __future__ import annotations
@@ -127,13 +131,13 @@ def drop_groups(batch: StepBatch, groups: Sequence[int], group_size: int) -> Ste
 
 
 class AheadCollector:
-    """Runs ``collector`` (built on :func:`rollout_copy` of ``policy`` and an engine sampling
-    from it) in a rollout thread up to ``max_staleness`` updates ahead of the trainer; the
-    trainer sees the synchronous collector's interface (module docstring).
+    """Runs ``collector`` in a rollout thread up to ``max_staleness`` updates ahead of the
+    trainer; the trainer sees the synchronous collector's interface (module docstring).
 
     Args:
-        collector: the collector on the rollout copy.
-        policy: the trainer's policy (its trainable tensors are copied after every update).
+        collector: the collector whose engine samples: ``hf`` on :func:`rollout_copy` of
+            ``policy``, or an engine with its own weights and a ``load_weights`` method.
+        policy: the trainer's policy (its weights are snapshot after every update).
         max_staleness: k, the largest lag of a trained token, in updates.
         partial_rollouts: load new weights between decode steps (else between batches).
     """
@@ -149,11 +153,17 @@ class AheadCollector:
         self.engine = collector.engine
         self.max_staleness = max_staleness
         self.partial_rollouts = partial_rollouts
+        self.policy = policy
+        # hf samples from a copy of the model; the vLLM engines hold their own weights
+        self.own_copy = collector.policy is not policy
+        if not self.own_copy and not hasattr(self.engine, "load_weights"):
+            raise TypeError(f"engine '{self.engine.name}' cannot take a snapshot of the weights")
         self._trainer_params = dict(policy.model.named_parameters())
         self._trainer_buffers = dict(policy.model.named_buffers())
         self._rollout_params = dict(collector.policy.model.named_parameters())
         self._rollout_buffers = dict(collector.policy.model.named_buffers())
         self._trainable = [n for n, p in self._trainer_params.items() if p.requires_grad]
+        self.engine.version = 0
         self._cond = threading.Condition()
         self._version = 0  # the trainer's weights
         self._pending: tuple[int, dict[str, torch.Tensor]] | None = None
@@ -165,7 +175,8 @@ class AheadCollector:
         self._finished = False
         self._idle_s = 0.0
         self._thread: threading.Thread | None = None
-        self.engine.between_tokens = self._between_tokens
+        if self.own_copy:
+            self.engine.between_tokens = self._between_tokens
 
     # -- what the trainer calls (its thread) -----------------------------------------------
     @property
@@ -177,19 +188,25 @@ class AheadCollector:
         return self.collector.tool_loop
 
     def sync_weights(self, version: int) -> None:
-        """The trainer's weights are now ``version``: snapshot them for the rollout copy (the
-        first call copies every parameter and buffer, later ones the trainable tensors) and
-        open the gate for the batches that version allows."""
+        """The trainer's weights are now ``version``: snapshot them (for the rollout copy, the
+        first call copies every parameter and buffer and later ones the trainable tensors; for
+        an engine with its own weights, all of them in checkpoint format) and open the gate
+        for the batches that version allows."""
         with torch.no_grad():
-            if not self._loaded_once:
+            if not self.own_copy:
+                from mmrft.rollout.vllm import merged_weights
+
+                tensors = {n: t.detach().clone() for n, t in merged_weights(self.policy.model)}
+            elif not self._loaded_once:
                 tensors = {n: p.detach().clone() for n, p in self._trainer_params.items()}
                 tensors.update({f"buffer:{n}": b.clone() for n, b in self._trainer_buffers.items()})
                 self._loaded_once = True
             else:
                 tensors = {n: self._trainer_params[n].detach().clone() for n in self._trainable}
         with self._cond:
-            if self._pending is not None and not all(k in tensors for k in self._pending[1]):
-                tensors = {**self._pending[1], **tensors}  # a full snapshot not yet loaded
+            pending = self._pending
+            if self.own_copy and pending is not None and not pending[1].keys() <= tensors.keys():
+                tensors = {**pending[1], **tensors}  # a full snapshot not yet loaded
             self._pending = (version, tensors)
             self._version = version
             self._cond.notify_all()
@@ -321,6 +338,10 @@ class AheadCollector:
         if pending is None:
             return
         version, tensors = pending
+        if not self.own_copy:
+            self.engine.load_weights(list(tensors.items()))
+            self.engine.version = version
+            return
         with torch.no_grad():
             for name, tensor in tensors.items():
                 if name.startswith("buffer:"):

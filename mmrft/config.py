@@ -657,13 +657,6 @@ def check_config(cfg: RunConfig) -> None:
             "needs rollout.max_staleness > 0 (a synchronous step never changes weights mid-batch)",
         )
     need(
-        not (cfg.warm_start.steps and cfg.algorithm.beta > 0 and cfg.train.sharding != "none"),
-        "warm_start.steps",
-        "with algorithm.beta > 0 the KL reference is the warm-started model, which is not yet "
-        f"built under train.sharding={cfg.train.sharding}; warm start without sharding, or set "
-        "algorithm.beta=0",
-    )
-    need(
         not (cfg.rollout.engine == "vllm" and cfg.rollout.timeout_s),
         "rollout.timeout_s",
         "bounds the hf engine's generate() only; vLLM has no time budget (set it to 0)",

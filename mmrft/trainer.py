@@ -706,13 +706,15 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
             check_attention(policy.model)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    # asynchronous rollouts sample from a copy of the weights, in a thread (mmrft.ahead)
+    # asynchronous rollouts sample in a thread from a copy of the weights (mmrft.ahead): for
+    # hf a copy of the model, the vLLM engines their own
     if cfg.rollout.max_staleness and world > 1:
         raise ConfigError(
             "rollout.max_staleness: asynchronous rollouts run in one process for now; "
             "launch a single process or set rollout.max_staleness=0"
         )
-    sampler_policy = rollout_copy(policy) if cfg.rollout.max_staleness else policy
+    ahead_copy = cfg.rollout.max_staleness and cfg.rollout.engine == "hf"
+    sampler_policy = rollout_copy(policy) if ahead_copy else policy
     engine = build_engine(
         cfg.rollout,
         sampler_policy,
@@ -817,14 +819,12 @@ def begin(run: Run) -> int:
             run.runlog.warm_start(losses)
             if run.reference is not None:
                 run.reference = None  # model.path's copy goes before the new one is made
-                run.reference = warm_started_reference(
-                    run.policy, run.run_dir, save=run.rank == 0, load=False
-                )
+                run.reference = warm_started_reference(run, load=False)
     skip_failed_media(run)
     saved = run.run_dir / REFERENCE_FILE  # the warm start's reference, not model.path's
     if checkpoint is not None and run.reference is not None and saved.is_file():
         run.reference = None
-        run.reference = warm_started_reference(run.policy, run.run_dir, save=False, load=True)
+        run.reference = warm_started_reference(run, load=True)
     run.collector.sync_weights(start_step)  # an engine with its own weights starts from these
     if checkpoint is None and cfg.eval.before and run.test_samples:
         run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
@@ -841,34 +841,54 @@ def begin(run: Run) -> int:
 REFERENCE_FILE = "reference.safetensors"
 
 
-def warm_started_reference(policy: Policy, run_dir: Path, save: bool, load: bool) -> Policy:
+def warm_started_reference(run: Run, load: bool) -> Policy:
     """The KL reference after a warm start: a frozen copy of the warm-started policy, the model
     RL starts from (the papers' reference is the SFT model RL begins with). The reference read
     from ``model.path`` would be the model *before* the warm start: KL to it pulls the policy
     back to not writing the answer format at all.
 
-    ``save`` (rank 0 after the warm start): write its weights to
-    ``run_dir/reference.safetensors``; ``load`` (a resumed run, every rank): read them from
-    there, so the reference is the same model after a resume. The other ranks after the warm
-    start only copy their own policy (identical on every rank), never reading a file rank 0
-    may still be writing. With LoRA
-    the copy keeps the adapters (the warm start trained them), so it is a frozen peft model.
-    Unsharded runs only (:func:`mmrft.config.check_config` refuses a warm start with β > 0
-    under ``train.sharding``).
+    After the warm start (``load`` False) rank 0 writes its weights to
+    ``run_dir/reference.safetensors``; a resumed run (``load`` True) reads them back on every
+    rank, so the reference is the same model after a resume. Unsharded, every rank copies its
+    own policy (identical on every rank; with LoRA the copy keeps the adapters, a frozen peft
+    model), never reading a file rank 0 may still be writing. Sharded (``train.sharding``), the
+    policy's full weights are gathered to rank 0 (a collective) and written, and every rank
+    loads the file into a fresh frozen model from ``model.path``, sharded like the one it
+    replaces.
     """
     import copy
 
     from safetensors.torch import load_model, save_model
 
-    model = copy.deepcopy(policy.model).eval()
-    for param in model.parameters():
-        param.requires_grad_(False)
-    path = run_dir / REFERENCE_FILE
-    if save:
-        save_model(model, str(path))
-    if load:
-        load_model(model, str(path))
-    return Policy(policy.family, model, policy.processor)
+    cfg, policy = run.cfg, run.policy
+    path = run.run_dir / REFERENCE_FILE
+    if cfg.train.sharding == "none":
+        model = copy.deepcopy(policy.model).eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        if load:
+            load_model(model, str(path))
+        elif run.rank == 0:
+            save_model(model, str(path))
+        return Policy(policy.family, model, policy.processor)
+    reference = load_policy(cfg.model, policy.device, trainable=False)
+    if not load:
+        weights = distributed.full_model_state(policy.model)  # collective: rank 0's is full
+        if weights is None:  # ZeRO-2: every rank's parameters are whole already
+            weights = policy.model.state_dict() if run.rank == 0 else {}
+        if run.rank == 0:  # written as the unsharded path writes it (tied weights once)
+            reference.model.load_state_dict(weights)
+            save_model(reference.model, str(path))
+        del weights
+        distributed.barrier()
+    load_model(reference.model, str(path))
+    distributed.shard_model(
+        reference.model,
+        cfg.train.sharding,
+        frozen=True,
+        deepspeed_config=deepspeed_config(cfg, run.world, training=False),
+    )
+    return reference
 
 
 def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from test_distributed import rank_batch
 REPO = Path(__file__).resolve().parents[1]
 
 BASE = [
-    "warm_start.steps=0",  # the demo's warm start is refused beside β > 0 under sharding
+    "warm_start.steps=0",  # these checks compare RL updates alone
     "rollout.group_size=4",
     "rollout.max_new_tokens=6",
     "train.micro_batch_size=3",  # several micro-batches per rank
@@ -300,7 +300,7 @@ def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
         "warm_start.steps=2", f"train.steps={steps}", "train.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=6", "eval.before=false", "eval.every=3", "eval.batch_size=20",
         "data.max_test_samples=4", "checkpoint.every=1", "train.threads=1",
-        "algorithm.beta=0",  # a sharded run refuses the demo's warm start beside β > 0
+        "algorithm.beta=0",
         *extra,
     ]  # fmt: skip
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
@@ -313,21 +313,32 @@ def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
     [pytest.param(m, marks=_needs(m)) for m in ("fsdp_full", "deepspeed_zero2", "deepspeed_zero3")],
 )
 def test_sharded_checkpoints_resume_on_any_world_size(mode, tmp_path):
-    """2 sharded processes write step 2; 1 unsharded process resumes it to step 3; 2 sharded
-    processes resume that to step 4. Every checkpoint is a plain save_pretrained directory.
-    The evaluation at step 3 generates on rank 0 alone (no collective may run inside)."""
-    # rewards are all 0 this early; the entropy bonus and the KL term (a sharded reference
-    # model) still give every step a gradient, so each step moves the weights and the
-    # optimizer state; no warm start (refused beside β > 0 under sharding: the reference
-    # would have to be the warm-started model)
+    """2 sharded processes warm-start and write step 2; 1 unsharded process resumes it to
+    step 3; 2 sharded processes resume that to step 4. Every checkpoint is a plain
+    save_pretrained directory. The evaluation at step 3 generates on rank 0 alone (no
+    collective may run inside). The KL reference is the warm-started model, gathered from
+    the shards, written once and read back by every resume."""
+    # the entropy bonus and the KL term (a sharded reference model) give every step a
+    # gradient even where the rewards are all equal, so each step moves the weights and the
+    # optimizer state
     sharded = [
         f"train.sharding={mode}",
         "algorithm.entropy_coef=0.01",
         "algorithm.beta=0.04",
-        "warm_start.steps=0",
     ]
     torchrun(tmp_path, 2, steps=2, extra=sharded)
+    from safetensors.torch import load_file
     from transformers import AutoModelForImageTextToText
+
+    # the reference is the warm-started policy: at step 1, before any RL update, KL = 0
+    lines = [json.loads(x) for x in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
+    first = next(m for m in lines if m.get("step") == 1 and "train/kl" in m)
+    assert first["train/kl"] < 1e-6
+    reference = load_file(tmp_path / "ws" / "reference.safetensors")
+    initial = AutoModelForImageTextToText.from_pretrained(REPO / "assets/models/tiny-qwen2_5_vl")
+    weights = initial.state_dict()  # tied weights are written once
+    moved = [k for k, v in reference.items() if not torch.equal(weights[k], v)]
+    assert moved, "the reference is model.path's model, not the warm-started one"
 
     step2 = tmp_path / "ws" / "checkpoints" / "step-000002"
     state = torch.load(step2 / "trainer_state.pt", weights_only=False)
