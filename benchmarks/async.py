@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -50,16 +49,6 @@ VARIANTS = {
     "k=2": ["rollout.max_staleness=2"],
     "k=1 partial": ["rollout.max_staleness=1", "rollout.partial_rollouts=true"],
 }
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def run_variant(name: str, seed: int, steps: int, threads: int, out: Path) -> dict[str, float]:
@@ -107,6 +96,8 @@ def run_variant(name: str, seed: int, steps: int, threads: int, out: Path) -> di
 
 
 def main() -> None:
+    from mmrft.runlog import cpu_model
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seeds", type=int, default=1)

@@ -183,17 +183,6 @@ def recipe_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what the platform module knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -249,6 +238,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from mmrft.runlog import cpu_model
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="recipes to run (default: all)")
     parser.add_argument("--out", default=str(REPO / "runs" / "learning"), help="output folder")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import signal
 import threading
 import time
@@ -28,6 +29,18 @@ from rich.progress import (
 from mmrft import distributed
 
 log = logging.getLogger("mmrft")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``, e.g. ``Intel(R) Xeon(R) Processor``), else
+    what the platform module knows: figures measured on one CPU can move on another."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 @dataclass

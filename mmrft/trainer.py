@@ -96,6 +96,7 @@ from mmrft.runlog import (
     NoSignalWatch,
     RunLog,
     attach_file_log,
+    cpu_model,
     media_counters,
     merge_rank_metrics,
     progress_bar,
@@ -642,6 +643,12 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         attach_file_log(run_dir / "train.log")
+        log.info(
+            "machine: %s, torch %s, %d threads",
+            cpu_model(),
+            torch.__version__,
+            torch.get_num_threads(),
+        )
     distributed.barrier()
     judges.use_run_dir(run_dir, rank)  # judges' verdicts outlive the process (judge_cache*.jsonl)
     console.rule(f"[bold]mmrft train[/bold] → {escape(str(run_dir))}")
