@@ -80,6 +80,19 @@ def rollout_copy(policy: Policy) -> Policy:
     return Policy(family=policy.family, model=model, processor=policy.processor)
 
 
+def _snapshot(weights: Any) -> dict[str, torch.Tensor]:
+    """Detached copies of named tensors; names sharing one tensor (tied embeddings) share its
+    copy, so a writer that stores a tensor once still does."""
+    copies: dict[tuple[int, int, tuple[int, ...]], torch.Tensor] = {}
+    out = {}
+    for name, tensor in weights:
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape))
+        if key not in copies:
+            copies[key] = tensor.detach().clone()
+        out[name] = copies[key]
+    return out
+
+
 def stale_groups(
     token_versions: Sequence[Sequence[int]], group_size: int, current: int, bound: int
 ) -> list[int]:
@@ -196,7 +209,7 @@ class AheadCollector:
             if not self.own_copy:
                 from mmrft.rollout.vllm import merged_weights
 
-                tensors = {n: t.detach().clone() for n, t in merged_weights(self.policy.model)}
+                tensors = _snapshot(merged_weights(self.policy.model))
             elif not self._loaded_once:
                 tensors = {n: p.detach().clone() for n, p in self._trainer_params.items()}
                 tensors.update({f"buffer:{n}": b.clone() for n, b in self._trainer_buffers.items()})

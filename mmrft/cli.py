@@ -37,16 +37,19 @@ from mmrft.plugins import (
     load_plugins,
 )
 from mmrft.rewards import RewardError
+from mmrft.rollout.served import ServerError
 from mmrft.typecheck import ConfigError, keyword_params_doc
 
 #: Printed as one line, exit status 2. RewardError: a verifier plugin raised, returned a value
 #: outside its range or NaN/inf, or overran its budget under reward.on_timeout=stop.
+#: ServerError: the served engine's vLLM server failed (its URL and log's last lines follow).
 USER_ERRORS = (
     ConfigError,
     DataError,
     UnknownNameError,
     PluginError,
     RewardError,
+    ServerError,
     FileNotFoundError,
 )
 

@@ -16,7 +16,10 @@ One step, in the order the code runs (:meth:`Collector.collect`)::
    ``file:line``, counts it and draws its replacement (:meth:`DataStream.index_at`) so the step
    stays full; ``raise`` stops the run with :class:`BadMediaError` (``failure.json`` names it).
 2. **generate**: the engine samples ``G = rollout.group_size`` completions per prompt,
-   group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only. With tools
+   group-contiguous, through the :class:`~mmrft.rollout.Engine` protocol only. With
+   ``rollout.perturb.share`` (NoisyRollout, :class:`mmrft.perturb.NoisyRollout`) ``m`` of the
+   ``G`` are sampled on a distorted copy of the prompt's media and the group is assembled with
+   every completion pointing at the clean prompt row: they are trained on as the clean ones. With tools
    (``rollout.tools.names``) this is the multi-turn loop (:class:`mmrft.trajectory.ToolLoop`):
    turn 1 as above, then every trajectory that called a tool gets the observation appended
    and continues, all of them in one batch per turn, until it answers or a budget ends it.
@@ -62,6 +65,7 @@ from mmrft.algorithms import (
 from mmrft.checkpoint import rng_state, set_rng_state
 from mmrft.config import RunConfig, TemporalContrastConfig
 from mmrft.data import DataError, Sample, count_skip
+from mmrft.perturb import NoisyRollout, prompt_seed
 from mmrft.plugins import did_you_mean
 from mmrft.policy import Policy
 from mmrft.rewards import RewardBreakdown, Score, WeightedReward
@@ -146,6 +150,9 @@ class Round:
     rollouts: Rollouts
     scored: RewardBreakdown
     group_size: int
+    perturbed: list[bool] | None = None
+    """Per completion, whether it was sampled on distorted media (NoisyRollout); ``None``
+    without ``rollout.perturb``."""
 
     @property
     def expanded(self) -> list[Sample]:
@@ -203,7 +210,7 @@ class AuxiliaryRollouts(Protocol):
 def shuffle_seed(seed: int, position: int) -> int:
     """The frame-shuffle seed of the prompt drawn at data ``position``: a pure function of the
     run seed and the position, so exact resumes and any world size shuffle alike."""
-    return int(np.random.SeedSequence([seed & 0xFFFFFFFF, position]).generate_state(1)[0])
+    return prompt_seed(seed, position)  # NoisyRollout's distortions add the step
 
 
 class TemporalContrast:
@@ -352,6 +359,23 @@ def build_auxiliaries(cfg: RunConfig, reward: WeightedReward) -> list[AuxiliaryR
     return out
 
 
+def build_perturb(cfg: RunConfig, policy: Policy) -> NoisyRollout | None:
+    """NoisyRollout's perturbation stage when ``rollout.perturb.share`` > 0, else ``None``
+    (the values were checked by :func:`mmrft.config.check_config`). Audio families decode
+    audio for ``audio_noise`` through their own loader (the model's rate and length bound)."""
+    p = cfg.rollout.perturb
+    if p.share <= 0:
+        return None
+    family, processor = policy.family, getattr(policy, "processor", None)
+    load_audio = None
+    if callable(getattr(family, "load_audio", None)):
+
+        def load_audio(source: Any) -> np.ndarray:
+            return family.load_audio(source, processor)
+
+    return NoisyRollout(p, cfg.rollout.group_size, cfg.train.seed, cfg.train.steps, load_audio)
+
+
 # ---------------------------------------------------------------------------------------------
 # Stage 2 with tools
 
@@ -374,7 +398,7 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
     if not callable(getattr(engine, "continue_rows", None)):
         raise ConfigError(
             f"rollout.tools: the '{engine.name}' engine cannot continue trajectories "
-            "(it has no continue_rows); use rollout.engine=hf or vllm"
+            "(it has no continue_rows); use rollout.engine=hf, vllm or vllm_server"
         )
     family = policy.family
     if type(family).observation_row is ModelFamily.observation_row:
@@ -435,6 +459,7 @@ class Collector:
             ignore_eos=rollout.ignore_eos,
         )
         self.tool_loop = build_tool_loop(cfg, policy, engine)
+        self.perturb = build_perturb(cfg, policy)
         self.stats = PromptStats(cfg.data.stats_ema)
         self.correctness = correctness_verifier(cfg.data.stats_verifier, reward)
 
@@ -514,6 +539,8 @@ class Collector:
         }
         for aux in self.auxiliaries:
             counts.update(aux.metrics())
+        if self.perturb is not None:
+            counts.update(self.perturb.metrics())
         if self.tool_loop is not None:
             counts.update(self.tool_loop.metrics())
         return StepBatch(
@@ -551,8 +578,19 @@ class Collector:
                 ]
             before = rng_state()
             failed: list[dict[str, Any]] = []
+            perturbed: list[bool] | None = None
             try:
-                if self.tool_loop is not None:
+                if self.perturb is not None:
+                    noisy = self.perturb.generate(
+                        self.engine,
+                        conversations,
+                        positions,
+                        [s.id for s in samples],
+                        step,
+                        self.sampling,
+                    )
+                    rollouts, perturbed = noisy.rollouts, noisy.perturbed
+                elif self.tool_loop is not None:
                     rollouts = self.tool_loop.run(
                         self.engine, conversations, samples, G, self.sampling
                     )
@@ -579,8 +617,10 @@ class Collector:
                 [s for s in samples for _ in range(G)],
                 context=f"at step {step}",
                 trajectories=rollouts.trajectories,
+                group_size=G,
             ),
             group_size=G,
+            perturbed=perturbed,
         )
         algo = self.cfg.algorithm
         if algo.overlong_buffer:
@@ -597,6 +637,8 @@ class Collector:
         seconds = time.perf_counter() - t0
         for aux in self.auxiliaries:
             seconds += self.run_auxiliary(aux, rnd, step)
+        if self.perturb is not None and rnd.perturbed is not None:
+            self.perturb.observe(rnd.scored.total, rnd.perturbed)
         return rnd, seconds
 
     def observe(self, rnd: Round, passed: torch.Tensor | None, step: int) -> None:
@@ -692,6 +734,7 @@ class Collector:
                 generated.texts,
                 expanded,
                 context=f"at step {step} ({request.label})",
+                group_size=request.n,
             )
             seconds = time.perf_counter() - t0
         add_shaping(rnd.scored, aux.name, aux.shape(rnd, request, scores))

@@ -265,6 +265,44 @@ class VLLMConfig:
 
 
 @dataclass
+class ServerConfig:
+    """vLLM's OpenAI-compatible server as the rollout engine (``rollout.engine=vllm_server``,
+    :mod:`mmrft.rollout.served`); the engine settings (dtype, seed, KV cache, lengths) are
+    ``rollout.vllm``'s."""
+
+    url: str | None = _f(
+        None,
+        "Base URL of a running vLLM server (http://host:port), started as docs/performance.md#the-served-engine shows; None = mmrft starts one on this machine from the same virtualenv and stops it when the run ends.",
+    )
+    host: str = _f("127.0.0.1", "Address a server mmrft starts listens on.")
+    port: int = _f(0, "Port of a server mmrft starts; 0 = a free port.")
+    start_timeout_s: float = _f(
+        300.0,
+        "Seconds a started server may take to answer /health (model loading and memory profiling included) before the run stops with the end of its log.",
+    )
+    request_timeout_s: float = _f(
+        600.0,
+        "Seconds one HTTP call to the server may take (a batch's generation, a weight reload) before the run stops naming the server.",
+    )
+    weights_dir: str | None = _f(
+        None,
+        "Directory the policy's weights are written to (safetensors, LoRA merged) after every optimizer step for the server to reload; None = a new directory in /dev/shm when it has room, else in the system's temporary directory. A server on another node needs a directory both machines see.",
+    )
+    extra_args: list[str] = _f(
+        [],
+        "More `vllm serve` arguments for a server mmrft starts, e.g. ['--max-num-seqs', '64'].",
+    )
+    log: str | None = _f(
+        None,
+        "File a started server's stdout and stderr go to (appended); None = server.log in a new temporary directory, removed when the run ends cleanly and kept (its path in the error) when the server fails.",
+    )
+    devices: str | None = _f(
+        None,
+        "GPUs of a server mmrft starts (its CUDA_VISIBLE_DEVICES, e.g. '1' or '4,5,6,7' with --tensor-parallel-size 4 in extra_args), so generation runs on devices of its own beside the trainer's; None = the trainer's environment.",
+    )
+
+
+@dataclass
 class ToolsConfig:
     """Multi-turn rollouts with tools (:mod:`mmrft.trajectory`); off while ``names`` is empty."""
 
@@ -294,13 +332,48 @@ class ToolsConfig:
 
 
 @dataclass
+class PerturbConfig:
+    """NoisyRollout's rollout perturbation (Liu et al. 2025, arXiv:2504.13055; :mod:`mmrft.perturb`)."""
+
+    share: float = _f(
+        0.0,
+        "Share of each group's completions sampled on a distorted copy of the prompt's media and trained on with the clean prompt (NoisyRollout, arXiv:2504.13055): m = round(share × rollout.group_size) clipped to [1, G − 1]; advantages are over the whole group, the update conditions every completion on the clean prompt; logged as train/reward/clean and train/reward/perturbed. 0 = off.",
+    )
+    kinds: list[str] = _f(
+        ["noise"],
+        "Distortions, applied in this order: noise, blur, crop, jitter (images, and every frame of a video), frame_drop, frame_jitter (videos), audio_noise (audio); each keeps the media's size (docs/algorithms.md#noisyrollout).",
+    )
+    strength: float = _f(
+        0.5,
+        "Distortion strength s₀ at step 0, in [0, 1] (0 = identity; noise: pixel std s × 255, blur: σ = s × max(H, W)/20 px, crop: side 1 − s/2, jitter: factors in [1 − s, 1 + s], frame_drop: drop probability s, audio_noise: std s × RMS).",
+    )
+    strength_end: float = _f(
+        0.0, "Strength reached at anneal_steps and kept after, in [0, strength]."
+    )
+    anneal: Literal["constant", "linear", "cosine", "sigmoid"] = _f(
+        "sigmoid",
+        "Annealing of the strength from strength to strength_end over anneal_steps: s(t) = s_end + (s₀ − s_end)(1 − λ(t/T)), λ constant 0, linear x, cosine (1 − cos πx)/2, sigmoid (NoisyRollout's shape, λ(½) = ½).",
+    )
+    anneal_steps: int = _f(0, "Steps T of the annealing; 0 = train.steps.")
+    seed: int | None = _f(
+        None,
+        "Seed of the distortions (each a pure function of it, the step and the prompt's data position, so resumes and world sizes distort alike); None = train.seed.",
+    )
+
+
+@dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = _f(
+    engine: Literal["hf", "vllm", "vllm_server"] = _f(
         "hf",
-        "Generation engine: 'hf' (the policy itself with transformers, group-shared by default) or 'vllm' (an in-process vLLM engine colocated with the trainer, weights pushed after every optimizer step; pip install 'mmrft[vllm]'; rollout.vllm.*).",
+        "Generation engine: 'hf' (the policy itself with transformers, group-shared by default), 'vllm' (an in-process vLLM engine colocated with the trainer, weights pushed after every optimizer step; pip install 'mmrft[vllm]'; rollout.vllm.*) or 'vllm_server' (vLLM's own server process, started by mmrft or reached at rollout.server.url; weights pushed through a safetensors directory after every optimizer step; rollout.vllm.* and rollout.server.*).",
     )
     vllm: VLLMConfig = field(
-        default_factory=VLLMConfig, metadata={"help": "The vLLM engine (rollout.engine=vllm)."}
+        default_factory=VLLMConfig,
+        metadata={"help": "The vLLM engine (rollout.engine=vllm or vllm_server)."},
+    )
+    server: ServerConfig = field(
+        default_factory=ServerConfig,
+        metadata={"help": "The served vLLM engine's process (rollout.engine=vllm_server)."},
     )
     group_size: int = _f(8, "Completions per prompt, G (papers: 8; 4 for 7B models).")
     temperature: float = _f(1.0, "Sampling temperature (papers: 0.9–1.0).")
@@ -338,6 +411,10 @@ class RolloutConfig:
     tools: ToolsConfig = field(
         default_factory=ToolsConfig,
         metadata={"help": "Multi-turn rollouts with tools (crop, video_frames, ...)."},
+    )
+    perturb: PerturbConfig = field(
+        default_factory=PerturbConfig,
+        metadata={"help": "NoisyRollout: a share of each group sampled on distorted media."},
     )
     max_staleness: int = _f(
         0,
@@ -644,11 +721,15 @@ def check_config(cfg: RunConfig) -> None:
             "older weights; set algorithm.tis_cap (e.g. 2.0) so the loss corrects for it",
         )
         need(
-            cfg.rollout.engine == "hf" and cfg.rollout.group_shared,
+            cfg.rollout.engine != "hf" or cfg.rollout.group_shared,
             "rollout.max_staleness",
-            "asynchronous rollouts run on rollout.engine=hf with rollout.group_shared=true "
-            "(the engine that reports its sampling log-probs and can take new weights between "
-            "two decode steps)",
+            "asynchronous rollouts on rollout.engine=hf need rollout.group_shared=true (the "
+            "path that reports its sampling log-probs)",
+        )
+        need(
+            cfg.rollout.engine == "hf" or not cfg.rollout.partial_rollouts,
+            "rollout.partial_rollouts",
+            "takes new weights between two decode steps, which only rollout.engine=hf can",
         )
     else:
         need(
@@ -657,10 +738,11 @@ def check_config(cfg: RunConfig) -> None:
             "needs rollout.max_staleness > 0 (a synchronous step never changes weights mid-batch)",
         )
     need(
-        not (cfg.rollout.engine == "vllm" and cfg.rollout.timeout_s),
+        not (cfg.rollout.engine in ("vllm", "vllm_server") and cfg.rollout.timeout_s),
         "rollout.timeout_s",
         "bounds the hf engine's generate() only; vLLM has no time budget (set it to 0)",
     )
+    check_server(cfg.rollout.server, need)
     need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
     need(0 < cfg.data.stats_ema <= 1, "data.stats_ema", "must be in (0, 1]")
     need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")
@@ -690,6 +772,7 @@ def check_config(cfg: RunConfig) -> None:
         "algorithm.temporal_contrast.shuffled_per_prompt",
         "must be ≥ 1 (or null for rollout.group_size // 2)",
     )
+    check_perturb(cfg, need)
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
     need(cfg.reward.workers >= 1, "reward.workers", "must be ≥ 1")
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
@@ -733,6 +816,75 @@ def check_config(cfg: RunConfig) -> None:
     ):
         value = getattr(cfg.data, key)
         need(value is None or value > 0, f"data.{key}", "must be > 0 (or null for no bound)")
+
+
+def check_perturb(cfg: RunConfig, need: Any) -> None:
+    """``rollout.perturb`` checks (``need(ok, key, message)`` raises naming the key)."""
+    from mmrft.perturb import KINDS
+
+    p = cfg.rollout.perturb
+    need(0 <= p.share < 1, "rollout.perturb.share", f"must be in [0, 1) (0 = off), got {p.share}")
+    need(0 <= p.strength <= 1, "rollout.perturb.strength", f"must be in [0, 1], got {p.strength}")
+    need(
+        0 <= p.strength_end <= p.strength,
+        "rollout.perturb.strength_end",
+        f"must be in [0, rollout.perturb.strength={p.strength}], got {p.strength_end}",
+    )
+    need(p.anneal_steps >= 0, "rollout.perturb.anneal_steps", "must be ≥ 0 (0 = train.steps)")
+    unknown = [k for k in p.kinds if k not in KINDS]
+    need(not unknown, "rollout.perturb.kinds", f"unknown {unknown}; valid: {', '.join(KINDS)}")
+    need(len(set(p.kinds)) == len(p.kinds), "rollout.perturb.kinds", "lists a distortion twice")
+    if p.share > 0:
+        need(bool(p.kinds), "rollout.perturb.kinds", "needs at least one distortion")
+        need(
+            not cfg.rollout.tools.names,
+            "rollout.perturb.share",
+            "perturbed rollouts are single-turn; set it to 0 with rollout.tools.names",
+        )
+        need(
+            not cfg.rollout.max_staleness,
+            "rollout.perturb.share",
+            "perturbed completions report no sampler log-probs, which asynchronous rollouts "
+            "(rollout.max_staleness > 0) need for their correction; set one of them to 0",
+        )
+
+
+def check_server(server: ServerConfig, need: Any) -> None:
+    """``rollout.server`` checks (``need(ok, key, message)`` raises naming the key)."""
+    url = server.url
+    need(
+        url is None
+        or re.fullmatch(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?/?", url)
+        is not None,
+        "rollout.server.url",
+        f"{url!r} must be a base URL http://host:port (no path), or null to start a server",
+    )
+    need(0 <= server.port <= 65535, "rollout.server.port", "must be in [0, 65535] (0 = a free one)")
+    need(bool(server.host.strip()), "rollout.server.host", "must not be empty")
+    need(server.start_timeout_s > 0, "rollout.server.start_timeout_s", "must be > 0")
+    need(server.request_timeout_s > 0, "rollout.server.request_timeout_s", "must be > 0")
+    need(
+        url is None or not server.extra_args,
+        "rollout.server.extra_args",
+        "applies to a server mmrft starts; with rollout.server.url set, give the flags to the "
+        "server you start",
+    )
+    need(
+        all(isinstance(a, str) and a for a in server.extra_args),
+        "rollout.server.extra_args",
+        "must be non-empty strings",
+    )
+    devices = server.devices
+    need(
+        devices is None or re.fullmatch(r"\d+(,\d+)*", devices) is not None,
+        "rollout.server.devices",
+        f"{devices!r} must be device indices separated by commas, e.g. '1' or '4,5,6,7'",
+    )
+    need(
+        url is None or devices is None,
+        "rollout.server.devices",
+        "applies to a server mmrft starts; a server at rollout.server.url uses its own",
+    )
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -809,7 +961,14 @@ def resolve_config_path(name: str | Path | None) -> Path:
 # file they are relative to that file's folder (the file says where its data is); given on the
 # command line, to the current directory. ``output_dir`` always means the current directory
 # (where this user wants runs), and so do plugin paths given on the command line.
-PATH_KEYS = ("model.path", "data.train", "data.test", "data.media_root")
+PATH_KEYS = (
+    "model.path",
+    "data.train",
+    "data.test",
+    "data.media_root",
+    "rollout.server.weights_dir",
+    "rollout.server.log",
+)
 PATH_PARAM_SUFFIXES = ("_root", "_dir", "_path", "_file")
 """``task.params`` whose names end like this are paths too (``image_root``, ``video_root``, ...)."""
 

@@ -12,6 +12,19 @@ parameter named ``trajectories``: it then receives, per completion, the
 single-turn completion. Verifiers without it are called exactly as before, on the last turn's
 text.
 
+A **group-aware** verifier (``@verifier("rank_bonus", group=True)``) is called once per GRPO
+group instead of once per batch: ``completions`` and ``samples`` (and ``trajectories``, when it
+takes them) are the ``G`` completions of one prompt, in group order, ``samples`` ``G`` copies of
+that prompt's sample, so ``len(completions)`` is the group size. It returns one result per
+completion of the group, under the contract below (count, type, range, NaN checks), and may
+score a completion relative to the others (rank or normalise within the group, a diversity
+bonus, a pairwise judge). Groups are given by the caller (``group_size``: the collector's G, an
+auxiliary stage's n); a caller that gives none (evaluation) makes each run of consecutive
+completions of the same sample one group. Group-aware verifiers run in the trainer's process
+(never in a verifier worker, whose timeout retries would split a group), under a thread's
+``reward.timeout_s`` budget for the whole batch; with NoisyRollout the group holds the
+perturbed completions too. The empty-batch start-up call is made as for any verifier.
+
 Contract: one result per completion, in order; a result is a :class:`Score`, a
 plain float, or ``None`` for "not applicable to this sample" (it then adds nothing to the
 reward and is not averaged into the verifier's metric). A verifier never raises on model
@@ -203,6 +216,8 @@ class VerifierSpec:
     low: float
     high: float
     isolate: bool = True
+    group: bool = False
+    """Called once per group (module docstring, "group-aware")."""
 
     @property
     def doc(self) -> str:
@@ -234,9 +249,12 @@ class VerifierSpec:
 
 
 def verifier(
-    name: str, *, low: float = 0.0, high: float = 1.0, isolate: bool = True
+    name: str, *, low: float = 0.0, high: float = 1.0, isolate: bool = True, group: bool = False
 ) -> Callable[[VerifierFn], VerifierFn]:
     """Register a batched verifier under ``name`` with score range ``[low, high]``.
+
+    ``group=True``: the verifier is called once per GRPO group with that group's completions
+    and samples (module docstring, "group-aware"); it always runs in the trainer's process.
 
     ``isolate=False``: the verifier always runs in the trainer's process, even under
     ``reward.isolation: process`` (one that needs the parent's state, e.g. a judge holding a
@@ -247,7 +265,14 @@ def verifier(
         raise ValueError(f"verifier '{name}': low ({low}) must be below high ({high})")
 
     def register(fn: VerifierFn) -> VerifierFn:
-        spec = VerifierSpec(name=name, fn=fn, low=float(low), high=float(high), isolate=isolate)
+        spec = VerifierSpec(
+            name=name,
+            fn=fn,
+            low=float(low),
+            high=float(high),
+            isolate=isolate and not group,
+            group=group,
+        )
         VERIFIERS.add(name, spec)
         return fn
 
@@ -289,13 +314,35 @@ class BoundVerifier:
         samples: Sequence[Sample],
         context: str = "",
         trajectories: Sequence[Any] | None = None,
+        group_size: int | None = None,
     ) -> list[Score | None]:
         """Score a batch and check what the verifier returned; a breach of the contract raises
         a :class:`RewardError` naming this verifier, ``context`` (``"at step 12"``) and the
         samples (see the module docstring). ``trajectories``: the tool rollouts' records, for
-        a verifier that takes them (``None`` per completion when absent)."""
+        a verifier that takes them (``None`` per completion when absent). ``group_size``: the
+        completions per group, for a group-aware verifier (:func:`group_spans`)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
+        if self.spec.group:
+            out: list[Score | None] = []
+            for start, end in group_spans(samples, group_size):
+                given = None if trajectories is None else trajectories[start:end]
+                out += self._call_batch(
+                    completions[start:end], samples[start:end], context, given, "group of "
+                )
+            return out
+        return self._call_batch(completions, samples, context, trajectories)
+
+    def _call_batch(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        trajectories: Sequence[Any] | None,
+        what: str = "",
+    ) -> list[Score | None]:
+        """One call of the function on ``completions`` (the batch, or one group) and the
+        contract checks of its results."""
         try:
             if self.spec.wants_trajectories:
                 given = list(trajectories) if trajectories is not None else [None] * len(samples)
@@ -309,7 +356,9 @@ class BoundVerifier:
             ) from exc
         if count != len(completions):
             raise self.failed(
-                f"returned {count} results for {len(completions)} completions", samples, context
+                f"returned {count} results for a {what}{len(completions)} completions",
+                samples,
+                context,
             )
         return self.check(raw, samples, context)
 
@@ -371,6 +420,28 @@ class BoundVerifier:
         if value <= low and reason is None:
             reason = "minimum"
         return Score(value, reason=reason, parts={k: float(v) for k, v in parts.items()})
+
+
+def group_spans(samples: Sequence[Any], group_size: int | None) -> list[tuple[int, int]]:
+    """``[start, end)`` of each group of a batch: consecutive blocks of ``group_size``
+    completions (ValueError when it does not divide the batch), or, when ``None``, each run of
+    consecutive completions of the same sample (same id).
+
+    >>> group_spans(["a", "a", "b", "b", "b"], None), group_spans(list("aabb"), 2)
+    ([(0, 2), (2, 5)], [(0, 2), (2, 4)])
+    """
+    n = len(samples)
+    if group_size is not None:
+        if group_size < 1 or n % group_size:
+            raise ValueError(f"{n} completions do not split into groups of {group_size}")
+        return [(i, i + group_size) for i in range(0, n, group_size)]
+    spans: list[tuple[int, int]] = []
+    start = 0
+    for i in range(1, n + 1):
+        if i == n or _sample_id(samples[i]) != _sample_id(samples[start]):
+            spans.append((start, i))
+            start = i
+    return spans
 
 
 @dataclass
@@ -442,15 +513,18 @@ class WeightedReward:
         samples: Sequence[Sample],
         context: str = "",
         trajectories: Sequence[Any] | None = None,
+        group_size: int | None = None,
     ) -> RewardBreakdown:
         """Score a batch. ``context`` (e.g. ``"at step 12"``) goes into every error and timeout
         message. A NaN or inf total (weights times scores overflowing) is an error too.
-        ``trajectories``: tool rollouts' records for the verifiers that take them."""
+        ``trajectories``: tool rollouts' records for the verifiers that take them;
+        ``group_size``: the completions per group, for group-aware verifiers (``None``: each
+        run of consecutive completions of one sample is a group)."""
         total = [0.0] * len(completions)
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
         for bound, weight in self.verifiers:
-            scores = self._scores(bound, completions, samples, context, trajectories)
+            scores = self._scores(bound, completions, samples, context, trajectories, group_size)
             by_name[bound.name] = scores
             for i, score in enumerate(scores):
                 if score is None:
@@ -482,12 +556,17 @@ class WeightedReward:
         return [bound.name for bound, _ in self.verifiers]
 
     def score_one(
-        self, name: str, completions: Sequence[str], samples: Sequence[Sample], context: str = ""
+        self,
+        name: str,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str = "",
+        group_size: int | None = None,
     ) -> list[Score | None]:
         """The raw scores (no weight) of verifier ``name`` alone, under the same time budget and
         ``on_timeout`` rule as a full call (e.g. the correctness of T-GRPO's shuffled-frame
         completions, which are scored but not trained on)."""
-        return self._scores(self.bound(name), completions, samples, context)
+        return self._scores(self.bound(name), completions, samples, context, None, group_size)
 
     def _scores(
         self,
@@ -496,12 +575,13 @@ class WeightedReward:
         samples: Sequence[Sample],
         context: str,
         trajectories: Sequence[Any] | None = None,
+        group_size: int | None = None,
     ) -> list[Score | None]:
         if self.pool is not None and bound.name in self.pool.names:
             return self._pooled(bound, completions, samples, context, trajectories)
         try:
             return call_with_budget(
-                lambda: bound(completions, samples, context, trajectories),
+                lambda: bound(completions, samples, context, trajectories, group_size),
                 self.timeout_s,
                 f"verifier '{bound.name}'",
             )

@@ -735,7 +735,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
     if engine.name != "hf" and train_samples:  # the engine must see the trainer's tokens
         probe = train_samples[:4]
         engine.check_parity([task.prompt(s, family) for s in probe], [s.id for s in probe])
-    if cfg.algorithm.tis_cap and not (engine.name == "vllm" or cfg.rollout.group_shared):
+    if cfg.algorithm.tis_cap and not (engine.name != "hf" or cfg.rollout.group_shared):
         raise ConfigError(
             "algorithm.tis_cap: needs an engine that reports its sampling log-probs "
             "(rollout.engine=vllm, or hf with rollout.group_shared=true)"

@@ -103,6 +103,10 @@ FRAME_LIST_FPS = 2.0
 SHUFFLE_KEY = "frame_shuffle_seed"
 """Video part key: permute the sampled frames with :func:`shuffled_order` of this seed."""
 
+PERTURB_KEY = "media_perturb"
+"""Video part key: distort the sampled frames (:func:`mmrft.perturb.distort_frames` of its
+``kinds``, ``strength`` and ``seed``; NoisyRollout, :mod:`mmrft.perturb`)."""
+
 # Part keys of qwen-vl-utils this module does not implement; refusing them beats ignoring them.
 UNSUPPORTED_PART_KEYS = ("video_start", "video_end", "resized_height", "resized_width")
 
@@ -1069,13 +1073,16 @@ def shuffle_frames(frames: Any, seed: int) -> tuple[Any, list[int]]:
     return frames[torch.tensor(order, dtype=torch.long)], order
 
 
-def with_shuffled_frames(conversation: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
-    """A copy of ``conversation`` whose video parts carry :data:`SHUFFLE_KEY` (the k-th video of
-    the conversation gets a seed derived from ``(seed, k)``); the input is not modified. Parts
-    other than videos are shared with the input."""
-    import numpy as np
-
-    out, k = [], 0
+def map_media_parts(
+    conversation: list[dict[str, Any]], fn: Callable[[dict[str, Any], str, int], dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """A copy of ``conversation`` whose media parts are ``fn(part, kind, k)`` (``kind`` one of
+    ``image`` / ``video`` / ``audio``, ``k`` the part's rank among the conversation's media of
+    that kind, in prompt order); the input is not modified and other parts are shared with it.
+    The one mechanism behind T-GRPO's shuffled frames (:func:`with_shuffled_frames`) and
+    NoisyRollout's distorted media (:func:`mmrft.perturb.perturbed_conversation`)."""
+    out: list[dict[str, Any]] = []
+    seen: Counter[str] = Counter()
     for message in conversation:
         content = message.get("content")
         if not isinstance(content, list):
@@ -1083,14 +1090,36 @@ def with_shuffled_frames(conversation: list[dict[str, Any]], seed: int) -> list[
             continue
         parts = []
         for part in content:
-            if part.get("type") == "video" or "video" in part:
-                derived = int(np.random.SeedSequence([int(seed), k]).generate_state(1)[0])
-                parts.append({**part, SHUFFLE_KEY: derived})
-                k += 1
-            else:
+            kind = next(
+                (
+                    k
+                    for k in ("video", "image", "audio")
+                    if part.get("type") == k or k in part or f"{k}_url" in part
+                ),
+                None,
+            )
+            if kind is None:
                 parts.append(part)
+                continue
+            parts.append(fn(part, kind, seen[kind]))
+            seen[kind] += 1
         out.append({**message, "content": parts})
     return out
+
+
+def with_shuffled_frames(conversation: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
+    """A copy of ``conversation`` whose video parts carry :data:`SHUFFLE_KEY` (the k-th video of
+    the conversation gets a seed derived from ``(seed, k)``); the input is not modified. Parts
+    other than videos are shared with the input."""
+    import numpy as np
+
+    def shuffle(part: dict[str, Any], kind: str, k: int) -> dict[str, Any]:
+        if kind != "video":
+            return part
+        derived = int(np.random.SeedSequence([int(seed), k]).generate_state(1)[0])
+        return {**part, SHUFFLE_KEY: derived}
+
+    return map_media_parts(conversation, shuffle)
 
 
 # -- the hook for the Qwen-VL families -------------------------------------------------------
@@ -1106,7 +1135,8 @@ def fetch_video(
     sample_fps)``: the part's own qwen-vl-utils keys (``fps``, ``nframes``, ``min_frames``,
     ``max_frames``, ``min_pixels``, ``max_pixels``, ``total_pixels``; ``sample_fps`` = the rate
     of a frame list) override ``budget``; ``frame_shuffle_seed`` (:data:`SHUFFLE_KEY`) permutes
-    the sampled frames (the metadata stays that of the ordered frames)."""
+    the sampled frames (the metadata stays that of the ordered frames), then ``media_perturb``
+    (:data:`PERTURB_KEY`) distorts them (same count and size)."""
     budget = (budget or VideoBudget()).override(part)
     frames, sample_fps, meta = read_video(
         part["video"],
@@ -1118,6 +1148,13 @@ def fetch_video(
     )
     if part.get(SHUFFLE_KEY) is not None:
         frames, _ = shuffle_frames(frames, int(part[SHUFFLE_KEY]))
+    if part.get(PERTURB_KEY) is not None:  # NoisyRollout's distorted copy (mmrft.perturb)
+        from mmrft.perturb import distort_frames
+
+        spec = part[PERTURB_KEY]
+        frames = distort_frames(
+            frames, list(spec["kinds"]), float(spec["strength"]), int(spec["seed"])
+        )
     return frames, processor_metadata(meta), sample_fps
 
 

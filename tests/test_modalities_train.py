@@ -353,6 +353,11 @@ def bundled(train: str, test: str, *extra: str) -> Callable[[Path], list[str]]:
 # recipe's own dataset format)
 RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "mmr1_variance": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
+    "noisyrollout_geometry": (
+        "tiny-qwen2_5_vl",
+        bundled("charts/train.jsonl", "charts/test.jsonl"),
+    ),
+    "thinklite_hard": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
     # judged recipes: the served judge becomes --smoke's local tiny judge (the test swaps it)
     "caprl": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),
     "vqa_judge": ("tiny-qwen2_5_vl", bundled("charts/train.jsonl", "charts/test.jsonl")),

@@ -82,3 +82,85 @@ def test_verifier_over_budget_scores_zero_with_reason_or_stops(caplog):
     stopping = build_reward(specs, timeout_s=0.2, on_timeout="stop")
     with pytest.raises(VerifierTimeoutError, match=r"test_sleepy.*step 3.*s0"):
         stopping(["x"], samples(1), context="step 3")
+
+
+# -- group-aware verifiers --------------------------------------------------------------------
+
+GROUP_CALLS: list[list[str]] = []
+
+
+@verifier("test_group_rank", group=True)
+def group_rank(completions, samples, *, mode: str = "rank"):
+    """1 for the longest completion of the group, 0 for the others; hostile modes break the
+    contract."""
+    if mode not in ("rank", "short", "nan", "high", "text"):
+        raise ValueError(f"unknown mode {mode!r}")
+    GROUP_CALLS.append(list(completions))
+    if not completions:
+        return []
+    if mode == "short":
+        return [1.0]
+    if mode == "nan":
+        return [float("nan")] * len(completions)
+    if mode == "high":
+        return [2.0] * len(completions)
+    if mode == "text":
+        return ["best"] * len(completions)
+    longest = max(len(c) for c in completions)
+    return [Score(1.0) if len(c) == longest else Score(0.0) for c in completions]
+
+
+def grouped_samples(groups: int, size: int) -> list[Sample]:
+    return [s for s in samples(groups) for _ in range(size)]
+
+
+def test_group_verifier_is_called_once_per_group():
+    reward = build_reward([{"name": "test_group_rank"}], isolation="process")
+    assert reward.pool is None  # group-aware verifiers run in this process
+    GROUP_CALLS.clear()
+    out = reward(["a", "bbb", "cc", "dd", "d", "x"], grouped_samples(2, 3), group_size=3)
+    assert GROUP_CALLS == [["a", "bbb", "cc"], ["dd", "d", "x"]]
+    assert out.total == [0.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    # without a group size: each run of completions of one sample is a group
+    GROUP_CALLS.clear()
+    ids = [Sample(id=i, messages=[]) for i in ["p", "p", "q", "q", "q"]]
+    assert reward(["a", "bb", "c", "c", "c"], ids).total == [0.0, 1.0, 1.0, 1.0, 1.0]
+    assert GROUP_CALLS == [["a", "bb"], ["c", "c", "c"]]
+
+
+def test_group_size_must_divide_the_batch():
+    reward = build_reward([{"name": "test_group_rank"}], isolation="inline")
+    with pytest.raises(ValueError, match="groups of 2"):
+        reward(["a", "b", "c"], grouped_samples(1, 3), group_size=2)
+
+
+@pytest.mark.parametrize(
+    "mode, error, match",
+    [
+        ("short", "VerifierError", "returned 1 results for a group of 3 completions"),
+        ("nan", "NonFiniteRewardError", "returned nan"),
+        ("high", "VerifierError", "outside its declared range"),
+        ("text", "VerifierError", "not a number"),
+    ],
+)
+def test_hostile_group_verifier_is_stopped_like_others(mode, error, match):
+    from mmrft import rewards
+
+    reward = build_reward([{"name": "test_group_rank", "params": {"mode": mode}}])
+    with pytest.raises(getattr(rewards, error), match=match) as info:
+        reward(["a", "b", "c"], grouped_samples(1, 3), context="at step 4", group_size=3)
+    assert info.value.verifier == "test_group_rank" and info.value.step == 4
+
+
+def test_group_verifier_parameters_are_checked_at_start_up():
+    with pytest.raises(ConfigError, match="unknown mode"):
+        build_reward([{"name": "test_group_rank", "params": {"mode": "best"}}])
+
+
+def test_group_verifier_alone_takes_the_group_size():
+    # score_one is how auxiliary stages (T-GRPO's shuffled completions, n per prompt) score
+    reward = build_reward([{"name": "test_group_rank"}], isolation="inline")
+    GROUP_CALLS.clear()
+    scores = reward.score_one("test_group_rank", ["a", "bb", "c", "d"], samples(4), group_size=2)
+    assert [s.value for s in scores] == [0.0, 1.0, 1.0, 1.0]
+    assert GROUP_CALLS == [["a", "bb"], ["c", "d"]]

@@ -364,8 +364,6 @@ def test_kl_reference_is_the_warm_started_model_also_after_a_resume(tmp_path):
     again = _metric_lines(Path(resumed["run_dir"]))
     assert [m["step"] for m in again] == [1, 2]
     assert again[1]["train/kl_in_reward"] == pytest.approx(lines[1]["train/kl_in_reward"], rel=1e-4)
-    with pytest.raises(ConfigError, match=r"warm_start.steps: with algorithm.beta > 0"):
-        tiny_config(tmp_path, *settings, "train.sharding=fsdp_full")
 
 
 def test_heartbeat_names_the_phase_it_waits_on(caplog):

@@ -7,6 +7,9 @@ the engine sees what the trainer sees (prompt token parity; greedy completions e
 ``hf`` engine's; sampler log-probs equal to the training forward's within 1e-3), that weights
 pushed after an optimizer step are the ones it samples with, that the parity check stops a
 mismatched media budget, and that training and evaluation run with ``rollout.engine=vllm``.
+The served engine (``rollout.engine=vllm_server``, vLLM's own server process started from this
+virtualenv) passes the same checks, continues tool trajectories, trains against a server given
+by URL, and stops a run whose server is killed, which ``checkpoint.resume=auto`` then finishes.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import torch
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
-from mmrft.config import VLLMConfig, load_config  # noqa: E402
+from mmrft.config import ServerConfig, VLLMConfig, load_config  # noqa: E402
 from mmrft.group import rollout_logps  # noqa: E402
 from mmrft.policy import load_policy  # noqa: E402
 from mmrft.rewards import Score, verifier  # noqa: E402
 from mmrft.rollout import HFEngine, Sampling  # noqa: E402
+from mmrft.rollout.served import ServedEngine, ServerError  # noqa: E402
 from mmrft.rollout.vllm import EngineParityError, VLLMEngine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -364,9 +368,15 @@ def write_dataset(folder: Path, media: dict[str, list[str]], kind: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("kind", ["image", "video"])
+@pytest.mark.parametrize("kind", ["image", "video", "image-ahead"])
 def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kind) -> None:
+    """Three steps through the colocated engine and an evaluation; ``image-ahead`` one step
+    ahead (rollout.max_staleness=1: vLLM generates in the rollout thread from snapshots of
+    the weights; steps 2 and 3 were sampled one update behind)."""
     from mmrft.trainer import train
+
+    ahead = kind.endswith("-ahead")
+    kind = kind.removesuffix("-ahead")
 
     data = write_dataset(tmp_path, media, kind)
     task = (
@@ -387,6 +397,7 @@ def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kin
             "rollout.engine=vllm",
             "rollout.vllm.kv_cache_gb=0.25",
             "rollout.vllm.max_model_len=1024",
+            *(["rollout.max_staleness=1", "algorithm.tis_cap=2", "optim.lr=1e-2"] if ahead else []),
             "rollout.group_size=4",
             "rollout.max_new_tokens=8",
             "train.steps=3",
@@ -405,7 +416,12 @@ def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kin
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "train/reward" in m]
     assert [m["step"] for m in steps] == [1, 2, 3]
-    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+    if ahead:
+        assert [m["rollout/lag_max"] for m in steps] == [0.0, 1.0, 1.0]
+        assert steps[0]["rollout/logp_gap_max"] <= 1e-3
+        assert all(m["rollout/logp_gap_mean"] > 1e-3 for m in steps[1:])
+    else:
+        assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
     assert all(m["train/grad_norm"] > 0 for m in steps)
     assert summary["after"] is not None
     assert os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"  # in-process
@@ -448,3 +464,271 @@ def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path) -> Non
     assert [m["step"] for m in steps] == [1, 2]
     assert all(m["rollout/generated"] == 8 for m in steps)  # 2 ranks × 1 prompt × G = 4
     assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+
+
+# -- the served engine (rollout.engine=vllm_server): vLLM's own server process -------------------
+
+
+def served_settings(tmp: Path, **overrides) -> ServerConfig:
+    """A started server's settings with its log under ``tmp`` (kept there when it fails)."""
+    return ServerConfig(log=str(tmp / "server.log"), **overrides)
+
+
+def test_a_killed_server_stops_the_run_and_resume_continues(
+    model_path, media, tmp_path, monkeypatch
+) -> None:
+    """The server is SIGKILLed before step 2's rollout (after step 1's checkpoint): the run
+    stops with an error naming the server, its fate and its log; checkpoint.resume=auto
+    continues from step 1 with a fresh server and finishes."""
+    import signal
+
+    from mmrft.trainer import train
+
+    data = write_dataset(tmp_path, media, "image")
+    overrides = [
+        f"model.path={model_path}",
+        *BUDGET,
+        "task.name=classification",
+        "task.params={think: none}",
+        "reward.verifiers=[{name: test_vllm_length}]",
+        f"data.train={data}",
+        "data.test=",
+        "rollout.engine=vllm_server",
+        "rollout.vllm.kv_cache_gb=0.25",
+        "rollout.vllm.max_model_len=1024",
+        f"rollout.server.log={tmp_path / 'server.log'}",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "train.micro_batch_size=8",
+        "warm_start.steps=0",
+        "eval.before=false",
+        "checkpoint.every=1",
+        f"output_dir={tmp_path}",
+        "name=run",
+    ]
+    pushes, killed = [], []
+    sync, generate = ServedEngine.sync_weights, ServedEngine.generate
+
+    def counted_sync(self) -> None:
+        sync(self)
+        pushes.append(self.push_timings["total_s"])
+
+    def kill_before_step_2(self, *args, **kwargs):
+        if len(pushes) == 2 and not killed:  # the start-up push and step 1's
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+            killed.append(self.url)
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(ServedEngine, "sync_weights", counted_sync)
+    monkeypatch.setattr(ServedEngine, "generate", kill_before_step_2)
+    with pytest.raises(ServerError) as info:
+        train(load_config(None, overrides))
+    message = str(info.value)
+    assert killed and f"the vLLM server at {killed[0]}: generating 2 prompts × 4" in message
+    assert "was killed by SIGKILL" in message and "last lines of its log" in message
+    assert "checkpoint.resume=auto" in message
+    run_dir = tmp_path / "run"
+    assert [p.name for p in (run_dir / "checkpoints").glob("step-*")] == ["step-000001"]
+
+    monkeypatch.undo()
+    summary = train(load_config(None, [*overrides, "checkpoint.resume=auto"]))
+    assert summary is not None
+    lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]  # step 2 by the resumed run
+    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+    assert all(m["train/grad_norm"] > 0 for m in steps)
+
+
+@pytest.fixture(scope="module")
+def served(model_path, tmp_path_factory):
+    """A LoRA policy (fresh adapters: the base model's outputs; no dropout, so that its
+    forward is deterministic) and a server started for it, shared by the tests below (a server
+    takes a while to start on two cores)."""
+    lora = ["model.lora.enabled=true", "model.lora.dropout=0"]
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET, *lora])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    folder = tmp_path_factory.mktemp("served")
+    engine = ServedEngine(
+        policy, SETTINGS, served_settings(folder), {"image": 3, "video": 3}, str(model_path)
+    )
+    yield policy, engine
+    engine.close()
+    assert engine.proc.poll() is not None
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_served_greedy_and_logprobs_equal_the_trainers(served, media, kind) -> None:
+    """The server sees the trainer's tokens and media: parity, greedy completions equal to
+    the hf engine's, sampler log-probs equal to the training forward's within 1e-3."""
+    policy, engine = served
+    convs = conversations(media, kind)
+    engine.check_parity(convs, ["a", "b"])
+    greedy = Sampling(12, greedy=True)
+    hf = HFEngine(policy, 8).generate(convs, 1, greedy)
+    out = engine.generate(convs, 1, greedy)
+    assert out.completion_ids == hf.completion_ids
+    assert [r["input_ids"].tolist() for r in out.prompts] == [
+        r["input_ids"].tolist() for r in hf.prompts
+    ]
+    torch.manual_seed(0)
+    out = engine.generate(convs, 4, Sampling(10, top_p=0.9, top_k=50))
+    assert out.prompt_index == [0, 0, 0, 0, 1, 1, 1, 1] and len(out.prompts) == 2
+    assert largest_logprob_gap(policy, out) <= 1e-3
+    suppressed = set(policy.family.suppress_token_ids(policy.processor))
+    assert not any(t in suppressed for ids in out.completion_ids for t in ids)
+
+
+def test_served_tool_trajectory_continues_exactly(served, media) -> None:
+    """continue_rows: the server expands a trajectory with a new image to the trainer's row,
+    and its greedy turn equals the hf engine's."""
+    from mmrft.trajectory import joined_row
+
+    policy, engine = served
+    _, _, _, prompt, trajectory = tool_rows(policy, "image")
+    row = joined_row(prompt, trajectory, policy.family.token_keys)
+    greedy = Sampling(10, greedy=True)
+    assert engine.continue_rows([row], greedy).completion_ids == (
+        HFEngine(policy, 4).continue_rows([row], greedy).completion_ids
+    )
+
+
+def test_served_pushed_weights_are_the_ones_sampled(served, media) -> None:
+    """After a large step on every LoRA matrix and sync_weights (merged weights through
+    /dev/shm and the server's reload), the server's greedy tokens and log-probs are the
+    updated policy's."""
+    policy, engine = served
+    convs = conversations(media, "image")
+    greedy = Sampling(10, greedy=True)
+    before = engine.generate(convs, 1, greedy).completion_ids
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.5)
+    engine.sync_weights()
+    after = engine.generate(convs, 1, greedy).completion_ids
+    assert after != before
+    assert after == HFEngine(policy, 8).generate(convs, 1, greedy).completion_ids
+    torch.manual_seed(0)
+    out = engine.generate(convs, 4, Sampling(10, top_k=50))
+    assert largest_logprob_gap(policy, out) <= 1e-3
+    timings = engine.push_timings
+    print(
+        f"weight push: {timings['bytes'] / 1e6:.1f} MB in {timings['total_s']:.3f} s "
+        f"(write {timings['write_s']:.3f} s, reload {timings['reload_s']:.3f} s) "
+        f"to {engine.weights_dir}"
+    )
+
+
+def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_path) -> None:
+    """mmrft train with rollout.server.url: the module's running server (its weights are the
+    trainer's from the start-up push on), two steps and an evaluation."""
+    from mmrft.trainer import train
+
+    _, engine = served
+    data = write_dataset(tmp_path, media, "image")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            *BUDGET,
+            "task.name=classification",
+            "task.params={think: none}",
+            "reward.verifiers=[{name: test_vllm_length}]",
+            f"data.train={data}",
+            f"data.test={data}",
+            "rollout.engine=vllm_server",
+            f"rollout.server.url={engine.url}",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=8",
+            "train.steps=2",
+            "train.prompts_per_step=2",
+            "train.micro_batch_size=8",
+            "warm_start.steps=0",
+            "eval.before=false",
+            "eval.max_new_tokens=8",
+            "checkpoint.every=0",
+            f"output_dir={tmp_path}",
+            "name=run",
+        ],
+    )
+    summary = train(cfg)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+    assert all(m["train/grad_norm"] > 0 for m in steps)
+    assert summary["after"] is not None
+    assert engine.proc.poll() is None  # a server at a URL is not the run's to stop
+
+
+def test_one_step_ahead_through_the_server(served, model_path, media, tmp_path) -> None:
+    """rollout.max_staleness=1 on the served engine: the rollout thread samples step t + 1 on
+    the server while the trainer updates step t, the weights reaching the server as snapshots.
+    Step 1 samples the start weights (lag 0: the sampler's log-probs are the trainer's); later
+    steps were sampled one update behind (lag 1), so the gap is the update's, which the
+    truncated importance weights correct."""
+    from mmrft.trainer import train
+
+    _, engine = served
+    data = write_dataset(tmp_path, media, "image")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}",
+            *BUDGET,
+            "task.name=classification",
+            "task.params={think: none}",
+            "reward.verifiers=[{name: test_vllm_length}]",
+            f"data.train={data}",
+            f"data.test={data}",
+            "rollout.engine=vllm_server",
+            f"rollout.server.url={engine.url}",
+            "rollout.max_staleness=1",
+            "algorithm.tis_cap=2",
+            "optim.lr=1e-2",
+            "rollout.group_size=4",
+            "rollout.max_new_tokens=8",
+            "train.steps=3",
+            "train.prompts_per_step=2",
+            "train.micro_batch_size=8",
+            "warm_start.steps=0",
+            "eval.before=false",
+            "eval.after=false",
+            "checkpoint.every=0",
+            f"output_dir={tmp_path}",
+            "name=ahead",
+        ],
+    )
+    train(cfg)
+    lines = (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()
+    steps = [m for m in map(json.loads, lines) if "train/reward" in m]
+    assert [m["rollout/lag_max"] for m in steps] == [0.0, 1.0, 1.0]
+    assert steps[0]["rollout/logp_gap_max"] <= 1e-3
+    assert all(m["rollout/logp_gap_mean"] > 1e-3 for m in steps[1:])
+    assert all(m["rollout/stale_dropped"] == 0 for m in steps)
+
+
+@pytest.mark.parametrize(("family", "kind"), [("qwen2_vl", "image"), ("qwen2_audio", "audio")])
+def test_served_other_families_greedy_and_logprobs(media, family, kind, tmp_path) -> None:
+    """Qwen2-VL images and Qwen2-Audio clips (sent as float WAV) through a started server:
+    parity, greedy tokens equal to the hf engine's, log-probs the training forward's."""
+    path = MODELS / f"tiny-{family}"
+    cfg = load_config(None, [f"model.path={path}", "train.steps=0", *BUDGET])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    engine = ServedEngine(policy, SETTINGS, served_settings(tmp_path), {kind: 1}, str(path))
+    try:
+        convs = conversations(media, kind)
+        engine.check_parity(convs, ["a", "b"])
+        greedy = Sampling(12, greedy=True)
+        hf = HFEngine(policy, 8).generate(convs, 1, greedy)
+        assert engine.generate(convs, 1, greedy).completion_ids == hf.completion_ids
+        torch.manual_seed(0)
+        out = engine.generate(convs, 2, Sampling(10, top_p=0.9, top_k=50))
+        assert largest_logprob_gap(policy, out) <= 1e-3
+    finally:
+        engine.close()

@@ -2,8 +2,10 @@
 
 ``hf`` (:class:`HFEngine`) samples with the policy itself; ``vllm``
 (:class:`mmrft.rollout.vllm.VLLMEngine`, imported only when chosen) runs vLLM in the same
-process with the policy's weights pushed after every optimizer step. The collector
-(:mod:`mmrft.collector`) never looks past the protocol.
+process with the policy's weights pushed after every optimizer step; ``vllm_server``
+(:class:`mmrft.rollout.served.ServedEngine`) talks HTTP to vLLM's own server process, started
+by mmrft or reached at ``rollout.server.url``, and pushes the weights through a safetensors
+directory. The collector (:mod:`mmrft.collector`) never looks past the protocol.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from mmrft.policy import Policy
 from mmrft.rollout.base import Engine, Rollouts, Sampling, cut_at_stop, stop_token_ids
 from mmrft.rollout.hf import HFEngine
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "vllm_server")
 
 __all__ = [
     "ENGINES",
@@ -39,18 +41,23 @@ def build_engine(
 ) -> Engine:
     """The engine named by ``rollout.engine`` (``rollout``: :class:`mmrft.config.RolloutConfig`).
 
-    For ``vllm``: ``model_path`` is the checkpoint it loads first, ``limits`` the most media of
-    each kind one prompt holds, ``seed`` its global seed when ``rollout.vllm.seed`` is unset.
+    For ``vllm`` and ``vllm_server``: ``model_path`` is the checkpoint it loads first, ``limits``
+    the most media of each kind one prompt holds, ``seed`` its global seed when
+    ``rollout.vllm.seed`` is unset.
     """
     if rollout.engine == "hf":
         return HFEngine(policy, rollout.batch_size, rollout.timeout_s, rollout.group_shared)
+    settings = rollout.vllm
+    if settings.seed is None:
+        settings = dataclasses.replace(settings, seed=seed)
     if rollout.engine == "vllm":
         from mmrft.rollout.vllm import VLLMEngine
 
-        settings = rollout.vllm
-        if settings.seed is None:
-            settings = dataclasses.replace(settings, seed=seed)
         return VLLMEngine(policy, settings, limits or {}, model_path)
+    if rollout.engine == "vllm_server":
+        from mmrft.rollout.served import ServedEngine
+
+        return ServedEngine(policy, settings, rollout.server, limits or {}, model_path)
     raise ValueError(
         f"rollout.engine: unknown engine '{rollout.engine}' (known: {', '.join(ENGINES)})"
     )

@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -158,21 +158,8 @@ class VLLMEngine:
         completions per prompt, sampler log-probs of the chosen tokens."""
         from vllm import SamplingParams
 
-        greedy = sampling.greedy
         return SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else sampling.temperature,
-            top_p=1.0 if greedy else sampling.top_p,
-            top_k=0 if greedy else sampling.top_k,
-            min_p=0.0 if greedy else sampling.min_p,
-            repetition_penalty=1.0 if greedy else sampling.repetition_penalty,
-            max_tokens=sampling.max_new_tokens,
-            stop_token_ids=[*self.stop_ids, *sampling.stop_token_ids],
-            ignore_eos=sampling.ignore_eos,
-            allowed_token_ids=self.allowed_no_stop if sampling.ignore_eos else self.allowed,
-            logprobs=0,
-            seed=seed,
-            detokenize=False,
+            **sampling_fields(sampling, n, seed, self.stop_ids, self.allowed, self.allowed_no_stop)
         )
 
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
@@ -204,17 +191,7 @@ class VLLMEngine:
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         out = Rollouts(prompts=list(rows))
         for k, (row, output) in enumerate(zip(rows, outputs)):
-            mine, theirs = row["input_ids"].tolist(), list(output.prompt_token_ids)
-            if mine != theirs:
-                first = next(
-                    (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
-                    min(len(mine), len(theirs)),
-                )
-                raise EngineParityError(
-                    f"rollout.engine=vllm: a tool trajectory's prompt differs from the "
-                    f"trainer's at token {first} ({len(theirs)} tokens against {len(mine)}): the "
-                    "engine expanded the media of the observations differently"
-                )
+            check_trajectory_parity(self.name, row["input_ids"].tolist(), output.prompt_token_ids)
             completion = output.outputs[0]
             ids = list(completion.token_ids)
             logprobs = [lp[token].logprob for lp, token in zip(completion.logprobs, ids)]
@@ -228,7 +205,13 @@ class VLLMEngine:
     @torch.no_grad()
     def sync_weights(self) -> None:
         """Load the policy's current weights into the engine (in memory; LoRA merged out of
-        place) and drop the caches the old weights computed."""
+        place): :meth:`load_weights`."""
+        self.load_weights(merged_weights(self.policy.model))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load ``weights`` (checkpoint-format names; a snapshot the asynchronous collector
+        took, or the policy's own) into the engine and drop the caches the old weights
+        computed."""
         if self.sleep and self.sleeping:
             self.llm.wake_up(tags=["weights"])
         # vLLM's in-place reload (layer by layer): restores each layer's checkpoint-format
@@ -237,7 +220,7 @@ class VLLMEngine:
         self.llm.collective_rpc(
             "reload_weights",
             kwargs={
-                "weights_iterator": list(merged_weights(self.policy.model)),
+                "weights_iterator": list(weights),
                 "is_checkpoint_format": True,
             },
         )
@@ -289,22 +272,83 @@ class VLLMEngine:
         self._rest()
         placeholders = set(policy.family.suppress_token_ids(policy.processor))
         for sample_id, row, output in zip(ids, prompts, outputs):
-            mine = row["input_ids"].tolist()
-            theirs = list(output.prompt_token_ids)
-            if mine == theirs:
-                continue
-            first = next(
-                (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b),
-                min(len(mine), len(theirs)),
+            check_prompt_parity(
+                self.name,
+                f"sample '{sample_id}'",
+                row["input_ids"].tolist(),
+                output.prompt_token_ids,
+                placeholders,
             )
-            count = lambda tokens: sum(t in placeholders for t in tokens)  # noqa: E731
-            raise EngineParityError(
-                f"rollout.engine=vllm: the engine's prompt for sample '{sample_id}' differs from "
-                f"the trainer's at token {first} ({len(theirs)} tokens with {count(theirs)} media "
-                f"placeholders, the trainer's {len(mine)} with {count(mine)}); the engine and "
-                "the trainer must process media with the same budgets (model.min_pixels / "
-                "max_pixels, model.video.*, model.audio.*) and the same chat template"
-            )
+
+
+def sampling_fields(
+    sampling: Sampling,
+    n: int,
+    seed: int | None,
+    stop_ids: list[int],
+    allowed: list[int],
+    allowed_no_stop: list[int],
+) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` fields for ``sampling`` (greedy: temperature 0, no filters):
+    ``n`` completions, the sampled tokens' log-probs (``logprobs=0``), only ``allowed`` tokens
+    (``allowed_no_stop`` under ``ignore_eos``), ``stop_ids`` plus the sampling's own stop
+    tokens, no detokenisation. Shared by the in-process and the served engine."""
+    greedy = sampling.greedy
+    return {
+        "n": n,
+        "temperature": 0.0 if greedy else sampling.temperature,
+        "top_p": 1.0 if greedy else sampling.top_p,
+        "top_k": 0 if greedy else sampling.top_k,
+        "min_p": 0.0 if greedy else sampling.min_p,
+        "repetition_penalty": 1.0 if greedy else sampling.repetition_penalty,
+        "max_tokens": sampling.max_new_tokens,
+        "stop_token_ids": [*stop_ids, *sampling.stop_token_ids],
+        "ignore_eos": sampling.ignore_eos,
+        "allowed_token_ids": allowed_no_stop if sampling.ignore_eos else allowed,
+        "logprobs": 0,
+        "seed": seed,
+        "detokenize": False,
+    }
+
+
+def first_difference(mine: list[int], theirs: list[int]) -> int:
+    """The first position where two token lists differ (the shorter length when one is a
+    prefix of the other)."""
+    return next(
+        (i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), min(len(mine), len(theirs))
+    )
+
+
+def check_prompt_parity(
+    engine: str, what: str, mine: list[int], theirs: Any, placeholders: set[int]
+) -> None:
+    """Raise :class:`EngineParityError` unless the engine's processed prompt ``theirs``
+    (placeholders expanded) is the trainer's ``mine``, token for token; the message names
+    ``what`` (e.g. ``sample 'a'``), the first differing position and both placeholder counts."""
+    theirs = list(theirs)
+    if mine == theirs:
+        return
+    count = lambda tokens: sum(t in placeholders for t in tokens)  # noqa: E731
+    raise EngineParityError(
+        f"rollout.engine={engine}: the engine's prompt for {what} differs from the trainer's at "
+        f"token {first_difference(mine, theirs)} ({len(theirs)} tokens with {count(theirs)} "
+        f"media placeholders, the trainer's {len(mine)} with {count(mine)}); the engine and "
+        "the trainer must process media with the same budgets (model.min_pixels / "
+        "max_pixels, model.video.*, model.audio.*) and the same chat template"
+    )
+
+
+def check_trajectory_parity(engine: str, mine: list[int], theirs: Any) -> None:
+    """Raise :class:`EngineParityError` unless the engine's expanded prompt of a continued
+    tool trajectory is the trainer's row, token for token."""
+    theirs = list(theirs)
+    if mine == theirs:
+        return
+    raise EngineParityError(
+        f"rollout.engine={engine}: a tool trajectory's prompt differs from the trainer's at "
+        f"token {first_difference(mine, theirs)} ({len(theirs)} tokens against {len(mine)}): "
+        "the engine expanded the media of the observations differently"
+    )
 
 
 def collapse_runs(ids: list[int], tokens: set[int]) -> list[int]:
