@@ -2,6 +2,7 @@
 
     python benchmarks/sampling.py --quick                 # a few steps, one seed (minutes)
     python benchmarks/sampling.py --seeds 3               # the full comparison
+    python benchmarks/sampling.py --seeds 3 --tasks demo  # the demo only (and the step times)
     python benchmarks/sampling.py --seeds 3 --out runs/sampling -- optim.lr=3e-4
 
 **Learning at equal compute.** Each method trains each task's CPU recipe (``configs/demo.yaml``:
@@ -128,7 +129,8 @@ def curves(run_dir: Path, metric: str) -> dict[str, list[float]]:
 def learning(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Every (task, method, seed) run; per task and method the curves of every seed."""
     out: dict[str, Any] = {}
-    for task, config in TASKS.items():
+    for task in args.tasks:
+        config = TASKS[task]
         out[task] = {}
         for method, method_overrides in METHODS.items():
             runs = []
@@ -349,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "sampling")
     parser.add_argument("--no-timing", action="store_true", help="skip the step-time runs")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        choices=list(TASKS),
+        default=list(TASKS),
+        help="learning runs on these",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for every run (after --)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
