@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_trainer import tiny_config, weights
 
 from mmrft import trainer
 from mmrft.ahead import AheadCollector, drop_groups, lag_stats, rollout_copy, stale_groups
@@ -17,7 +18,6 @@ from mmrft.data import Sample
 from mmrft.rewards import RewardBreakdown
 from mmrft.rollout import HFEngine, Rollouts
 from mmrft.typecheck import ConfigError
-from tests.test_trainer import tiny_config, weights
 
 # ---------------------------------------------------------------------------------------------
 # Pure pieces, hand-computed

@@ -713,6 +713,51 @@ def test_one_step_ahead_through_the_server(served, model_path, media, tmp_path) 
     assert all(m["rollout/stale_dropped"] == 0 for m in steps)
 
 
+def test_the_http_judge_through_vllms_own_server(served, tmp_path) -> None:
+    """The ``judge`` verifier's http backend against vLLM's OpenAI chat route (the module's
+    server, serving the tiny model): every call is answered (HTTP 200, the reply parsed, the
+    judge's text kept), so each score is a verdict in range or, as the random tiny model mostly
+    writes no verdict, the minimum with reason 'judge unparsable'; never a transport failure.
+    Then two training steps with the judge in the reward and as an evaluation metric."""
+    import urllib.request
+
+    import mmrft
+    from mmrft.judges import HTTPJudge, Request
+
+    _, engine = served
+    with urllib.request.urlopen(engine.url + "/v1/models", timeout=30) as reply:
+        name = json.loads(reply.read())["data"][0]["id"]
+    judge = HTTPJudge(base_url=engine.url + "/v1", model=name, max_tokens=8, retries=0)
+    replies = judge.complete([Request(f"Is {n} a prime? Answer yes or no.") for n in (2, 4, 7)])
+    assert all(r.error is None and isinstance(r.text, str) for r in replies), replies
+
+    params = {"base_url": engine.url + "/v1", "model": name, "answer_tag": "", "max_tokens": 8}
+    entry = {"name": "judge", "params": params}
+    cfg = mmrft.load_config(
+        "demo",
+        [
+            "train.steps=2",
+            "warm_start.steps=2",
+            "train.prompts_per_step=2",
+            "rollout.group_size=4",
+            "eval.before=false",
+            "data.max_test_samples=4",
+            f"output_dir={tmp_path}",
+            "name=judged",
+            f"reward.verifiers=[{{name: format, params: {{think: none}}}}, {json.dumps(entry)}]",
+            f"eval.verifiers=[{json.dumps(entry)}]",
+        ],
+    )
+    mmrft.train(cfg)
+    run = tmp_path / "judged"
+    results = json.loads((run / "eval" / "after" / "results.json").read_text())
+    assert "verifier/judge" in results["metrics"]
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(0.0 <= m["train/reward/judge"] <= 1.0 for m in steps)
+
+
 @pytest.mark.parametrize(("family", "kind"), [("qwen2_vl", "image"), ("qwen2_audio", "audio")])
 def test_served_other_families_greedy_and_logprobs(media, family, kind, tmp_path) -> None:
     """Qwen2-VL images and Qwen2-Audio clips (sent as float WAV) through a started server:
