@@ -25,6 +25,7 @@ from mmrft.config import (
     parse_override,
 )
 from mmrft.data import DataError, Sample, parse_json, utf8
+from mmrft.errors import ServerError
 from mmrft.plugins import (
     MODEL_FAMILIES,
     SAMPLERS,
@@ -37,7 +38,6 @@ from mmrft.plugins import (
     load_plugins,
 )
 from mmrft.rewards import RewardError
-from mmrft.rollout.served import ServerError
 from mmrft.typecheck import ConfigError, keyword_params_doc
 
 #: Printed as one line, exit status 2. RewardError: a verifier plugin raised, returned a value

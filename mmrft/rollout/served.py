@@ -92,6 +92,7 @@ import numpy as np
 import torch
 
 from mmrft import distributed
+from mmrft.errors import ServerError
 from mmrft.policy import Policy
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.rollout.vllm import (
@@ -121,11 +122,6 @@ MAX_CONCURRENT = 64
 SHARD_BYTES = 2**30
 """Largest safetensors shard written by a weight push (bytes)."""
 LOG_LINES = 30
-
-
-class ServerError(RuntimeError):
-    """The vLLM server failed, stopped answering or answered garbage (the message names its
-    URL; for a server mmrft started, also its exit code and the last lines of its log)."""
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
