@@ -624,14 +624,10 @@ def test_served_pushed_weights_are_the_ones_sampled(served, media) -> None:
     )
 
 
-def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_path) -> None:
-    """mmrft train with rollout.server.url: the module's running server (its weights are the
-    trainer's from the start-up push on), two steps and an evaluation."""
-    from mmrft.trainer import train
-
-    _, engine = served
+def served_run(engine, model_path, media, tmp_path, name: str, *extra: str):
+    """A small image run through the module's server at its URL (``extra`` overrides last)."""
     data = write_dataset(tmp_path, media, "image")
-    cfg = load_config(
+    return load_config(
         None,
         [
             f"model.path={model_path}",
@@ -645,7 +641,6 @@ def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_
             f"rollout.server.url={engine.url}",
             "rollout.group_size=4",
             "rollout.max_new_tokens=8",
-            "train.steps=2",
             "train.prompts_per_step=2",
             "train.micro_batch_size=8",
             "warm_start.steps=0",
@@ -653,10 +648,19 @@ def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_
             "eval.max_new_tokens=8",
             "checkpoint.every=0",
             f"output_dir={tmp_path}",
-            "name=run",
+            f"name={name}",
+            *extra,
         ],
     )
-    summary = train(cfg)
+
+
+def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_path) -> None:
+    """mmrft train with rollout.server.url: the module's running server (its weights are the
+    trainer's from the start-up push on), two steps and an evaluation."""
+    from mmrft.trainer import train
+
+    _, engine = served
+    summary = train(served_run(engine, model_path, media, tmp_path, "run", "train.steps=2"))
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [m for m in lines if "train/reward" in m]
     assert [m["step"] for m in steps] == [1, 2]
@@ -675,36 +679,19 @@ def test_one_step_ahead_through_the_server(served, model_path, media, tmp_path) 
     from mmrft.trainer import train
 
     _, engine = served
-    data = write_dataset(tmp_path, media, "image")
-    cfg = load_config(
-        None,
-        [
-            f"model.path={model_path}",
-            *BUDGET,
-            "task.name=classification",
-            "task.params={think: none}",
-            "reward.verifiers=[{name: test_vllm_length}]",
-            f"data.train={data}",
-            f"data.test={data}",
-            "rollout.engine=vllm_server",
-            f"rollout.server.url={engine.url}",
-            "rollout.max_staleness=1",
-            "algorithm.tis_cap=2",
-            "optim.lr=1e-2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=8",
+    ahead = ["rollout.max_staleness=1", "algorithm.tis_cap=2", "optim.lr=1e-2"]
+    train(
+        served_run(
+            engine,
+            model_path,
+            media,
+            tmp_path,
+            "ahead",
+            *ahead,
             "train.steps=3",
-            "train.prompts_per_step=2",
-            "train.micro_batch_size=8",
-            "warm_start.steps=0",
-            "eval.before=false",
             "eval.after=false",
-            "checkpoint.every=0",
-            f"output_dir={tmp_path}",
-            "name=ahead",
-        ],
+        )
     )
-    train(cfg)
     lines = (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()
     steps = [m for m in map(json.loads, lines) if "train/reward" in m]
     assert [m["rollout/lag_max"] for m in steps] == [0.0, 1.0, 1.0]
