@@ -285,11 +285,13 @@ def fmt(value: float | None, digits: int = 3) -> str:
 def report(results: dict[str, Any], timing: dict[str, Any], args: argparse.Namespace) -> str:
     """``sampling.md``: held-out metric after RL per task and method (mean [min, max] over
     seeds), the generated completions, and the step-time table."""
+    from mmrft.runlog import cpu_model
+
     lines = [
         "# Samplers and NoisyRollout at equal compute",
         "",
         f"{'--quick (a check, not a result)' if args.quick else 'full run'}; seeds 0 … "
-        f"{args.seeds - 1}; CPU: {platform.processor() or platform.machine()}.",
+        f"{args.seeds - 1}; CPU: {cpu_model()} ({platform.machine()}).",
         "",
         "| task | method | generated completions | final training reward | held-out metric after RL |",
         "|---|---|---|---|---|",
