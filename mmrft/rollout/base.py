@@ -196,8 +196,11 @@ class Engine(Protocol):
     sampler log-probs if it has them. Media placeholder tokens are never sampled.
     ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
     the weights (vLLM) reloads them from the policy there; one that samples from the policy
-    itself (``hf``) has nothing to do. ``close`` releases what the engine holds when the run
-    ends (so another engine can start in the same process).
+    itself (``hf``) has nothing to do. An engine with its own weights also has
+    ``load_weights(weights)`` (checkpoint-format names and tensors, LoRA merged): the
+    asynchronous collector (:mod:`mmrft.ahead`) pushes its snapshots through it. ``close``
+    releases what the engine holds when the run ends (so another engine can start in the
+    same process).
     """
 
     name: str
