@@ -145,6 +145,18 @@ def largest_logprob_gap(policy, out) -> float:
     return float(((logps - sampler) * mask).abs().max())
 
 
+def check_against_hf(engine, policy, convs) -> None:
+    """Prompt parity, greedy completions equal to the hf engine's, and sampled completions'
+    log-probs within 1e-3 of the training forward's."""
+    engine.check_parity(convs, ["a", "b"])
+    greedy = Sampling(12, greedy=True)
+    hf = HFEngine(policy, 8).generate(convs, 1, greedy)
+    assert engine.generate(convs, 1, greedy).completion_ids == hf.completion_ids
+    torch.manual_seed(0)
+    out = engine.generate(convs, 2, Sampling(10, top_p=0.9, top_k=50))
+    assert largest_logprob_gap(policy, out) <= 1e-3
+
+
 @pytest.mark.parametrize("kind", ["image", "video"])
 def test_sampler_logprobs_equal_the_training_forward(setup, media, kind) -> None:
     policy, engine = setup
@@ -284,14 +296,7 @@ def test_other_families_greedy_and_logprobs(media, family, kind) -> None:
     # a second engine in the process replaces vLLM's process-wide groups, so this test runs
     # after the module engine's last use
     engine = VLLMEngine(policy, SETTINGS, {kind: 1}, str(path))
-    convs = conversations(media, kind)
-    engine.check_parity(convs, ["a", "b"])
-    greedy = Sampling(12, greedy=True)
-    hf = HFEngine(policy, 8).generate(convs, 1, greedy)
-    assert engine.generate(convs, 1, greedy).completion_ids == hf.completion_ids
-    torch.manual_seed(0)
-    out = engine.generate(convs, 2, Sampling(10, top_p=0.9, top_k=50))
-    assert largest_logprob_gap(policy, out) <= 1e-3
+    check_against_hf(engine, policy, conversations(media, kind))
 
 
 def test_pushed_weights_are_the_ones_sampled(model_path, media) -> None:
@@ -754,13 +759,6 @@ def test_served_other_families_greedy_and_logprobs(media, family, kind, tmp_path
     policy = load_policy(cfg.model, torch.device("cpu"))
     engine = ServedEngine(policy, SETTINGS, served_settings(tmp_path), {kind: 1}, str(path))
     try:
-        convs = conversations(media, kind)
-        engine.check_parity(convs, ["a", "b"])
-        greedy = Sampling(12, greedy=True)
-        hf = HFEngine(policy, 8).generate(convs, 1, greedy)
-        assert engine.generate(convs, 1, greedy).completion_ids == hf.completion_ids
-        torch.manual_seed(0)
-        out = engine.generate(convs, 2, Sampling(10, top_p=0.9, top_k=50))
-        assert largest_logprob_gap(policy, out) <= 1e-3
+        check_against_hf(engine, policy, conversations(media, kind))
     finally:
         engine.close()
