@@ -23,7 +23,18 @@ One step, in the order the code runs (:meth:`Collector.collect`)::
    (``rollout.tools.names``) this is the multi-turn loop (:class:`mmrft.trajectory.ToolLoop`):
    turn 1 as above, then every trajectory that called a tool gets the observation appended
    and continues, all of them in one batch per turn, until it answers or a budget ends it.
-3. **verify**: the weighted reward of every completion, reasons counted.
+3. **verify**: the weighted reward of every completion, reasons counted. With an async
+   verifier configured (:mod:`mmrft.rewards`, a served judge) and an engine that decodes in
+   rounds and reports them (``hf``: ``rollout.batch_size`` < P·G), this overlaps step 2: the
+   groups a decode round finishes are scored in the background
+   (:meth:`~mmrft.rewards.WeightedReward.submit`) while the next round decodes, and the
+   round's reward is assembled from those parts, in group order, before shaping. What is
+   sampled is unchanged (same tokens, same random draws); scores are those of one call over
+   the batch, except for a verifier that looks across groups without being group-aware (it
+   sees one round's groups at a time), and a judge's "every call of a batch failed" counts
+   per part. ``time/reward_s`` is then the scoring time left after generation. Without an
+   async verifier, or with NoisyRollout, tools or another engine, the batch is scored after
+   generation.
 4. **shape**: DAPO's overlong penalty, then the auxiliary rollouts: completions sampled on
    perturbed prompts that shape the reward of the real ones without being trained on
    (:class:`AuxiliaryRollouts`; T-GRPO's shuffled frames, :class:`TemporalContrast`, is one).
@@ -46,6 +57,8 @@ functions of the kept rewards (:mod:`mmrft.algorithms`), are computed by the tra
 
 from __future__ import annotations
 
+import concurrent.futures
+import inspect
 import logging
 import time
 from collections import Counter
@@ -417,6 +430,22 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
 # The collector
 
 
+@dataclass
+class Scoring:
+    """Groups of a round submitted for scoring while the engine generates (the overlap)."""
+
+    groups: list[int]
+    future: concurrent.futures.Future
+
+
+def reports_groups(engine: Engine) -> bool:
+    """Whether ``engine.generate`` takes ``on_groups`` (:data:`mmrft.rollout.base.GroupsDone`)."""
+    try:
+        return "on_groups" in inspect.signature(engine.generate).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class Collector:
     """Draws, generates, verifies, shapes and filters one step's groups (module docstring).
 
@@ -462,6 +491,9 @@ class Collector:
         self.perturb = build_perturb(cfg, policy)
         self.stats = PromptStats(cfg.data.stats_ema)
         self.correctness = correctness_verifier(cfg.data.stats_verifier, reward)
+        self.overlap = reward.is_async and reports_groups(engine)
+        """Score the groups of each decode round while the next one decodes (module docstring,
+        step 3): only with an async verifier, on an engine that reports its rounds."""
 
     def sync_weights(self, version: int) -> None:
         """The trainer's weights are now ``version`` (RL updates included): an engine with its
@@ -579,6 +611,7 @@ class Collector:
             before = rng_state()
             failed: list[dict[str, Any]] = []
             perturbed: list[bool] | None = None
+            parts: list[Scoring] | None = None  # the groups scored while generating
             try:
                 if self.perturb is not None:
                     noisy = self.perturb.generate(
@@ -594,6 +627,8 @@ class Collector:
                     rollouts = self.tool_loop.run(
                         self.engine, conversations, samples, G, self.sampling
                     )
+                elif self.overlap:
+                    rollouts, parts = self._generate_scoring(conversations, samples, step)
                 else:
                     rollouts = self.engine.generate(conversations, G, self.sampling)
             except DataError as exc:
@@ -612,13 +647,7 @@ class Collector:
             positions=list(range(first, first + P)),
             conversations=conversations,
             rollouts=rollouts,
-            scored=self.reward(
-                rollouts.texts,
-                [s for s in samples for _ in range(G)],
-                context=f"at step {step}",
-                trajectories=rollouts.trajectories,
-                group_size=G,
-            ),
+            scored=self._score(rollouts, samples, step, parts),
             group_size=G,
             perturbed=perturbed,
         )
@@ -640,6 +669,54 @@ class Collector:
         if self.perturb is not None and rnd.perturbed is not None:
             self.perturb.observe(rnd.scored.total, rnd.perturbed)
         return rnd, seconds
+
+    def _generate_scoring(
+        self, conversations: list[Conversation], samples: list[Sample], step: int
+    ) -> tuple[Rollouts, list[Scoring]]:
+        """``engine.generate`` with each decode round's finished groups submitted for scoring
+        in the background (:meth:`WeightedReward.submit`) while the next round decodes."""
+        G = self.cfg.rollout.group_size
+        parts: list[Scoring] = []
+
+        def on_groups(groups: list[int], texts: list[str]) -> None:
+            expanded = [samples[g] for g in groups for _ in range(G)]
+            future = self.reward.submit(texts, expanded, context=f"at step {step}", group_size=G)
+            parts.append(Scoring(groups, future))
+
+        rollouts = self.engine.generate(conversations, G, self.sampling, on_groups=on_groups)
+        return rollouts, parts
+
+    def _score(
+        self, rollouts: Rollouts, samples: list[Sample], step: int, parts: list[Scoring] | None
+    ) -> RewardBreakdown:
+        """The round's reward: one call over the batch, or (``parts``, the overlap) the parts
+        scored during generation joined in group order, and the groups the engine did not
+        report scored now."""
+        G = self.cfg.rollout.group_size
+        expanded = [s for s in samples for _ in range(G)]
+        context = f"at step {step}"
+        if parts is None:
+            return self.reward(
+                rollouts.texts,
+                expanded,
+                context=context,
+                trajectories=rollouts.trajectories,
+                group_size=G,
+            )
+        joined: list[RewardBreakdown] = []
+        done = 0  # groups joined so far
+        for part in parts:
+            if part.groups != list(range(done, done + len(part.groups))):
+                raise RuntimeError(
+                    f"engine '{self.engine.name}' reported groups {part.groups} after {done} "
+                    "groups (on_groups must report consecutive groups in order)"
+                )
+            joined.append(part.future.result())
+            done += len(part.groups)
+        if done < len(samples):
+            rest = rollouts.texts[done * G :]
+            joined.append(self.reward(rest, expanded[done * G :], context=context, group_size=G))
+        return RewardBreakdown.concat(joined)
 
     def observe(self, rnd: Round, passed: torch.Tensor | None, step: int) -> None:
         """Update :attr:`stats` with the outcome of each group of the round on every rank

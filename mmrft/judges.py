@@ -13,11 +13,14 @@ Backends, with the same serving properties:
   ``concurrency`` requests in flight (asyncio + httpx), each under ``timeout_s``, all of a
   batch under ``budget_s``; connection errors, 429 and 5xx retried ``retries`` times with
   exponential backoff and jitter (a ``Retry-After`` header is obeyed); request and token rates
-  kept under ``rpm`` / ``tpm`` per minute by a sliding window.
+  kept under ``rpm`` / ``tpm`` per minute by a sliding window. The ``judge`` and ``caption_qa``
+  verifiers await it (:meth:`HTTPJudge.acomplete`): they are async verifiers on the reward's
+  event loop (:mod:`mmrft.rewards`), overlapped with the other verifiers and with generation.
 * :class:`LocalJudge`: a transformers causal or image-text model loaded once per process (kept
   in :data:`_LOADED`), batched, no gradients; with ``VerdictRule(kind="prob")`` the verdict is
   the expected label value under the judge's next-token probabilities of the labels
   (``P(yes) / (P(yes) + P(no))`` for ``{yes: 1, no: 0}``: always parseable, G-Eval's scoring).
+  Sync: a verifier on it is a sync verifier, run in its budget thread.
 
 A :class:`VerdictCache` (JSON lines, in the run directory the trainer sets with
 :func:`use_run_dir`) keeps every verdict under a key of (judge, template, prompt, answer), so
@@ -336,8 +339,13 @@ class HTTPJudge:
     def name(self) -> str:
         return f"{self.url} ({self.model})"
 
+    async def acomplete(self, requests: Sequence[Request]) -> list[Reply]:
+        """One reply per request, in order, within ``budget_s`` in all, on the caller's event
+        loop (the ``judge`` verifier awaits it on the reward's loop, :mod:`mmrft.rewards`)."""
+        return await self._all(requests)
+
     def complete(self, requests: Sequence[Request]) -> list[Reply]:
-        """One reply per request, in order, within ``budget_s`` in all."""
+        """:meth:`acomplete` for a caller without an event loop (``asyncio.run``)."""
         return asyncio.run(self._all(requests))
 
     async def _all(self, requests: Sequence[Request]) -> list[Reply]:

@@ -24,7 +24,9 @@ It is called once per batch with the keyword arguments
   lacks it;
 * the entry's ``params``.
 
-It returns one number per completion, or ``None`` where it does not apply. It declares no
+It returns one number per completion, or ``None`` where it does not apply; an ``async def``
+function is an async verifier (:mod:`mmrft.rewards`: awaited on the reward's event loop, in the
+trainer's process, never in a verifier worker). It declares no
 range: its scores are used as they are (the range shown is (−inf, inf)) and, unlike a
 registered verifier, a low score carries no reason. A function that should carry reasons and a
 range is a verifier: decorate it with ``@verifier`` (:mod:`mmrft.rewards`).
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,23 +104,37 @@ class RewardFunction:
 
     def __call__(
         self, completions: Sequence[str], samples: Sequence[Sample], **params: Any
+    ) -> list[float | None] | Awaitable[list[float | None]]:
+        """The function's results as a list; for an ``async def`` function, an awaitable of
+        them (so the verifier is async, :meth:`mmrft.rewards.VerifierSpec.bind`)."""
+        function = self.function()
+        if inspect.iscoroutinefunction(function):
+            return self._awaited(function, completions, samples, params)
+        if not completions:
+            return []
+        return list(function(list(completions), **self._arguments(samples, params)))
+
+    async def _awaited(
+        self,
+        function: Any,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        params: dict[str, Any],
     ) -> list[float | None]:
         if not completions:
             return []
+        return list(await function(list(completions), **self._arguments(samples, params)))
+
+    @staticmethod
+    def _arguments(samples: Sequence[Sample], params: dict[str, Any]) -> dict[str, Any]:
+        """TRL's keyword arguments: prompts, the answer columns, the meta columns, ``params``."""
         targets = [s.target for s in samples]
         columns: dict[str, list[Any]] = {}
         for key in dict.fromkeys(k for s in samples for k in s.meta):
             if key not in RESERVED and key not in params:
                 columns[key] = [s.meta.get(key) for s in samples]
         answers = dict.fromkeys(("target", *STANDARD_FIELDS["answer"]), targets)
-        result = self.function()(
-            list(completions),
-            prompts=[s.text() for s in samples],
-            **answers,
-            **columns,
-            **params,
-        )
-        return list(result)
+        return {"prompts": [s.text() for s in samples], **answers, **columns, **params}
 
 
 def register_function(spec: str) -> Any:

@@ -48,18 +48,50 @@ samples, and which carries them as attributes for ``failure.json`` (:func:`write
 Where verifiers run: :func:`build_reward` starts verifier worker processes
 (:mod:`mmrft.verifier_pool`, ``reward.isolation: process``) that are killed at
 ``reward.timeout_s``; the contract checks above stay in this process.
+
+**Asynchronous verifiers.** A verifier may be an ``async def`` (batched or ``group=True``),
+for a verifier that waits on something (a served judge, a sandbox, a remote check)::
+
+    @verifier("remote_check", low=0.0, high=1.0)
+    async def remote_check(completions, samples, *, url: str = "http://127.0.0.1:8000"):
+        verdicts = await ask(url, completions)  # e.g. httpx.AsyncClient
+        return [Score(1.0) if v else Score(0.0, reason="rejected") for v in verdicts]
+
+The contract is the same (one result per completion, Score/float/None, the range and NaN
+checks, typed keyword parameters, the awaited start-up call on an empty batch). A verifier is
+async when its start-up call returns an awaitable: every ``async def``, and a sync function that
+returns a coroutine for some parameters (the ``judge`` verifier with ``backend: http``; with
+``backend: local`` it stays sync). Async verifiers run in the trainer's process, never in a
+verifier worker (the workers are for sync code that may hang in C), as coroutines on one
+event loop in a daemon thread of the reward (:class:`WeightedReward`), each under
+``reward.timeout_s`` (past it the coroutine is cancelled and scores the minimum with reason
+``timeout``, or stops the run under ``on_timeout: stop``). They must not block: a blocking
+call inside one stalls every coroutine on the loop (use ``await asyncio.to_thread(...)``).
+:meth:`WeightedReward.__call__` runs one batch's verifiers at the same time (async ones on
+the loop, sync in-process ones each in its budget thread, pooled ones through the pool) and
+assembles them in configured order; with an async verifier configured, the collector also
+scores the groups a decode round finishes while the next round decodes
+(:meth:`WeightedReward.submit`, :mod:`mmrft.collector`), with the same tokens sampled.
+Measured by ``python benchmarks/judge.py`` (docs/tasks.md quotes it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import logging
 import math
 import numbers
+import queue
 import re
 import threading
+import time
+import weakref
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -185,31 +217,123 @@ def call_with_budget(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
     """
     if not timeout_s:
         return fn()
-    box: dict[str, Any] = {}
+    return _Running(fn, what).result(timeout_s)
 
-    def run() -> None:
+
+class _Running:
+    """``fn()`` started now in a daemon thread; :meth:`result` waits for it within a budget
+    counted from the start (:func:`call_with_budget` split in two, so that several run at once)."""
+
+    def __init__(self, fn: Callable[[], Any], what: str) -> None:
+        self.what = what
+        self.box: dict[str, Any] = {}
+        self.started = time.monotonic()
+        self.thread = threading.Thread(target=self._run, args=(fn,), name=f"mmrft:{what}")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
         try:
-            box["value"] = fn()
+            self.box["value"] = fn()
         except BaseException as exc:  # handed to the caller's thread
-            box["error"] = exc
+            self.box["error"] = exc
 
-    thread = threading.Thread(target=run, name=f"mmrft:{what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TimeoutError(f"{what} exceeded its {timeout_s:g}s budget")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    def result(self, timeout_s: float) -> Any:
+        """``fn``'s value or exception; :class:`TimeoutError` past ``timeout_s`` from the start
+        (0 = wait as long as it takes)."""
+        if timeout_s:
+            self.thread.join(max(0.0, self.started + timeout_s - time.monotonic()))
+        else:
+            self.thread.join()
+        if self.thread.is_alive():
+            raise TimeoutError(f"{self.what} exceeded its {timeout_s:g}s budget")
+        if "error" in self.box:
+            raise self.box["error"]
+        return self.box["value"]
 
 
-VerifierFn = Callable[..., Sequence[Score | float | None]]
+def _run_now(awaitable: Awaitable[Any]) -> Any:
+    """Await ``awaitable`` to the end on a fresh event loop in a thread of its own (the caller
+    may be inside a running loop, where ``asyncio.run`` is refused): the start-up call of an
+    async verifier."""
+
+    async def main() -> Any:
+        return await awaitable
+
+    return _Running(lambda: asyncio.run(main()), "verifier start-up").result(0)
+
+
+class _LoopThread:
+    """An asyncio event loop running in a daemon thread: where a reward's async verifiers run.
+
+    Why one long-lived loop rather than ``asyncio.run`` per call: :meth:`WeightedReward.submit`
+    scores while the caller's thread decodes the next round, so the coroutines need a loop that
+    runs without the caller; one loop serves every batch and every async verifier of the
+    reward (they share it, as the HTTP judge's requests share its connection gate); and
+    ``asyncio.run`` is refused where the caller already runs a loop (a notebook)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="mmrft:verifier-loop", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, coroutine: Any) -> concurrent.futures.Future:
+        """Schedule ``coroutine`` on the loop; its Future can be waited on from any thread."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def close(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5.0)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+class _SerialThread:
+    """Calls submitted from any thread, run one at a time in submission order in a daemon
+    thread (:meth:`WeightedReward.submit`)."""
+
+    def __init__(self, name: str) -> None:
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._work, name=name, daemon=True)
+        self.thread.start()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.jobs.put((fn, future))
+        return future
+
+    def close(self) -> None:
+        self.jobs.put(None)
+
+    def _work(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            fn, future = job
+            job = None  # hold no reference to the reward between jobs
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:  # handed to whoever waits on the future
+                    future.set_exception(exc)
+            fn = future = None
+
+
+VerifierFn = Callable[
+    ..., Sequence[Score | float | None] | Awaitable[Sequence[Score | float | None]]
+]
 
 
 @dataclass(frozen=True)
 class VerifierSpec:
     """A registered verifier: the function, its declared score range, and whether it may run
-    in a verifier worker process (``isolate``; see :func:`verifier`)."""
+    in a verifier worker process (``isolate``; see :func:`verifier`; never for an ``async def``
+    or a group-aware one)."""
 
     name: str
     fn: VerifierFn
@@ -226,8 +350,6 @@ class VerifierSpec:
     @property
     def wants_trajectories(self) -> bool:
         """Whether the function takes ``trajectories`` (a third positional parameter)."""
-        import inspect
-
         positional = [
             p.name
             for p in inspect.signature(self.fn).parameters.values()
@@ -236,16 +358,21 @@ class VerifierSpec:
         return len(positional) >= 3 and positional[2] == "trajectories"
 
     def bind(self, params: Mapping[str, Any] | None = None) -> BoundVerifier:
-        """Check ``params`` (names, types, then values via an empty call) and bind them."""
+        """Check ``params`` (names, types, then values via an empty call) and bind them. The
+        bound verifier is async when that call returns an awaitable (which is then awaited, so
+        an async verifier's checks at the top of its body run now too)."""
         checked = bind_keyword_params(self.fn, params or {}, where=f"verifier '{self.name}'")
         try:
             if self.wants_trajectories:
-                self.fn([], [], [], **checked)
+                result = self.fn([], [], [], **checked)
             else:
-                self.fn([], [], **checked)
+                result = self.fn([], [], **checked)
+            is_async = inspect.isawaitable(result)
+            if is_async:
+                _run_now(result)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"verifier '{self.name}': {exc}") from exc
-        return BoundVerifier(self, checked)
+        return BoundVerifier(self, checked, is_async=is_async)
 
 
 def verifier(
@@ -255,6 +382,10 @@ def verifier(
 
     ``group=True``: the verifier is called once per GRPO group with that group's completions
     and samples (module docstring, "group-aware"); it always runs in the trainer's process.
+
+    An ``async def`` verifier (module docstring, "asynchronous verifiers") always runs in the
+    trainer's process too, as a coroutine on the reward's event loop, under
+    ``reward.timeout_s`` (cancelled past it); ``reward.isolation: process`` leaves it there.
 
     ``isolate=False``: the verifier always runs in the trainer's process, even under
     ``reward.isolation: process`` (one that needs the parent's state, e.g. a judge holding a
@@ -270,7 +401,7 @@ def verifier(
             fn=fn,
             low=float(low),
             high=float(high),
-            isolate=isolate and not group,
+            isolate=isolate and not group and not inspect.iscoroutinefunction(fn),
             group=group,
         )
         VERIFIERS.add(name, spec)
@@ -299,10 +430,13 @@ def _first_line(exc: BaseException, most: int = 200) -> str:
 
 @dataclass(frozen=True)
 class BoundVerifier:
-    """A verifier with checked parameters, called as ``bound(completions, samples)``."""
+    """A verifier with checked parameters, called as ``bound(completions, samples)`` (sync) or
+    ``await bound.acall(completions, samples)`` (async, :attr:`is_async`)."""
 
     spec: VerifierSpec
     params: dict[str, Any]
+    is_async: bool = False
+    """Whether the function returns an awaitable with these parameters (found at start-up)."""
 
     @property
     def name(self) -> str:
@@ -321,17 +455,65 @@ class BoundVerifier:
         samples (see the module docstring). ``trajectories``: the tool rollouts' records, for
         a verifier that takes them (``None`` per completion when absent). ``group_size``: the
         completions per group, for a group-aware verifier (:func:`group_spans`)."""
+        out: list[Score | None] = []
+        for start, end, what in self._calls(completions, samples, group_size):
+            given = None if trajectories is None else trajectories[start:end]
+            out += self._call_batch(
+                completions[start:end], samples[start:end], context, given, what
+            )
+        return out
+
+    async def acall(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str = "",
+        trajectories: Sequence[Any] | None = None,
+        group_size: int | None = None,
+    ) -> list[Score | None]:
+        """:meth:`__call__` for an async verifier, on the caller's event loop: the function's
+        awaitable is awaited (a group-aware one's groups concurrently) and checked alike; the
+        first failing group in order is raised."""
+        calls = [
+            self._acall_batch(
+                completions[start:end],
+                samples[start:end],
+                context,
+                None if trajectories is None else trajectories[start:end],
+                what,
+            )
+            for start, end, what in self._calls(completions, samples, group_size)
+        ]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        out: list[Score | None] = []
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            out += outcome
+        return out
+
+    def _calls(
+        self, completions: Sequence[str], samples: Sequence[Sample], group_size: int | None
+    ) -> list[tuple[int, int, str]]:
+        """``(start, end, what)`` of each call: the whole batch, or each group of a group-aware
+        verifier (``what`` words the count check's message)."""
         if len(completions) != len(samples):
             raise ValueError(f"{len(completions)} completions for {len(samples)} samples")
         if self.spec.group:
-            out: list[Score | None] = []
-            for start, end in group_spans(samples, group_size):
-                given = None if trajectories is None else trajectories[start:end]
-                out += self._call_batch(
-                    completions[start:end], samples[start:end], context, given, "group of "
-                )
-            return out
-        return self._call_batch(completions, samples, context, trajectories)
+            return [(start, end, "group of ") for start, end in group_spans(samples, group_size)]
+        return [(0, len(completions), "")]
+
+    def _invoke(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        trajectories: Sequence[Any] | None,
+    ) -> Any:
+        """The function called on one batch or group (its results, or an awaitable of them)."""
+        if self.spec.wants_trajectories:
+            given = list(trajectories) if trajectories is not None else [None] * len(samples)
+            return self.spec.fn(list(completions), list(samples), given, **self.params)
+        return self.spec.fn(list(completions), list(samples), **self.params)
 
     def _call_batch(
         self,
@@ -344,16 +526,49 @@ class BoundVerifier:
         """One call of the function on ``completions`` (the batch, or one group) and the
         contract checks of its results."""
         try:
-            if self.spec.wants_trajectories:
-                given = list(trajectories) if trajectories is not None else [None] * len(samples)
-                raw = self.spec.fn(list(completions), list(samples), given, **self.params)
-            else:
-                raw = self.spec.fn(list(completions), list(samples), **self.params)
+            raw = self._invoke(completions, samples, trajectories)
+            if inspect.isawaitable(raw):  # async now, though its start-up call was not
+                if inspect.iscoroutine(raw):
+                    raw.close()
+                raise TypeError("an awaitable, where its start-up call returned results")
             count = len(raw)
         except Exception as exc:
             raise self.failed(
                 f"raised {type(exc).__name__}: {_first_line(exc)}", samples, context
             ) from exc
+        return self._counted(raw, count, completions, samples, context, what)
+
+    async def _acall_batch(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        trajectories: Sequence[Any] | None,
+        what: str = "",
+    ) -> list[Score | None]:
+        """:meth:`_call_batch` of an async verifier: its awaitable awaited, then the same
+        checks."""
+        try:
+            raw = self._invoke(completions, samples, trajectories)
+            if inspect.isawaitable(raw):
+                raw = await raw
+            count = len(raw)
+        except Exception as exc:
+            raise self.failed(
+                f"raised {type(exc).__name__}: {_first_line(exc)}", samples, context
+            ) from exc
+        return self._counted(raw, count, completions, samples, context, what)
+
+    def _counted(
+        self,
+        raw: Sequence[Any],
+        count: int,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        what: str,
+    ) -> list[Score | None]:
+        """The count check, then :meth:`check`."""
         if count != len(completions):
             raise self.failed(
                 f"returned {count} results for a {what}{len(completions)} completions",
@@ -494,12 +709,55 @@ class WeightedReward:
     on_timeout: str = "zero"
     pool: VerifierPool | None = None
     """Worker processes running the verifiers it names (:mod:`mmrft.verifier_pool`); the
-    others, and all of them without a pool, run in this process under a thread's budget."""
+    others, and all of them without a pool, run in this process: async ones on the reward's
+    event loop, sync ones under a thread's budget."""
+    _threads: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
 
     def close(self) -> None:
-        """Stop the verifier worker processes, if any (also done at garbage collection and exit)."""
+        """Stop the verifier worker processes, the event loop and the background scorer, if
+        any (also done at exit; the threads are daemons)."""
         if self.pool is not None:
             self.pool.close()
+        with self._lock:
+            threads, self._threads = self._threads, {}
+        for thread in threads.values():
+            thread.close()
+
+    @property
+    def is_async(self) -> bool:
+        """Whether any configured verifier is async (the collector then overlaps scoring with
+        generation)."""
+        return any(bound.is_async for bound, _ in self.verifiers)
+
+    def _thread(self, kind: str) -> Any:
+        """The reward's event loop (``"loop"``) or background scorer (``"scorer"``), started on
+        first use and stopped by :meth:`close` or when the reward is garbage-collected."""
+        with self._lock:
+            if kind not in self._threads:
+                made = _LoopThread() if kind == "loop" else _SerialThread("mmrft:scoring")
+                weakref.finalize(self, made.close)
+                self._threads[kind] = made
+            return self._threads[kind]
+
+    def submit(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str = "",
+        trajectories: Sequence[Any] | None = None,
+        group_size: int | None = None,
+    ) -> concurrent.futures.Future:
+        """Score a batch in the background; the Future's ``result()`` is what :meth:`__call__`
+        returns (or raises what it raises). Submitted batches are scored one at a time in
+        submission order, in a daemon thread of the reward, so every batch sees the verdicts
+        cached by the ones before it and a judge's budgets, concurrency and rate limits hold
+        per batch as for a direct call. The collector scores the groups of one decode round
+        this way while the next round decodes."""
+        batch = (list(completions), list(samples), context, trajectories, group_size)
+        return self._thread("scorer").submit(lambda: self(*batch))
 
     @property
     def range(self) -> tuple[float, float]:
@@ -523,8 +781,8 @@ class WeightedReward:
         total = [0.0] * len(completions)
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
-        for bound, weight in self.verifiers:
-            scores = self._scores(bound, completions, samples, context, trajectories, group_size)
+        every = self._all_scores(completions, samples, context, trajectories, group_size)
+        for (bound, weight), scores in zip(self.verifiers, every):
             by_name[bound.name] = scores
             for i, score in enumerate(scores):
                 if score is None:
@@ -568,6 +826,58 @@ class WeightedReward:
         completions, which are scored but not trained on)."""
         return self._scores(self.bound(name), completions, samples, context, None, group_size)
 
+    def _pooled_here(self, bound: BoundVerifier) -> bool:
+        return self.pool is not None and bound.name in self.pool.names
+
+    def _all_scores(
+        self,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        trajectories: Sequence[Any] | None,
+        group_size: int | None,
+    ) -> list[list[Score | None]]:
+        """Every configured verifier's scores, in configured order, the verifiers run at the
+        same time: the async ones as coroutines on the reward's event loop, the sync ones of
+        this process each in its budget thread, the pooled ones one after another through the
+        pool in this thread (the pool serialises its callers, :meth:`VerifierPool.call`).
+        Every outcome is awaited, then the first failure in configured order is raised, so
+        scores and errors are those of the verifiers run one after the other. With a single
+        lane of work (one verifier, or only pooled ones) they run exactly so, in this thread."""
+        batch = (completions, samples, context, trajectories, group_size)
+        bounds = [bound for bound, _ in self.verifiers]
+        waiting = [i for i, b in enumerate(bounds) if b.is_async and not self._pooled_here(b)]
+        pooled = [i for i, b in enumerate(bounds) if self._pooled_here(b)]
+        threaded = [i for i in range(len(bounds)) if i not in waiting and i not in pooled]
+        if len(threaded) + len(waiting) + bool(pooled) <= 1:
+            return [self._scores(bound, *batch) for bound in bounds]
+        coroutines = None
+        if waiting:
+
+            async def together() -> list[Any]:
+                calls = [self._async_scores(bounds[i], *batch) for i in waiting]
+                return await asyncio.gather(*calls, return_exceptions=True)
+
+            coroutines = self._thread("loop").run(together())
+        running = {
+            i: _Running(partial(bounds[i], *batch), f"verifier '{bounds[i].name}'")
+            for i in threaded
+        }
+        outcomes: dict[int, Any] = {}
+        for i in pooled:
+            outcomes[i] = _outcome(
+                partial(self._pooled, bounds[i], completions, samples, context, trajectories)
+            )
+        for i, run in running.items():
+            outcomes[i] = _outcome(partial(self._budgeted, bounds[i], run, samples, context))
+        if coroutines is not None:
+            outcomes.update(zip(waiting, coroutines.result()))
+        ordered = [outcomes[i] for i in range(len(bounds))]
+        for outcome in ordered:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return ordered
+
     def _scores(
         self,
         bound: BoundVerifier,
@@ -577,8 +887,13 @@ class WeightedReward:
         trajectories: Sequence[Any] | None = None,
         group_size: int | None = None,
     ) -> list[Score | None]:
-        if self.pool is not None and bound.name in self.pool.names:
+        """One verifier's scores, in the caller's thread (the pool, or a budget thread, or the
+        reward's event loop for an async verifier)."""
+        if self._pooled_here(bound):
             return self._pooled(bound, completions, samples, context, trajectories)
+        if bound.is_async:
+            batch = (completions, samples, context, trajectories, group_size)
+            return self._thread("loop").run(self._async_scores(bound, *batch)).result()
         try:
             return call_with_budget(
                 lambda: bound(completions, samples, context, trajectories, group_size),
@@ -586,14 +901,56 @@ class WeightedReward:
                 f"verifier '{bound.name}'",
             )
         except TimeoutError as exc:  # the budget's own: a verifier's exceptions are wrapped
-            ids = sorted({_sample_id(s) for s in samples})
-            message = f"{exc} {context} on {len(samples)} completions of samples {_ids(ids)}"
-            if self.on_timeout == "stop":
-                raise VerifierTimeoutError(
-                    message, verifier=bound.name, sample_ids=ids, context=context
-                ) from None
-            log.warning("%s; scored %g with reason 'timeout'", message, timeout_score(bound))
-            return [Score(timeout_score(bound), reason="timeout") for _ in completions]
+            return self._timed_out(bound, str(exc), samples, context)
+
+    def _budgeted(
+        self, bound: BoundVerifier, running: _Running, samples: Sequence[Sample], context: str
+    ) -> list[Score | None]:
+        """A sync verifier's scores from its budget thread, or its timeout's."""
+        try:
+            return running.result(self.timeout_s)
+        except TimeoutError as exc:  # the budget's own: a verifier's exceptions are wrapped
+            return self._timed_out(bound, str(exc), samples, context)
+
+    async def _async_scores(
+        self,
+        bound: BoundVerifier,
+        completions: Sequence[str],
+        samples: Sequence[Sample],
+        context: str,
+        trajectories: Sequence[Any] | None,
+        group_size: int | None,
+    ) -> list[Score | None]:
+        """An async verifier's scores on the running loop, under ``timeout_s``: past it the
+        coroutine is cancelled and the batch scored as a timeout (:meth:`_timed_out`)."""
+        task = asyncio.ensure_future(
+            bound.acall(completions, samples, context, trajectories, group_size)
+        )
+        if not self.timeout_s:
+            return await task
+        # asyncio.wait, then cancel, rather than asyncio.wait_for: wait_for also waits for the
+        # cancelled coroutine to finish, which one that swallows CancelledError never does;
+        # this returns at the budget whatever the coroutine does with its cancellation.
+        done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
+        if task not in done:
+            task.cancel()
+            what = f"verifier '{bound.name}' exceeded its {self.timeout_s:g}s budget"
+            return self._timed_out(bound, what, samples, context)
+        return task.result()
+
+    def _timed_out(
+        self, bound: BoundVerifier, what: str, samples: Sequence[Sample], context: str
+    ) -> list[Score | None]:
+        """A whole batch over its budget: every completion scores the minimum with reason
+        ``timeout`` (logged), or :class:`VerifierTimeoutError` under ``on_timeout: stop``."""
+        ids = sorted({_sample_id(s) for s in samples})
+        message = f"{what} {context} on {len(samples)} completions of samples {_ids(ids)}"
+        if self.on_timeout == "stop":
+            raise VerifierTimeoutError(
+                message, verifier=bound.name, sample_ids=ids, context=context
+            ) from None
+        log.warning("%s; scored %g with reason 'timeout'", message, timeout_score(bound))
+        return [Score(timeout_score(bound), reason="timeout") for _ in samples]
 
     def _pooled(
         self,
@@ -660,6 +1017,14 @@ class WeightedReward:
         return scores
 
 
+def _outcome(fn: Callable[[], Any]) -> Any:
+    """``fn()``, or the exception it raised (raised later, in configured order)."""
+    try:
+        return fn()
+    except Exception as exc:
+        return exc
+
+
 def timeout_score(bound: BoundVerifier) -> float:
     """What a completion scores when its verifier call times out: the verifier's minimum, or 0
     for a plain reward function, whose range is unbounded (its minimum, −inf, would stop the
@@ -717,7 +1082,7 @@ def build_reward(
         verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
     pooled = {}
     for bound, _ in verifiers if isolation == "process" else []:
-        if not bound.spec.isolate:
+        if not bound.spec.isolate or bound.is_async:  # these run in this process
             continue
         if source(bound.spec.fn) is None:
             log.warning(

@@ -192,6 +192,23 @@ def test_a_judge_down_for_the_whole_batch_stops_scoring_naming_the_endpoint(serv
         )
 
 
+def test_the_http_judge_is_an_async_verifier_cancelled_at_the_reward_budget(server, caplog):
+    """backend http: a coroutine on the reward's event loop (never a worker process), cancelled
+    at reward.timeout_s; backend local stays a sync verifier."""
+    options = {"base_url": server.url, "model": "grader", "timeout_s": 10.0, "retries": 0}
+    reward = build_reward([{"name": "judge", "params": options}], timeout_s=0.5)
+    assert reward.bound("judge").is_async and reward.pool is None
+    server.faults = ["stall"]
+    start = time.monotonic()
+    out = reward(["<answer>blue</answer>"], samples("blue"), "at step 2")
+    assert time.monotonic() - start < 2.5  # the stalled request (3 s) was not waited for
+    assert out.reasons["judge/timeout"] == 1
+    assert "verifier 'judge' exceeded its 0.5s budget at step 2" in caplog.text
+    reward.close()
+    local = build_reward([{"name": "judge", "params": {"backend": "local", "path": "unloaded"}}])
+    assert not local.bound("judge").is_async
+
+
 def test_the_api_key_comes_from_the_named_variable_only(server, monkeypatch):
     monkeypatch.setenv("MY_JUDGE_KEY", "sk-secret")
     reward = judge_reward(server, api_key_env="MY_JUDGE_KEY")

@@ -8,12 +8,14 @@
 from __future__ import annotations
 
 import string
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from mmrft.answers import extract_answer, normalise_text, parse_number
 from mmrft.data import Sample
 from mmrft.judges import (
     DEFAULT_TEMPLATE,
+    HTTPJudge,
     JudgeUnavailable,
     Reply,
     Request,
@@ -26,6 +28,8 @@ from mmrft.judges import (
     verdict_rule,
 )
 from mmrft.rewards import Score, verifier
+
+T = TypeVar("T")
 
 CAPTION_TEMPLATE = (
     "Here is a description of an image:\n\n{caption}\n\nUsing only this description, answer the "
@@ -50,13 +54,26 @@ def _client(backend: str, **params: Any) -> Any:
 
 
 def _ask(client: Any, requests: dict[str, Request], labels: list[str] | None) -> dict[str, Reply]:
-    """One reply per distinct request (label probabilities when ``labels`` is given); raises
-    :class:`JudgeUnavailable`, naming the endpoint, when every call failed."""
+    """One reply per distinct request from a local judge (label probabilities when ``labels``
+    is given); raises :class:`JudgeUnavailable`, naming the endpoint, when every call failed."""
     keys = list(requests)
     if not keys:
         return {}
     batch = [requests[k] for k in keys]
     replies = client.label_probabilities(batch, labels) if labels else client.complete(batch)
+    return _answered(client, keys, replies)
+
+
+async def _ask_http(client: HTTPJudge, requests: dict[str, Request]) -> dict[str, Reply]:
+    """:func:`_ask` for an HTTP judge, awaited on the caller's event loop."""
+    keys = list(requests)
+    if not keys:
+        return {}
+    return _answered(client, keys, await client.acomplete([requests[k] for k in keys]))
+
+
+def _answered(client: Any, keys: list[str], replies: list[Reply]) -> dict[str, Reply]:
+    """The replies by key; :class:`JudgeUnavailable` when every one of them failed."""
     failures = [r.error for r in replies if r.error is not None]
     if len(failures) == len(keys):
         raise JudgeUnavailable(
@@ -64,6 +81,11 @@ def _ask(client: Any, requests: dict[str, Request], labels: list[str] | None) ->
             f"{max(set(failures), key=failures.count)})"
         )
     return dict(zip(keys, replies))
+
+
+async def _then(replies: Awaitable[dict[str, Reply]], finish: Callable[[dict], T]) -> T:
+    """``finish(await replies)``: the HTTP backend's verifier result, awaited by the reward."""
+    return finish(await replies)
 
 
 @verifier("judge", low=0.0, high=1.0, isolate=False)
@@ -91,7 +113,7 @@ def judge(
     max_tokens: int = 256,
     batch_size: int = 8,
     cache: bool = True,
-) -> list[Score]:
+) -> list[Score] | Awaitable[list[Score]]:
     """A judge's verdict on each answer, mapped to [0, 1]. Range [0, 1].
 
     The answer is the completion's ``<answer_tag>`` content (``answer_tag: ""``: the whole
@@ -106,6 +128,8 @@ def judge(
     ``retries``, ``rpm`` / ``tpm``, ``max_tokens``; ``backend: local`` takes ``path``, ``device``,
     ``batch_size``, ``max_tokens``. Verdicts are cached (``cache``) in the run directory; a
     failed call scores 0 with ``judge <why>``; if every call of a batch fails, the run stops.
+    With ``backend: http`` this is an async verifier (it returns the awaitable of its
+    requests, awaited on the reward's event loop); with ``backend: local`` a sync one.
     """
     rule = verdict_rule(verdict)
     check_template(template)
@@ -136,24 +160,29 @@ def judge(
             continue
         waiting.setdefault(key, []).append(i)
         requests[key] = Request(text, images)
-    labels = list(rule.labels) if rule.kind == "prob" else None
-    fresh = []
-    for key, reply in _ask(client, requests, labels).items():
-        if reply.error is not None:
-            score, reason = None, f"judge {reply.error}"
-        elif reply.scores is not None:
-            expected = sum(p * rule.labels[label] for label, p in reply.scores.items())
-            score, reason = min(1.0, max(0.0, expected)), None
-        else:
-            score, why = rule.parse(reply.text or "")
-            reason = f"judge unparsable: {why}" if why else None
-        if score is not None:
-            fresh.append({"key": key, "score": score, "reply": reply.text})
-        for i in waiting[key]:
-            scores[i] = Score(score) if score is not None else Score(0.0, reason=reason)
-    if store is not None:
-        store.put(fresh)
-    return [s if s is not None else Score(0.0, reason="judge no verdict") for s in scores]
+
+    def finish(replies: dict[str, Reply]) -> list[Score]:
+        fresh = []
+        for key, reply in replies.items():
+            if reply.error is not None:
+                score, reason = None, f"judge {reply.error}"
+            elif reply.scores is not None:
+                expected = sum(p * rule.labels[label] for label, p in reply.scores.items())
+                score, reason = min(1.0, max(0.0, expected)), None
+            else:
+                score, why = rule.parse(reply.text or "")
+                reason = f"judge unparsable: {why}" if why else None
+            if score is not None:
+                fresh.append({"key": key, "score": score, "reply": reply.text})
+            for i in waiting[key]:
+                scores[i] = Score(score) if score is not None else Score(0.0, reason=reason)
+        if store is not None:
+            store.put(fresh)
+        return [s if s is not None else Score(0.0, reason="judge no verdict") for s in scores]
+
+    if isinstance(client, HTTPJudge):
+        return _then(_ask_http(client, requests), finish)
+    return finish(_ask(client, requests, list(rule.labels) if rule.kind == "prob" else None))
 
 
 def questions_of(sample: Sample) -> list[dict[str, Any]]:
@@ -222,7 +251,7 @@ def caption_qa(
     max_tokens: int = 16,
     batch_size: int = 8,
     cache: bool = True,
-) -> list[Score]:
+) -> list[Score] | Awaitable[list[Score]]:
     """CapRL: the share of the sample's questions a text-only judge answers right from the
     caption alone (the completion, or its ``<answer_tag>`` content). Range [0, 1].
 
@@ -231,6 +260,7 @@ def caption_qa(
     scores multiple choice by the probability of the right letter among the letters. Backend
     parameters as ``judge``'s. A caption over ``max_answer_chars`` scores 0 (``judge answer too
     long``), as does a reply without one answer (``judge unparsable``) or a failed call.
+    Async with ``backend: http``, sync with ``backend: local`` (as ``judge``).
     """
     client = _client(**{k: v for k, v in locals().items() if k not in ("completions", "samples")})
     store = current_cache() if cache else None
@@ -259,32 +289,38 @@ def caption_qa(
             requests[key] = Request(text)
             if backend == "local" and letters:
                 probabilities[key] = letters
-    replies = _ask(client, {k: r for k, r in requests.items() if k not in probabilities}, None)
-    by_letters: dict[tuple[str, ...], dict[str, Request]] = {}
-    for key, letters in probabilities.items():
-        by_letters.setdefault(tuple(letters), {})[key] = requests[key]
-    for letters, group in by_letters.items():
-        replies.update(_ask(client, group, list(letters)))
-    fresh = []
-    for i, plan in plans.items():
-        values, reason = [], None
-        for key, letters, right in plan:
-            known = store.entries.get(key) if store is not None else None
-            if known is not None:
-                values.append(known["score"])
-                continue
-            reply = replies[key]
-            value = None if reply.error else _correct(reply, letters, right)
-            if value is None:
-                reason = (
-                    f"judge {reply.error}" if reply.error else "judge unparsable: no one answer"
-                )
-                values.append(0.0)
-                continue
-            fresh.append({"key": key, "score": value, "reply": reply.text})
-            values.append(value)
-        mean = sum(values) / len(values) if values else 0.0
-        scores[i] = Score(mean, reason=reason if mean <= 0.0 else None)
-    if store is not None:
-        store.put(fresh)
-    return [s if s is not None else Score(0.0, reason="no questions") for s in scores]
+    asked = {k: r for k, r in requests.items() if k not in probabilities}
+
+    def finish(replies: dict[str, Reply]) -> list[Score]:
+        by_letters: dict[tuple[str, ...], dict[str, Request]] = {}
+        for key, letters in probabilities.items():  # a local judge's letter probabilities
+            by_letters.setdefault(tuple(letters), {})[key] = requests[key]
+        for letters, group in by_letters.items():
+            replies.update(_ask(client, group, list(letters)))
+        fresh = []
+        for i, plan in plans.items():
+            values, reason = [], None
+            for key, letters, right in plan:
+                known = store.entries.get(key) if store is not None else None
+                if known is not None:
+                    values.append(known["score"])
+                    continue
+                reply = replies[key]
+                value = None if reply.error else _correct(reply, letters, right)
+                if value is None:
+                    reason = (
+                        f"judge {reply.error}" if reply.error else "judge unparsable: no one answer"
+                    )
+                    values.append(0.0)
+                    continue
+                fresh.append({"key": key, "score": value, "reply": reply.text})
+                values.append(value)
+            mean = sum(values) / len(values) if values else 0.0
+            scores[i] = Score(mean, reason=reason if mean <= 0.0 else None)
+        if store is not None:
+            store.put(fresh)
+        return [s if s is not None else Score(0.0, reason="no questions") for s in scores]
+
+    if isinstance(client, HTTPJudge):
+        return _then(_ask_http(client, asked), finish)
+    return finish(_ask(client, asked, None))

@@ -10,6 +10,7 @@ media (a prompt row plus everything appended since, never re-rendered or re-toke
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -188,12 +189,23 @@ class Rollouts:
             self.timings[key] = self.timings.get(key, 0.0) + value
 
 
+GroupsDone = Callable[[list[int], list[str]], None]
+"""``on_groups(groups, texts)``: the engine has finished the groups ``groups`` (conversation
+indices, consecutive and ascending, each reported once, in order over the call) and ``texts``
+are their ``len(groups) × n`` completions, group-contiguous (:meth:`Engine.generate`)."""
+
+
 class Engine(Protocol):
     """A rollout engine.
 
     ``generate`` samples ``n`` completions for each conversation with the ``sampling``
     settings and returns them group-contiguous, each with its prepared prompt row, and the
-    sampler log-probs if it has them. Media placeholder tokens are never sampled.
+    sampler log-probs if it has them. Media placeholder tokens are never sampled. An engine
+    that decodes in several rounds may take the keyword ``on_groups`` (:data:`GroupsDone`) and
+    call it, between rounds, with the groups a round finished, so the caller scores them
+    while the next round decodes (``hf`` does; the collector checks the signature, and an
+    engine without it is scored after ``generate`` returns). It must not change what is
+    sampled.
     ``sync_weights`` is called after every optimizer step: an engine that holds its own copy of
     the weights (vLLM) reloads them from the policy there; one that samples from the policy
     itself (``hf``) has nothing to do. An engine with its own weights also has
@@ -206,7 +218,11 @@ class Engine(Protocol):
     name: str
 
     def generate(
-        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+        self,
+        conversations: list[list[dict[str, Any]]],
+        n: int,
+        sampling: Sampling,
+        on_groups: GroupsDone | None = None,
     ) -> Rollouts: ...
 
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:

@@ -19,6 +19,11 @@ Two paths, chosen by ``rollout.group_shared``:
   ``generate`` in chunks of ``rollout.batch_size`` (the prompt and its media are processed
   ``n`` times, the method of every peer); kept as the reference and behind the switch.
 
+Both take ``on_groups`` (:data:`mmrft.rollout.base.GroupsDone`): after each round of
+``rollout.batch_size`` completions, the groups whose ``n`` completions are all decoded are
+handed to it (the collector scores them in the background while the next round decodes). The
+callback runs between rounds and changes nothing that is sampled.
+
 Both never sample a media placeholder token, and both stop a completion at the first
 end-of-turn token. The engine samples from the policy's own parameters, so there are no
 weights to push after an optimizer step.
@@ -44,6 +49,7 @@ from mmrft.group import (
 )
 from mmrft.policy import Policy
 from mmrft.rollout.base import (
+    GroupsDone,
     Rollouts,
     Sampling,
     cut_at_stop,
@@ -91,17 +97,23 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(
-        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+        self,
+        conversations: list[list[dict[str, Any]]],
+        n: int,
+        sampling: Sampling,
+        on_groups: GroupsDone | None = None,
     ) -> Rollouts:
+        """``n`` completions per conversation, group-contiguous; ``on_groups`` is called after
+        each decode round with the groups it finished (module docstring)."""
         model = self.policy.model
         start = time.perf_counter()
         was_training = model.training
         model.eval()
         try:
             if self.group_shared:
-                out = self._generate_shared(conversations, n, sampling, start)
+                out = self._generate_shared(conversations, n, sampling, start, on_groups)
             else:
-                out = self._generate_per_completion(conversations, n, sampling)
+                out = self._generate_per_completion(conversations, n, sampling, on_groups)
         finally:
             model.train(was_training)
         out.seconds = time.perf_counter() - start
@@ -152,7 +164,12 @@ class HFEngine:
 
     # -- group-shared ------------------------------------------------------------------------
     def _generate_shared(
-        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling, start: float
+        self,
+        conversations: list[list[dict[str, Any]]],
+        n: int,
+        sampling: Sampling,
+        start: float,
+        on_groups: GroupsDone | None = None,
     ) -> Rollouts:
         policy, family = self.policy, self.policy.family
         out = Rollouts()
@@ -172,6 +189,7 @@ class HFEngine:
                 prefix += caches
         t1 = time.perf_counter()
         jobs = [k for k in range(len(out.prompts)) for _ in range(n)]  # group-contiguous
+        reported = 0  # groups handed to on_groups so far
         for begin in range(0, len(jobs), self.batch_size):
             members = jobs[begin : begin + self.batch_size]
             decoded = self._decode(
@@ -180,6 +198,7 @@ class HFEngine:
             for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
                 out.add(k, ids, text, truncated, logprobs, versions)
+            reported = _report_groups(on_groups, out.texts, n, reported)
         t2 = time.perf_counter()
         out.timings = {"encode_s": encode[0], "prefill_s": t1 - t0 - encode[0], "decode_s": t2 - t1}
         return out
@@ -375,11 +394,16 @@ class HFEngine:
 
     # -- per-completion ----------------------------------------------------------------------
     def _generate_per_completion(
-        self, conversations: list[list[dict[str, Any]]], n: int, sampling: Sampling
+        self,
+        conversations: list[list[dict[str, Any]]],
+        n: int,
+        sampling: Sampling,
+        on_groups: GroupsDone | None = None,
     ) -> Rollouts:
         policy = self.policy
         expanded = [conv for conv in conversations for _ in range(n)]
         out = Rollouts()
+        reported = 0  # groups handed to on_groups so far
         for begin in range(0, len(expanded), self.batch_size):
             chunk = expanded[begin : begin + self.batch_size]
             batch = policy.family.prepare(policy.processor, chunk, add_generation_prompt=True)
@@ -401,6 +425,7 @@ class HFEngine:
                     policy.tokenizer.decode(ids, skip_special_tokens=True),
                     truncated,
                 )
+            reported = _report_groups(on_groups, out.texts, n, reported)
         return out
 
     def _generate_kwargs(self, sampling: Sampling) -> dict[str, Any]:
@@ -433,6 +458,15 @@ class HFEngine:
                 repetition_penalty=sampling.repetition_penalty,
             )
         return kwargs
+
+
+def _report_groups(on_groups: GroupsDone | None, texts: list[str], n: int, reported: int) -> int:
+    """Hand ``on_groups`` the groups completed since the first ``reported`` ones (``texts``: the
+    completions so far, group-contiguous, ``n`` per group); returns the groups completed."""
+    complete = len(texts) // n
+    if on_groups is not None and complete > reported:
+        on_groups(list(range(reported, complete)), texts[reported * n : complete * n])
+    return complete
 
 
 def _prompt_entry(entry: dict[str, torch.Tensor] | None, row: int, start: int) -> Any:
