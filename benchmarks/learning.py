@@ -10,8 +10,8 @@ For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/N
 
 1. **capacity check** (skipped with ``--no-sft``): ordinary supervised training on the *true*
    labels, with the same model, data, media budget and budget of optimizer steps as the RL
-   recipe (``warm_start.steps + train.steps`` steps of ``warm_start.batch_size`` samples at the
-   RL stage's lr ``optim.lr``; ``warm_start.labels=target``, no RL), then the recipe's own
+   recipe (``warm_start.steps + train.steps × algorithm.updates_per_batch`` steps of
+   ``warm_start.batch_size`` samples at the RL stage's lr ``optim.lr``; ``warm_start.labels=target``, no RL), then the recipe's own
    evaluation.
    Its figure, the *SFT ceiling*, says what this model can learn from this data in this many
    steps: a task whose SFT stays at chance cannot be expected to learn by RL either.
@@ -65,12 +65,13 @@ def recipes() -> list[str]:
 
 def sft_overrides(cfg: Any, out: Path, name: str) -> list[str]:
     """The capacity check of a recipe: true labels, the warm start + RL budget in SFT steps
-    at the RL stage's lr (``optim.lr``), no RL, the recipe's evaluation once after training.
+    (one per RL optimizer update: ``train.steps × algorithm.updates_per_batch``) at the RL
+    stage's lr (``optim.lr``), no RL, the recipe's evaluation once after training.
 
     The RL lr, not the format warm start's: the warm start's higher lr suits learning a
     format and understates what the model can learn (tiny Qwen2.5-VL on shapes_kind, 460 SFT
     steps: 0.48 at 3e-3, 0.81 at 1e-3; measured 2026-11-24)."""
-    steps = cfg.warm_start.steps + cfg.train.steps
+    steps = cfg.warm_start.steps + cfg.train.steps * cfg.algorithm.updates_per_batch
     return [
         f"output_dir={out}",
         f"name={name}-sft",
