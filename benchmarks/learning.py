@@ -5,6 +5,7 @@
     python benchmarks/learning.py --out runs/learning --no-sft
     python benchmarks/learning.py --only shapes_kind -- optim.lr=3e-4   # overrides for both runs
     python benchmarks/learning.py --seeds 3                # every recipe at train.seed 0, 1, 2
+    python benchmarks/learning.py --seeds 3 --jobs 2       # two runs at a time, 1 thread each
 
 For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/NAME`` runs):
 
@@ -38,8 +39,12 @@ AP50 at least 0.3, and 0.5 for a metric without a chance level (chart QA). RL se
 RL loop's wall time (``summary.json`` ``train_seconds``: rollouts, verifiers, updates and the
 periodic evaluations), without the warm start and model loading.
 
-Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings. The header
-of ``learning.md`` names the CPU model: floating-point paths differ between CPUs, and a recipe
+Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings.
+``--jobs N`` runs N of the runs (a recipe's seeds, its capacity checks) at a time, each in a
+process of its own with ``train.threads`` = cores // N (at least 1): on 2 cores the tiny models
+are overhead-bound, and two 1-thread runs finish sooner than two 2-thread runs one after the
+other; the figures differ from 2-thread ones only as a thread count changes a float reduction's
+order. The header of ``learning.md`` names the CPU model and the threads per run: floating-point paths differ between CPUs, and a recipe
 on a knife-edge can learn on one and not on another (the reason for ``--seeds``).
 """
 
@@ -47,9 +52,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import subprocess
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -92,6 +100,35 @@ def run_one(name: str, overrides: list[str]) -> dict[str, Any]:
     from mmrft.trainer import train
 
     return train(load_config(f"learn/{name}", overrides))
+
+
+def submit(pool: ThreadPoolExecutor | None, name: str, overrides: list[str]) -> Future | dict:
+    """:func:`run_one` now in this process, or (``pool``) in a child process of its own
+    (``--single``), waited on by a pool thread."""
+    if pool is None:
+        return run_one(name, overrides)
+    return pool.submit(run_in_child, name, overrides)
+
+
+def run_in_child(name: str, overrides: list[str]) -> dict[str, Any]:
+    """``python benchmarks/learning.py --single NAME overrides``; its last stdout line is the
+    run's summary.json. The child's output is kept in ``--out`` beside the run directories."""
+    out = next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir="))
+    run = next(o.split("=", 1)[1] for o in overrides if o.startswith("name="))
+    log_path = Path(out) / f"{run}.log"
+    command = [sys.executable, str(Path(__file__).resolve()), "--single", name, *overrides]
+    with open(log_path, "w") as log_file:
+        done = subprocess.run(command, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        log_file.write(done.stdout)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"run {run} failed (exit {done.returncode}); its log: {log_path}")
+    return json.loads(lines[-1])
+
+
+def result(run: Future | dict) -> dict[str, Any]:
+    """A run's summary.json, waiting for a pool's run to end."""
+    return run.result() if isinstance(run, Future) else run
 
 
 def eval_curve(run_dir: Path, metric: str) -> tuple[list[int], list[float]]:
@@ -248,8 +285,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--seeds", type=int, default=1, help="runs per recipe, at train.seed 0 … N-1 (default 1)"
     )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time, each in its own process at train.threads = cores // jobs (default 1)",
+    )
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run")
+    parser.add_argument("--single", metavar="NAME", help=argparse.SUPPRESS)  # a --jobs child
     args = parser.parse_args(argv)
+    if args.single:
+        print(json.dumps(run_one(args.single, args.overrides)))
+        return 0
+    if args.jobs < 1:
+        parser.error("--jobs needs at least 1")
 
     from mmrft.config import load_config
 
@@ -261,18 +310,33 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.seeds < 1:
         parser.error("--seeds needs at least 1")
-    rows = []
+    threads = None
+    if args.jobs > 1 and not any(o.startswith("train.threads=") for o in args.overrides):
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+    common = [*args.overrides, *([f"train.threads={threads}"] if threads else [])]
     started = time.perf_counter()
+    # every run submitted at once; a recipe's row is written as soon as its runs are done
+    # each run in a child process: torch's thread pools are per process
+    pool = ThreadPoolExecutor(args.jobs) if args.jobs > 1 else None
+    pending: dict[str, list[tuple[int, Future | dict, Future | dict | None]]] = {}
+    for name in names:
+        for seed in range(args.seeds):
+            overrides = [*common, f"train.seed={seed}"]
+            cfg = load_config(f"learn/{name}", overrides)
+            check = None
+            if not args.no_sft:
+                check = submit(
+                    pool, name, [*overrides, *sft_overrides(cfg, out, f"{name}-s{seed}")]
+                )
+            rl = submit(pool, name, [*overrides, f"output_dir={out}", f"name={name}-s{seed}"])
+            pending.setdefault(name, []).append((seed, rl, check))
+    threads_used = load_config(f"learn/{names[0]}", common).train.threads
+    rows = []
     for name in names:
         runs = []
-        for seed in range(args.seeds):
-            overrides = [*args.overrides, f"train.seed={seed}"]
-            cfg = load_config(f"learn/{name}", overrides)
-            sft = None
-            if not args.no_sft:
-                check = sft_overrides(cfg, out, f"{name}-s{seed}")
-                sft = run_one(name, [*overrides, *check])["before"]
-            summary = run_one(name, [*overrides, f"output_dir={out}", f"name={name}-s{seed}"])
+        for seed, rl, check in pending[name]:
+            summary = result(rl)
+            sft = result(check)["before"] if check is not None else None
             steps, values = eval_curve(Path(summary["run_dir"]), summary["metric"])
             runs.append(
                 {"seed": seed, "summary": summary, "sft": sft, "steps": steps, "values": values}
@@ -281,12 +345,15 @@ def main(argv: list[str] | None = None) -> int:
         # written after every recipe, so an interrupted run keeps what it measured
         header = (
             f"Measured {date.today().isoformat()} on {cpu_model()} ({platform.machine()}), "
-            f"2 threads per run, train.seed 0 … {args.seeds - 1}; command: "
+            f"{threads_used} thread(s) per run, {args.jobs} run(s) at a time, train.seed 0 … "
+            f"{args.seeds - 1}; command: "
             f"`{' '.join(['python benchmarks/learning.py', *sys.argv[1:]])}`"
         )
         (out / "learning.md").write_text(header + "\n\n" + table(rows) + "\n")
         (out / "learning.json").write_text(json.dumps(rows, indent=1) + "\n")
         plot(rows, out / "learning.png")
+    if pool is not None:
+        pool.shutdown()
     print(table(rows))
     print(
         f"wrote {out / 'learning.md'}, {out / 'learning.png'} ({time.perf_counter() - started:.0f} s)"

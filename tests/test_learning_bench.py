@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,19 @@ def test_learning_runs_one_recipe_end_to_end(tmp_path):
     assert sft["steps"] == 0
     assert "| audio_pitch | audio_qa | accuracy |" in (tmp_path / "learning.md").read_text()
     assert (tmp_path / "learning.png").is_file()
+
+
+@pytest.mark.slow
+def test_jobs_run_seeds_in_processes_of_their_own_at_one_thread(tmp_path):
+    bench = learning()
+    tiny = ["train.steps=2", "warm_start.steps=2", "eval.every=1", "data.max_test_samples=4"]
+    argv = ["--only", "audio_pitch", "--out", str(tmp_path), "--seeds", "2", "--jobs", "2"]
+    assert bench.main([*argv, *tiny]) == 0
+    (row,) = json.loads((tmp_path / "learning.json").read_text())
+    assert row["seeds"] == [0, 1] and [r["seed"] for r in row["runs"]] == [0, 1]
+    for seed in (0, 1):
+        config = (tmp_path / f"audio_pitch-s{seed}" / "config.yaml").read_text()
+        assert f"seed: {seed}" in config
+    header = (tmp_path / "learning.md").read_text().splitlines()[0]
+    threads = max(1, (os.cpu_count() or 1) // 2)
+    assert f"{threads} thread(s) per run, 2 run(s) at a time" in header
