@@ -13,7 +13,8 @@ Backends, with the same serving properties:
   ``concurrency`` requests in flight (asyncio + httpx), each under ``timeout_s``, all of a
   batch under ``budget_s``; connection errors, 429 and 5xx retried ``retries`` times with
   exponential backoff and jitter (a ``Retry-After`` header is obeyed); request and token rates
-  kept under ``rpm`` / ``tpm`` per minute by a sliding window. The ``judge`` and ``caption_qa``
+  kept under ``rpm`` / ``tpm`` per minute by a sliding window shared by every client of the
+  endpoint and model in the process. The ``judge`` and ``caption_qa``
   verifiers await it (:meth:`HTTPJudge.acomplete`): they are async verifiers on the reward's
   event loop (:mod:`mmrft.rewards`), overlapped with the other verifiers and with generation.
 * :class:`LocalJudge`: a transformers causal or image-text model loaded once per process (kept
@@ -299,10 +300,15 @@ class RateLimit:
     def __init__(self, rpm: int = 0, tpm: int = 0, clock: Any = time.monotonic) -> None:
         self.rpm, self.tpm, self.clock = rpm, tpm, clock
         self.sent: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
 
     def delay(self, tokens: int) -> float:
         """Seconds to wait before a request of ``tokens`` may go (0 when it may go now); a
-        request that may go is recorded."""
+        request that may go is recorded. Safe to call from several threads."""
+        with self._lock:
+            return self._delay(tokens)
+
+    def _delay(self, tokens: int) -> float:
         now = self.clock()
         while self.sent and now - self.sent[0][0] >= 60.0:
             self.sent.popleft()
@@ -312,6 +318,18 @@ class RateLimit:
             return max(0.01, 60.0 - (now - self.sent[0][0]))
         self.sent.append((now, tokens))
         return 0.0
+
+
+_LIMITS: dict[tuple[str, str, int, int], RateLimit] = {}
+_LIMITS_LOCK = threading.Lock()
+
+
+def shared_limit(url: str, model: str, rpm: int, tpm: int) -> RateLimit:
+    """The one :class:`RateLimit` of an endpoint and model in this process: the ``judge``
+    verifier builds its client per call, and the collector may score several batches of a step
+    (one per decode round), so the per-minute budget must outlive a client."""
+    with _LIMITS_LOCK:
+        return _LIMITS.setdefault((url, model, rpm, tpm), RateLimit(rpm, tpm))
 
 
 @dataclass
@@ -333,7 +351,7 @@ class HTTPJudge:
 
     def __post_init__(self) -> None:
         self.url = self.base_url.rstrip("/") + "/chat/completions"
-        self.limit = RateLimit(self.rpm, self.tpm)
+        self.limit = shared_limit(self.url, self.model, self.rpm, self.tpm)
 
     @property
     def name(self) -> str:

@@ -17,6 +17,7 @@ from mmrft.data import Sample
 from mmrft.judges import (
     FENCE,
     FENCE_END,
+    HTTPJudge,
     RateLimit,
     VerdictCache,
     VerdictRule,
@@ -290,6 +291,16 @@ def test_rate_limit_keeps_requests_and_tokens_per_minute():
     assert limit.delay(10) == pytest.approx(60.0)  # a third request in the same minute waits
     now[0] = 61.0
     assert limit.delay(90) == 0.0 and limit.delay(20) > 0  # 110 tokens would exceed 100
+
+
+def test_clients_of_one_endpoint_share_its_rate_limit():
+    # the verifier builds a client per call and a step may be scored in several batches
+    first = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-shared", rpm=2)
+    second = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-shared", rpm=2)
+    other = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-other", rpm=2)
+    assert first.limit is second.limit and other.limit is not first.limit
+    assert first.limit.delay(1) == 0.0 and second.limit.delay(1) == 0.0
+    assert first.limit.delay(1) > 0 and second.limit.delay(1) > 0 and other.limit.delay(1) == 0.0
 
 
 def test_a_local_judge_scores_by_label_probabilities_in_batches():
