@@ -74,7 +74,13 @@ class LoraConfig:
     enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights.")
     r: int = _f(64, "LoRA rank.")
     alpha: int = _f(128, "LoRA alpha (scale = alpha / r).")
-    dropout: float = _f(0.05, "LoRA dropout.")
+    dropout: float = _f(
+        0.0,
+        "LoRA dropout. 0 by default in RL: with dropout the trainer's log-probs differ from the "
+        "sampler's (measured up to 0.69 nats on the tiny model after a push) and between two "
+        "forwards of the same batch, so importance ratios move without any update (SFT recipes "
+        "often use 0.05).",
+    )
     target_modules: list[str] = _f(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         "Module names that get adapters (language model only unless vision is unfrozen).",
