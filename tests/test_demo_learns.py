@@ -2,8 +2,8 @@
 
 The failure this guards against: without the demo's KL term to the warm start, seeds 0 and 3
 of 0-4 ended at 0.745 on a 2-core AMD EPYC, each with one colour never learnt (all its shapes
-answered with another colour), while the overall accuracy still looked like learning. So the checks are per
-colour, not on the mean. The default run trains the demo once, at seed 3 (one of the two that
+answered with another colour), while the overall accuracy still looked like learning. So the
+checks are per colour, not on the mean. The default run trains the demo once, at seed 3 (one of the two that
 lost a colour there: about 45 s); ``-m slow`` trains it at seeds 0-4 (about 4 minutes).
 
 The cheaper predictor the issue suggested, "every answer keeps a probability floor after the
