@@ -32,7 +32,9 @@ def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_p
         assert rl.train.threads == 2
         sft = load_config(f"learn/{name}", bench.sft_overrides(rl, tmp_path, name))
         assert sft.warm_start.labels == "target" and sft.train.steps == 0
-        assert sft.warm_start.steps == rl.warm_start.steps + rl.train.steps
+        # one SFT step per RL optimizer update
+        updates = rl.train.steps * rl.algorithm.updates_per_batch
+        assert sft.warm_start.steps == rl.warm_start.steps + updates
         assert sft.warm_start.lr == rl.optim.lr  # the RL stage's lr
         # the same model, data, media budget and evaluation
         assert (sft.model, sft.data, sft.task) == (rl.model, rl.data, rl.task)
