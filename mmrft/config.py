@@ -783,11 +783,6 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.reward.workers >= 1, "reward.workers", "must be ≥ 1")
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
-    need(
-        cfg.train.sharding == "none" or not cfg.model.lora.enabled,
-        "train.sharding",
-        f"'{cfg.train.sharding}' is not supported with model.lora.enabled (LoRA's trainable state is already small); use 'none'",
-    )
     if cfg.train.sharding.startswith("deepspeed"):
         from mmrft.zero import require_deepspeed
 

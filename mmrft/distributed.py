@@ -55,8 +55,14 @@ demands and how mmrft meets it:
 - the replica check (``trainer._check_replicas``) is skipped: there is one sharded copy.
 
 Each rank loads the whole model before sharding it (peak memory at start-up: one full model
-per device). With one process there is nothing to shard and ``train.sharding`` is ignored;
-LoRA with sharding is refused by the config check.
+per device). With one process there is nothing to shard and ``train.sharding`` is ignored.
+
+LoRA: the frozen base weights are sharded with the adapters in the same units (FSDP2 lets a
+unit mix frozen and trained parameters; only the trained ones are reduce-scattered), so every
+rank holds 1/N of the base model as well. Frozen input embeddings would let a text-only pass
+reduce-scatter the first decoder layer at a different point of backward than a pass with
+images, so the embedding output is made to require grad (``shard_model``). Checkpoints gather
+the full state on rank 0 and merge the adapters there (``policy.merged_weights``).
 
 ``deepspeed_zero2`` / ``deepspeed_zero3``: DeepSpeed's ZeRO engine holds the partitions, reduces
 and clips the gradients and steps the optimizer, inside mmrft's loop (``mmrft/zero.py``). It
@@ -363,6 +369,14 @@ def shard_model(
 
     mesh = _mesh()
     reshard = frozen or mode == "fsdp_full"
+    if not frozen and not model.get_input_embeddings().weight.requires_grad:
+        # Frozen input embeddings (LoRA): a text-only pass would feed the first layer a
+        # hidden state without grad, so that layer's reduce-scatter would run at the end of
+        # backward (after the root's) instead of when its input gradient is computed, while a
+        # rank with images runs it first: the ranks' collectives would pair up wrongly. With a
+        # grad-requiring embedding output (what transformers does for gradient checkpointing),
+        # every pass's backward runs the units in the same order.
+        model.enable_input_require_grads()
     units = shard_units(model)
     kinds = ", ".join(sorted({type(u).__name__ for u in units})) or "none"
     for unit in units:
@@ -551,11 +565,14 @@ def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=_options(cpu_offload=True))
 
 
-def load_full_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Scatter rank 0's full state dict into the shards (other ranks may pass ``{}``)."""
+def load_full_model_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], strict: bool = True
+) -> None:
+    """Scatter rank 0's full state dict into the shards (other ranks may pass ``{}``);
+    ``strict`` False: ``state`` may hold only some of the model's tensors (a LoRA adapter)."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_options(broadcast_from_rank0=True))
+    set_model_state_dict(model, state, options=_options(broadcast_from_rank0=True, strict=strict))
 
 
 def _parameter_names(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:

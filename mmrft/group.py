@@ -568,7 +568,8 @@ def rollout_logps(
 
     Tool trajectories (``rollouts.trajectories``): the mask returned is the loss mask (the
     model's own tokens only); trajectories with media take the per-completion path on models
-    packed by prefix (Qwen3.5), whose cache copies cannot place later images."""
+    packed by prefix (Qwen3.5), whose cache copies cannot place later images (sharded: all
+    tool trajectories do, so that every rank's passes call the model alike)."""
     from mmrft.policy import completion_logps, pad_completions
 
     completions = [rollouts.completion_ids[i] for i in indices]
@@ -576,6 +577,10 @@ def rollout_logps(
         None if rollouts.trajectories is None else [rollouts.trajectories[i] for i in indices]
     )
     media = trajectories is not None and any(t.has_media for t in trajectories)
+    if distributed.passes_must_match(policy.model):
+        # sharded: every rank's passes must call the model alike (one call per completion
+        # pass, two per prefix pass), whatever media its own trajectories happen to have
+        media = trajectories is not None
     if group_shared and not (media and packing(policy.model) == "prefix"):
         prompt_index = [rollouts.prompt_index[i] for i in indices]
         logps, mask, entropy = group_logps(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -275,19 +276,60 @@ def completion_logps(
     return logps, completion_mask.to(device), entropy
 
 
+PEFT_PREFIX = "base_model.model."  # what a peft model's state-dict names add to the base model's
+
+
+def merged_weights(
+    model: Any, state: dict[str, torch.Tensor] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of the full weights under transformers' names, LoRA adapters merged
+    *out of place*: ``W + s · B A`` per adapted linear (``s`` = alpha / r, peft's ``scaling``;
+    ``A`` [r, in], ``B`` [out, r]), computed per layer; the trained model is not touched.
+
+    ``state``: the model's full state dict to read instead of its own parameters (a sharded
+    model's, gathered by ``distributed.full_model_state``: peft's names, prefixed with
+    ``base_model.model.``). The delta is peft's ``LoraLayer.get_delta_weight`` for a plain
+    linear adapter, computed from the tensors of ``state`` (a sharded model's own adapter
+    weights are shards); mmrft never configures DoRA or fan-in-fan-out layers, refused here.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if state is None:
+        state = base.state_dict()
+    else:
+        state = {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()}
+    lora_layers = {}
+    for name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            if any(module.use_dora.values()) or getattr(module, "fan_in_fan_out", False):
+                raise NotImplementedError(f"{name}: only plain LoRA layers are merged")
+            lora_layers[name] = module
+    for name, tensor in state.items():
+        if ".lora_" in name or "lora_magnitude" in name:
+            continue
+        clean = name.replace(".base_layer.", ".")
+        owner, _, leaf = clean.rpartition(".")
+        layer = lora_layers.get(owner)
+        if layer is not None and leaf == "weight" and not layer.merged:
+            for adapter in layer.active_adapters:
+                a = state[f"{owner}.lora_A.{adapter}.weight"].float()
+                b = state[f"{owner}.lora_B.{adapter}.weight"].float()
+                tensor = (tensor.float() + (b @ a) * layer.scaling[adapter]).to(tensor.dtype)
+        yield clean, tensor.detach()
+
+
 def save_pretrained(
     policy: Policy, directory: Path, state_dict: dict[str, torch.Tensor] | None = None
 ) -> None:
-    """Write a checkpoint transformers loads directly (LoRA merged into a copy first).
+    """Write a checkpoint transformers loads directly; with LoRA the adapters are merged
+    (:func:`merged_weights`) and also kept on their own in ``directory/adapter``.
 
     ``state_dict``: the full weights to write instead of the model's own (a sharded model's,
     gathered by ``distributed.full_model_state``).
     """
     model = policy.model
-    if hasattr(model, "merge_and_unload"):  # peft: also keep the adapter for reference
-        model.save_pretrained(directory / "adapter")
-        import copy
-
-        model = copy.deepcopy(model).merge_and_unload()
+    if hasattr(model, "merge_and_unload"):  # peft: picks the adapter's tensors of state_dict
+        model.save_pretrained(directory / "adapter", state_dict=state_dict)
+        state_dict = dict(merged_weights(model, state_dict))
+        model = model.get_base_model()
     model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     policy.processor.save_pretrained(directory)

@@ -76,12 +76,13 @@ from mmrft.data import (
 )
 from mmrft.evaluate import EvalResult, eval_verifiers, evaluate, print_table, write_eval
 from mmrft.family import ModelFamily
-from mmrft.group import check_attention, rollout_logps
+from mmrft.group import check_attention, packing, rollout_logps
 from mmrft.plugins import load_plugins
 from mmrft.policy import (
     Policy,
     completion_logps,
     load_policy,
+    merged_weights,
     pad_completions,
     resolve_family,
     save_pretrained,
@@ -855,13 +856,13 @@ def warm_started_reference(run: Run, load: bool) -> Policy:
     back to not writing the answer format at all.
 
     After the warm start (``load`` False) rank 0 writes its weights to
-    ``run_dir/reference.safetensors``; a resumed run (``load`` True) reads them back on every
-    rank, so the reference is the same model after a resume. Unsharded, every rank copies its
-    own policy (identical on every rank; with LoRA the copy keeps the adapters, a frozen peft
-    model), never reading a file rank 0 may still be writing. Sharded (``train.sharding``), the
-    policy's full weights are gathered to rank 0 (a collective) and written, and every rank
-    loads the file into a fresh frozen model from ``model.path``, sharded like the one it
-    replaces.
+    ``run_dir/reference.safetensors`` (the plain model's tensors, LoRA merged in, so any
+    sharding mode reads it back); a resumed run (``load`` True) reads them back on every rank,
+    so the reference is the same model after a resume. Unsharded without LoRA, every rank
+    copies its own policy (identical on every rank), never reading a file rank 0 may still be
+    writing. Otherwise the policy's full weights are gathered to rank 0 (a collective when
+    sharded), merged and written, and every rank loads the file into a fresh frozen model from
+    ``model.path``, sharded like the one it replaces.
     """
     import copy
 
@@ -869,7 +870,8 @@ def warm_started_reference(run: Run, load: bool) -> Policy:
 
     cfg, policy = run.cfg, run.policy
     path = run.run_dir / REFERENCE_FILE
-    if cfg.train.sharding == "none":
+    lora = hasattr(policy.model, "merge_and_unload")
+    if cfg.train.sharding == "none" and not lora:
         model = copy.deepcopy(policy.model).eval()
         for param in model.parameters():
             param.requires_grad_(False)
@@ -881,9 +883,11 @@ def warm_started_reference(run: Run, load: bool) -> Policy:
     reference = load_policy(cfg.model, policy.device, trainable=False)
     if not load:
         weights = distributed.full_model_state(policy.model)  # collective: rank 0's is full
-        if weights is None:  # ZeRO-2: every rank's parameters are whole already
+        if weights is None:  # unsharded or ZeRO-2: every rank's parameters are whole already
             weights = policy.model.state_dict() if run.rank == 0 else {}
         if run.rank == 0:  # written as the unsharded path writes it (tied weights once)
+            if lora:
+                weights = dict(merged_weights(policy.model, weights))
             reference.model.load_state_dict(weights)
             save_model(reference.model, str(path))
         del weights
@@ -1366,9 +1370,12 @@ def _padding_passes(policy: Policy, real: int) -> int:
 
 def _padding_pass(policy: Policy, rollouts: Rollouts, cfg: RunConfig) -> torch.Tensor:
     """A forward whose loss is exactly 0 (so is its gradient). FSDP: two padding tokens, the
-    cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py): the rank's first
-    completion again, with its media, × 0."""
-    if distributed.same_graph_required(policy.model) and rollouts.completion_ids:
+    cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py), and a model
+    packed by prefix (Qwen3.5) calls the model twice per pass (the prompts, then the
+    completions from their cache), so FSDP's collectives pair up only with two calls there too:
+    the rank's first completion again, with its media, × 0."""
+    repeat = distributed.same_graph_required(policy.model) or packing(policy.model) == "prefix"
+    if repeat and rollouts.completion_ids:
         logps, _, _ = training_forward(policy, rollouts, [0], cfg, with_entropy=False)
         return logps.sum() * 0.0
     return distributed.padding_loss(policy.model, policy.pad_token_id)
@@ -1472,9 +1479,25 @@ def _load_weights(policy: Policy, checkpoint: Path) -> None:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        set_peft_model_state_dict(
-            policy.model, load_file(str(checkpoint / "adapter" / "adapter_model.safetensors"))
-        )
+        adapter = checkpoint / "adapter" / "adapter_model.safetensors"
+        if not distributed.is_sharded(policy.model):
+            set_peft_model_state_dict(policy.model, load_file(str(adapter)))
+            return
+        # FSDP2: rank 0 reads the adapter and scatters it into the shards under the model's
+        # own names (peft's file leaves out the adapter's name: lora_A.weight for
+        # lora_A.default.weight); the frozen base weights stay as model.path loaded them
+        full = {}
+        if distributed.is_main():
+            saved = load_file(str(adapter))
+            for name in policy.model.state_dict():
+                plain = name.replace(".default.", ".")
+                if ".lora_" in name and plain in saved:
+                    full[name] = saved.pop(plain)
+            if saved:
+                raise ValueError(
+                    f"{adapter}: tensors the model has no place for: {sorted(saved)[:3]}"
+                )
+        distributed.load_full_model_state(policy.model, full, strict=False)
         return
     if distributed.is_sharded(policy.model):  # rank 0 reads the checkpoint and scatters it
         full = (

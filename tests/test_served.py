@@ -26,7 +26,7 @@ import torch
 
 from mmrft import distributed
 from mmrft.config import ServerConfig, VLLMConfig, load_config
-from mmrft.policy import load_policy
+from mmrft.policy import load_policy, merged_weights
 from mmrft.rollout import ENGINES, Sampling, build_engine, served
 from mmrft.rollout.served import (
     ServedEngine,
@@ -38,7 +38,7 @@ from mmrft.rollout.served import (
     request_json,
     write_weights,
 )
-from mmrft.rollout.vllm import EngineParityError, merged_weights
+from mmrft.rollout.vllm import EngineParityError
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

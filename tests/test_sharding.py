@@ -70,6 +70,36 @@ CASES = {
         "optim.max_grad_norm=0",
         "optim.lr=1e-3",
     ],
+    "fsdp_full_lora": [
+        *BASE,
+        "train.sharding=fsdp_full",
+        "model.lora.enabled=true",
+        "algorithm.beta=0.04",
+        "algorithm.updates_per_batch=2",
+    ],
+    "deepspeed_zero3_lora": [
+        *BASE,
+        "train.sharding=deepspeed_zero3",
+        "model.lora.enabled=true",
+        "algorithm.beta=0.04",
+        "algorithm.updates_per_batch=2",
+    ],
+    "fsdp_grad_op_lora": [
+        *BASE,
+        "train.sharding=fsdp_grad_op",
+        "model.lora.enabled=true",
+        "model.gradient_checkpointing=true",
+        "optim.max_grad_norm=0",
+        "optim.lr=1e-3",
+    ],
+    "deepspeed_zero2_lora": [
+        *BASE,
+        "train.sharding=deepspeed_zero2",
+        "model.lora.enabled=true",
+        "model.gradient_checkpointing=true",
+        "optim.max_grad_norm=0",
+        "optim.lr=1e-3",
+    ],
 }
 GROUPS = 4
 SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
@@ -81,7 +111,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]:
+def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, torch.Tensor]:
     """Two RL steps on a fixed global batch (this rank's groups of it); the full parameters
     and SGD momentum buffers (rank 0: all; other ranks: empty)."""
     from mmrft import distributed
@@ -97,10 +127,12 @@ def train_two_steps(case: str, world: int, rank: int) -> dict[str, torch.Tensor]
     )
 
     torch.set_num_threads(1)
-    overrides = CASES[case] if world > 1 else [*CASES[case], "train.sharding=none"]
+    if world == 1:
+        overrides = [*overrides, "train.sharding=none"]
     cfg = load_config(REPO / "configs/demo.yaml", overrides)
     G = cfg.rollout.group_size
     task = build_task(cfg.task.name, cfg.task.params)
+    torch.manual_seed(0)  # LoRA's A matrices start random: the same on every process
     policy = load_policy(cfg.model, torch.device("cpu"))
     fsdp = cfg.train.sharding.startswith("fsdp")
     assert distributed.shard_model(policy.model, cfg.train.sharding) == (world > 1 and fsdp)
@@ -202,53 +234,70 @@ def _init_gloo(rank: int, world: int, port: int) -> None:
     )
 
 
-def _worker(rank: int, world: int, port: int, case: str, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, overrides: list[str], out_dir: str) -> None:
     _init_gloo(rank, world, port)
     try:
-        torch.save(train_two_steps(case, world, rank), Path(out_dir) / f"rank{rank}.pt")
+        torch.save(train_two_steps(overrides, world, rank), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
+SLOW = {
+    "fsdp_grad_op_lora",
+    "deepspeed_zero2_lora",
+}  # their full twins and fsdp_full_lora cover them
+
+
 def _needs(case: str) -> list[pytest.MarkDecorator]:
+    marks = [pytest.mark.slow] if case in SLOW else []
     if not case.startswith("deepspeed"):
-        return []
+        return marks
     try:
         import deepspeed  # noqa: F401
     except ImportError:
         return [pytest.mark.skip(reason="DeepSpeed not installed (pip install mmrft[deepspeed])")]
-    return []
+    return marks
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=_needs(c)) for c in CASES])
-def test_two_sharded_processes_match_one_process(case, tmp_path):
+def assert_sharded_equals_single(
+    overrides: list[str], tmp_path: Path, clip_must_act: bool = True
+) -> None:
+    """Two sharded processes (``overrides`` set train.sharding) end with the weights, optimizer
+    state and gradient norms of one unsharded process on the whole batch. ``clip_must_act``:
+    the demo model's gradient norms exceed optim.max_grad_norm (the clip of sharded gradients
+    is checked); other models' may not."""
     from mmrft.config import load_config
     from mmrft.policy import load_policy
 
     mp.start_processes(
-        _worker, args=(2, free_port(), case, str(tmp_path)), nprocs=2, start_method="spawn"
+        _worker, args=(2, free_port(), overrides, str(tmp_path)), nprocs=2, start_method="spawn"
     )
     sharded = torch.load(tmp_path / "rank0.pt")
     assert torch.load(tmp_path / "rank1.pt") == {}  # the full state lives on rank 0 only
-    single = train_two_steps(case, 1, 0)
+    single = train_two_steps(overrides, 1, 0)
     assert sharded.keys() == single.keys()
     assert any(k.startswith("momentum/") for k in single)
     norms = single.pop("grad_norm")
     torch.testing.assert_close(sharded.pop("grad_norm"), norms, rtol=1e-5, atol=0)
-    max_norm = load_config(REPO / "configs/demo.yaml", CASES[case]).optim.max_grad_norm
-    assert max_norm == 0 or (norms > max_norm).all()  # with clipping, the clip acted
+    cfg = load_config(REPO / "configs/demo.yaml", overrides)
+    max_norm = cfg.optim.max_grad_norm
+    assert not clip_must_act or max_norm == 0 or (norms > max_norm).all()  # the clip acted
     worst = 0.0
     for key, value in single.items():
         torch.testing.assert_close(
             sharded[key], value, rtol=0, atol=1e-5, msg=f"2 sharded ranks ≠ 1 process at {key}"
         )
         worst = max(worst, float((sharded[key] - value).abs().max()))
-    print(f"{case}: max |2 sharded processes − 1 process| = {worst:.2e}")
+    print(f"{overrides}: max |2 sharded processes − 1 process| = {worst:.2e}")
 
-    initial = load_policy(
-        load_config(REPO / "configs/demo.yaml", CASES[case]).model, torch.device("cpu")
-    ).model.state_dict()
+    torch.manual_seed(0)  # the LoRA initialisation train_two_steps starts from
+    initial = load_policy(cfg.model, torch.device("cpu")).model.state_dict()
     assert any(not torch.equal(initial[k], single[k]) for k in initial), "nothing trained"
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=_needs(c)) for c in CASES])
+def test_two_sharded_processes_match_one_process(case, tmp_path):
+    assert_sharded_equals_single(CASES[case], tmp_path)
 
 
 def test_sharding_mode_is_validated():
@@ -263,10 +312,9 @@ def test_sharding_mode_is_validated():
 
     with pytest.raises(ConfigError, match=r"train\.sharding.*did you mean 'fsdp_full'"):
         load_config(REPO / "configs/demo.yaml", ["train.sharding=fsdp"])
-    with pytest.raises(ConfigError, match=r"train\.sharding.*model\.lora\.enabled"):
+    for mode in SHARDING:  # LoRA trains under every mode
         load_config(
-            REPO / "configs/demo.yaml",
-            ["train.sharding=fsdp_full", "model.lora.enabled=true", "algorithm.beta=0"],
+            REPO / "configs/demo.yaml", [f"train.sharding={mode}", "model.lora.enabled=true"]
         )
 
 
@@ -357,6 +405,55 @@ def test_sharded_checkpoints_resume_on_any_world_size(mode, tmp_path):
     final = tmp_path / "ws" / "checkpoints" / "step-000004"
     model = AutoModelForImageTextToText.from_pretrained(final)
     assert type(model).__name__ == "Qwen2_5_VLForConditionalGeneration"
+
+
+@pytest.mark.parametrize(
+    "mode",
+    [
+        pytest.param("fsdp_full"),
+        pytest.param("deepspeed_zero3", marks=[pytest.mark.slow, *_needs("deepspeed_zero3")]),
+    ],
+)
+def test_sharded_lora_checkpoints_merge_and_resume(mode, tmp_path):
+    """LoRA under sharding: 2 sharded processes warm-start (the KL reference is the merged
+    warm-started policy) and write step 2; 1 unsharded process resumes it to step 3 (the
+    adapter loads, the reference file reads back); 2 sharded processes resume to step 4 (rank 0
+    scatters the adapter into the shards). Each checkpoint's model is exactly peft's merge of
+    its own adapter into model.path's weights, and the frozen base weights never moved."""
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForImageTextToText
+
+    lora = ["model.lora.enabled=true", "algorithm.entropy_coef=0.01", "algorithm.beta=0.04"]
+    lora.append("checkpoint.keep_last=3")
+    torchrun(tmp_path, 2, steps=2, extra=[f"train.sharding={mode}", *lora])
+    torchrun(tmp_path, 1, steps=3, extra=lora)
+    torchrun(tmp_path, 2, steps=4, extra=[f"train.sharding={mode}", *lora])
+    lines = [json.loads(x) for x in (tmp_path / "ws" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3, 4]
+    assert steps[0]["train/kl"] < 1e-6 < steps[1]["train/kl"]  # the reference: step 1's policy
+    log = (tmp_path / "ws" / "train.log").read_text()
+    assert "resuming on 1" in log and "resuming on 2" in log
+
+    base_path = REPO / "assets/models/tiny-qwen2_5_vl"
+    base = AutoModelForImageTextToText.from_pretrained(base_path).state_dict()
+    reference = load_file(tmp_path / "ws" / "reference.safetensors")
+    assert reference.keys() <= base.keys()  # a plain model's tensors, merged
+    assert any(not torch.equal(reference[k], base[k]) for k in reference)
+    adapters = []
+    for step in (2, 3, 4):
+        checkpoint = tmp_path / "ws" / "checkpoints" / f"step-{step:06d}"
+        saved = AutoModelForImageTextToText.from_pretrained(checkpoint).state_dict()
+        fresh = AutoModelForImageTextToText.from_pretrained(base_path)
+        merged = PeftModel.from_pretrained(fresh, checkpoint / "adapter").merge_and_unload()
+        expected = merged.state_dict()
+        assert saved.keys() == expected.keys()
+        for key, value in expected.items():
+            torch.testing.assert_close(saved[key], value, rtol=0, atol=1e-6, msg=key)
+        adapters.append(load_file(checkpoint / "adapter" / "adapter_model.safetensors"))
+    moved = [k for k in adapters[0] if not torch.equal(adapters[0][k], adapters[2][k])]
+    assert moved, "the adapter did not train after the resumes"
 
 
 def _accelerate_env(path: Path) -> dict[str, str]:

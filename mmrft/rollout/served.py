@@ -34,7 +34,7 @@ torch's RNG (greedy decoding draws none).
 
 **Weights.** After every optimizer step (:meth:`ServedEngine.sync_weights`) the policy's full
 weights under transformers' names, LoRA adapters merged out of place
-(:func:`~mmrft.rollout.vllm.merged_weights`), are written as safetensors shards with an index
+(:func:`~mmrft.policy.merged_weights`), are written as safetensors shards with an index
 into a directory (``rollout.server.weights_dir``; by default a new one in ``/dev/shm``, memory
 on Linux, when it has room), then ``POST /collective_rpc`` runs ``reload_weights`` with
 ``{"weights_path": dir}`` in every worker (vLLM's in-place layer-wise reload, which also drops
@@ -93,14 +93,13 @@ import torch
 
 from mmrft import distributed
 from mmrft.errors import ServerError
-from mmrft.policy import Policy
+from mmrft.policy import Policy, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.rollout.vllm import (
     EngineParityError,
     check_prompt_parity,
     check_trajectory_parity,
     collapse_runs,
-    merged_weights,
     sampling_fields,
 )
 from mmrft.typecheck import ConfigError

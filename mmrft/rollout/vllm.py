@@ -40,13 +40,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from mmrft import distributed
-from mmrft.policy import Policy
+from mmrft.policy import Policy, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.typecheck import ConfigError
 
@@ -360,24 +360,3 @@ def collapse_runs(ids: list[int], tokens: set[int]) -> list[int]:
             continue
         out.append(token)
     return out
-
-
-def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` of the model's full weights under transformers' names, LoRA adapters
-    merged *out of place* (``W + ΔW`` computed per layer; the trained model is not touched)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    lora_layers = {}
-    for name, module in base.named_modules():
-        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
-            lora_layers[name] = module
-    for name, tensor in base.state_dict().items():
-        if ".lora_" in name or "lora_magnitude" in name:
-            continue
-        clean = name.replace(".base_layer.", ".")
-        owner, _, leaf = clean.rpartition(".")
-        layer = lora_layers.get(owner)
-        if layer is not None and leaf == "weight" and not layer.merged:
-            tensor = tensor + sum(
-                layer.get_delta_weight(adapter) for adapter in layer.active_adapters
-            ).to(tensor.dtype)
-        yield clean, tensor.detach()
