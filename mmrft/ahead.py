@@ -169,7 +169,7 @@ class AheadCollector:
         self.policy = policy
         # hf samples from a copy of the model; the vLLM engines hold their own weights
         self.own_copy = collector.policy is not policy
-        if not self.own_copy and not hasattr(self.engine, "load_weights"):
+        if not self.own_copy and not hasattr(self.engine, "current_weights"):
             raise TypeError(f"engine '{self.engine.name}' cannot take a snapshot of the weights")
         self._trainer_params = dict(policy.model.named_parameters())
         self._trainer_buffers = dict(policy.model.named_buffers())
@@ -203,13 +203,11 @@ class AheadCollector:
     def sync_weights(self, version: int) -> None:
         """The trainer's weights are now ``version``: snapshot them (for the rollout copy, the
         first call copies every parameter and buffer and later ones the trainable tensors; for
-        an engine with its own weights, all of them in checkpoint format) and open the gate
+        an engine with its own weights, what its push sends: ``current_weights``) and open the gate
         for the batches that version allows."""
         with torch.no_grad():
-            if not self.own_copy:
-                from mmrft.rollout.vllm import merged_weights
-
-                tensors = _snapshot(merged_weights(self.policy.model))
+            if not self.own_copy:  # what the engine's push sends (full or an adapter)
+                tensors = _snapshot(self.engine.current_weights())
             elif not self._loaded_once:
                 tensors = {n: p.detach().clone() for n, p in self._trainer_params.items()}
                 tensors.update({f"buffer:{n}": b.clone() for n, b in self._trainer_buffers.items()})

@@ -302,6 +302,10 @@ class ServerConfig:
         None,
         "File a started server's stdout and stderr go to (appended); None = server.log in a new temporary directory, removed when the run ends cleanly and kept (its path in the error) when the server fails.",
     )
+    push: Literal["full", "lora"] = _f(
+        "full",
+        "What goes to the server after every optimizer step: 'full' (all weights, LoRA merged, reloaded in place) or 'lora' (with model.lora.enabled: only the adapter, loaded with vLLM's LoRA support, --enable-lora; the server keeps model.path's base weights, which LoRA never changes). 'lora' moves r·(in+out) numbers per adapted linear instead of the whole model; vLLM then samples through its LoRA kernels.",
+    )
     devices: str | None = _f(
         None,
         "GPUs of a server mmrft starts (its CUDA_VISIBLE_DEVICES, e.g. '1' or '4,5,6,7' with --tensor-parallel-size 4 in extra_args), so generation runs on devices of its own beside the trainer's; None = the trainer's environment.",
@@ -749,6 +753,11 @@ def check_config(cfg: RunConfig) -> None:
         "bounds the hf engine's generate() only; vLLM has no time budget (set it to 0)",
     )
     check_server(cfg.rollout.server, need)
+    need(
+        cfg.rollout.server.push != "lora" or cfg.model.lora.enabled,
+        "rollout.server.push",
+        "'lora' pushes the LoRA adapter; set model.lora.enabled=true or push 'full'",
+    )
     need(cfg.train.prompts_per_step > 0, "train.prompts_per_step", "must be > 0")
     need(0 < cfg.data.stats_ema <= 1, "data.stats_ema", "must be in (0, 1]")
     need(cfg.train.micro_batch_size > 0, "train.micro_batch_size", "must be > 0")

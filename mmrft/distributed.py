@@ -532,6 +532,25 @@ def gathered(model: torch.nn.Module) -> Iterator[None]:
             module.set_reshard_after_forward(reshard, recurse=False)
 
 
+def gathered_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``model.state_dict()``'s names and tensors, read inside :func:`gathered`: the whole
+    tensors every rank holds for the duration. FSDP2's ``state_dict()`` would return the
+    shards (DTensors) even then, so its parameters and persistent buffers are read from the
+    modules directly (tied weights under each name, as ``state_dict()`` lists them);
+    otherwise (unsharded, ZeRO, whose gathering swaps the data in place) ``state_dict()``."""
+    if "torch.distributed.fsdp" not in sys.modules or not _fsdp_modules(model):
+        return model.state_dict()
+    state: dict[str, torch.Tensor] = {}
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        for name, param in module.named_parameters(recurse=False, remove_duplicate=False):
+            state[dot + name] = param
+        for name, buffer in module.named_buffers(recurse=False, remove_duplicate=False):
+            if name not in module._non_persistent_buffers_set:
+                state[dot + name] = buffer
+    return state
+
+
 def padding_loss(model: torch.nn.Module, pad_token_id: int) -> torch.Tensor:
     """0 × the output of a forward on two padding tokens.
 

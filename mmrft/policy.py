@@ -288,13 +288,14 @@ def merged_weights(
 
     ``state``: the model's full state dict to read instead of its own parameters (a sharded
     model's, gathered by ``distributed.full_model_state``: peft's names, prefixed with
-    ``base_model.model.``). The delta is peft's ``LoraLayer.get_delta_weight`` for a plain
+    ``base_model.model.``); by default the model's own, read inside ``distributed.gathered``
+    when it is sharded. The delta is peft's ``LoraLayer.get_delta_weight`` for a plain
     linear adapter, computed from the tensors of ``state`` (a sharded model's own adapter
     weights are shards); mmrft never configures DoRA or fan-in-fan-out layers, refused here.
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if state is None:
-        state = base.state_dict()
+    if state is None:  # the live tensors (inside distributed.gathered when sharded)
+        state = distributed.gathered_state(base)
     else:
         state = {k.removeprefix(PEFT_PREFIX): v for k, v in state.items()}
     lora_layers = {}

@@ -457,6 +457,73 @@ def test_a_weight_push_writes_safetensors_and_reloads(policy, fake, tmp_path) ->
     assert not engine.weights_dir.exists()
 
 
+def test_a_lora_push_sends_the_adapter_alone(fake, tmp_path) -> None:
+    """push 'lora': each push writes a peft adapter folder (a new one; the last removed),
+    loads it in place under one name, and later requests ask for that name; the adapter
+    equals the policy's (peft's own save), a small share of the full weights."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    lora = ["model.lora.enabled=true", "model.freeze_vision=true"]
+    cfg = load_config(None, [f"model.path={MODEL}", "train.steps=0", *lora])
+    lora_policy = load_policy(cfg.model, torch.device("cpu"))
+    fake_vllm(fake).routes["/v1/load_lora_adapter"] = lambda h, b: Fake.reply(
+        h, b"Success: LoRA adapter 'mmrft-policy' added successfully."
+    )
+    engine = engine_at(lora_policy, fake.url, tmp_path, push="lora")
+    folders = []
+    for scale in (0.0, 0.5):
+        with torch.no_grad():
+            for name, p in lora_policy.model.named_parameters():
+                if "lora_B" in name:
+                    p.fill_(scale)
+        fake.calls.clear()
+        engine.sync_weights()
+        assert [p for p, _ in fake.calls] == [
+            "/v1/load_lora_adapter",
+            "/reset_prefix_cache",
+            "/reset_encoder_cache",
+            "/reset_mm_cache",
+        ]
+        load = fake.calls[0][1]
+        folder = Path(load["lora_path"])
+        assert load == {
+            "lora_name": served.LORA_NAME,
+            "lora_path": str(folder),
+            "load_inplace": True,
+        }
+        assert folder.parent == engine.weights_dir and folder not in folders
+        written = load_file(str(folder / "adapter_model.safetensors"))
+        expected = get_peft_model_state_dict(lora_policy.model)
+        assert written.keys() == expected.keys()
+        assert all(torch.equal(written[k], expected[k]) for k in written)
+        config = json.loads((folder / "adapter_config.json").read_text())
+        assert config["r"] == cfg.model.lora.r and config["lora_alpha"] == cfg.model.lora.alpha
+        folders.append(folder)
+    assert not folders[0].exists()  # the last push's folder replaced the first
+    full = sum(t.numel() * t.element_size() for _, t in merged_weights(lora_policy.model))
+    assert engine.push_timings["bytes"] < full
+    engine.generate([text("one?")], 2, Sampling(4))
+    assert fake.calls[-1][1]["model"] == served.LORA_NAME
+    engine.close()
+
+
+def test_a_lora_push_needs_lora(policy, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"rollout\.server\.push: 'lora' pushes the LoRA"):
+        config("rollout.server.push=lora")
+    with pytest.raises(ConfigError, match=r"rollout\.server\.push: 'lora' pushes the LoRA"):
+        engine_at(policy, "http://127.0.0.1:9", tmp_path, push="lora")
+    cfg = load_config(None, [f"model.path={MODEL}", "train.steps=0", "model.lora.enabled=true"])
+    vision_lora = load_policy(cfg.model, torch.device("cpu"))  # adapters on the vision tower too
+    with pytest.raises(ConfigError, match=r"language model only, and 6 adapted modules.*visual"):
+        engine_at(vision_lora, "http://127.0.0.1:9", tmp_path, push="lora")
+    args = served.serve_arguments(policy, VLLMConfig(), {}, "m", "127.0.0.1", 8000, lora_rank=12)
+    assert args[-5:] == ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "16"]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in served.server_environment(
+        ServerConfig(push="lora")
+    )
+
+
 def test_shards_and_a_second_push_replace_the_first(policy, tmp_path) -> None:
     first = write_weights(merged_weights(policy.model), tmp_path, shard_bytes=2**16)
     files = sorted(p.name for p in tmp_path.glob("*.safetensors"))

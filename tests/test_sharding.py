@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -162,14 +163,15 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
     expanded = [s for s in samples for _ in range(G)]
     groups = SHARES[rank] if world > 1 else range(GROUPS)
     share = [g * G + i for g in groups for i in range(G)]
-    norms = []
+    norms, sampled = [], []
     for step in (1, 2):
         torch.manual_seed(step)  # every process samples the same global batch
         with distributed.gathered(policy.model):
             rollouts = engine.generate(
                 [task.prompt(s, policy.family) for s in samples], G, Sampling(6)
             )
-        rewards = torch.tensor([min(len(t), 20) / 20 for t in rollouts.texts])
+        # a reward that varies within every group, whatever the model writes
+        rewards = torch.tensor([sum(c) % 11 / 10 for c in rollouts.completion_ids])
         rewards[2 * G : 3 * G] = 0.5  # group 2 (rank 0's): zero advantages, skipped if β = 0
         advantages = group_advantages(rewards, G)
         batch = rank_batch(expanded, rollouts, rewards, share)
@@ -177,6 +179,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
             policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
         )
         norms.append(stats["grad_norm"])
+        sampled.append(sum(rollouts.completion_ids, []))
     # only rank 0 generates, as evaluation does: no collective may run inside generate
     with distributed.gathered(policy.model):
         if distributed.is_main():
@@ -195,6 +198,8 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
     if not weights:
         return {}  # ranks > 0: the full state lives on rank 0 only
     out = {**weights, "grad_norm": torch.tensor(norms, dtype=torch.float64)}
+    for step, tokens in enumerate(sampled, 1):
+        out[f"sampled/{step}"] = torch.tensor(tokens)
     for index, state in momentum.get("state", {}).items():
         out[f"momentum/{index}"] = state["momentum_buffer"]
     return out
@@ -275,8 +280,15 @@ def assert_sharded_equals_single(
     sharded = torch.load(tmp_path / "rank0.pt")
     assert torch.load(tmp_path / "rank1.pt") == {}  # the full state lives on rank 0 only
     single = train_two_steps(overrides, 1, 0)
-    assert sharded.keys() == single.keys()
+    # parameters no forward used (an audio encoder on images): one process leaves their
+    # gradient None and SGD makes no state; several processes reduce zeros for them (every
+    # rank must take part), so their momentum exists and is zero
+    for key in sharded.keys() - single.keys():
+        assert key.startswith("momentum/") and not sharded.pop(key).any(), key
+    assert sharded.keys() == single.keys(), sorted(single.keys() - sharded.keys())[:6]
     assert any(k.startswith("momentum/") for k in single)
+    for step in (1, 2):  # the same global batch (else the updates cannot be compared)
+        assert torch.equal(sharded.pop(f"sampled/{step}"), single.pop(f"sampled/{step}")), step
     norms = single.pop("grad_norm")
     torch.testing.assert_close(sharded.pop("grad_norm"), norms, rtol=1e-5, atol=0)
     cfg = load_config(REPO / "configs/demo.yaml", overrides)
@@ -298,6 +310,36 @@ def assert_sharded_equals_single(
 @pytest.mark.parametrize("case", [pytest.param(c, marks=_needs(c)) for c in CASES])
 def test_two_sharded_processes_match_one_process(case, tmp_path):
     assert_sharded_equals_single(CASES[case], tmp_path)
+
+
+FAMILIES = (
+    "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen2_5_omni",
+    "qwen3_omni", "internvl", "gemma3", "gemma4", "glm4v",
+)  # fmt: skip
+DEFAULT_RUN = {("qwen3_5", "fsdp_full", "lora")}  # the prefix path's padding, LoRA's order
+
+
+def _family_case(family: str, mode: str, held: str) -> Any:
+    marks = _needs(mode) + ([] if (family, mode, held) in DEFAULT_RUN else [pytest.mark.slow])
+    return pytest.param(family, mode, held, marks=marks, id=f"{family}-{mode}-{held}")
+
+
+@pytest.mark.parametrize(
+    "family, mode, held",
+    [
+        _family_case(f, m, h)
+        for f in FAMILIES
+        for m in ("fsdp_full", "deepspeed_zero3")
+        for h in ("full", "lora")
+    ],
+)
+def test_every_family_shards_like_one_process(family, mode, held, tmp_path):
+    """Each family's tiny model (its own encoders, DeepStack, MoE, recurrent layers, tiles)
+    under FSDP2 and ZeRO-3, all weights or LoRA: two sharded processes equal one process."""
+    overrides = [*CASES[mode], f"model.path={REPO}/assets/models/tiny-{family}"]
+    if held == "lora":
+        overrides.append("model.lora.enabled=true")
+    assert_sharded_equals_single(overrides, tmp_path, clip_must_act=False)
 
 
 def test_sharding_mode_is_validated():

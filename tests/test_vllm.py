@@ -26,7 +26,7 @@ pytestmark = pytest.mark.vllm
 
 from mmrft.config import ServerConfig, VLLMConfig, load_config  # noqa: E402
 from mmrft.group import rollout_logps  # noqa: E402
-from mmrft.policy import load_policy  # noqa: E402
+from mmrft.policy import load_policy, merged_weights  # noqa: E402
 from mmrft.rewards import Score, verifier  # noqa: E402
 from mmrft.rollout import HFEngine, Sampling  # noqa: E402
 from mmrft.rollout.served import ServedEngine, ServerError  # noqa: E402
@@ -442,9 +442,16 @@ def length(completions, samples):
 """
 
 
-def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path) -> None:
+@pytest.mark.parametrize(
+    "held",
+    [[], ["train.sharding=fsdp_full"], ["train.sharding=fsdp_full", "model.lora.enabled=true"]],
+    ids=["replicated", "fsdp_full", "fsdp_full-lora"],
+)
+def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path, held) -> None:
     """Under torchrun every rank gets its own in-process engine on the trainer's process group
-    (vLLM's external launcher), samples its share, and receives the weights of the update."""
+    (vLLM's external launcher), samples its share, and receives the weights of the update:
+    replicated, or sharded with FSDP2 (every rank gathers the parameters, LoRA merged), the
+    sampler's log-probs equal the trainer's."""
     import subprocess
     import sys
 
@@ -459,7 +466,7 @@ def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path) -> Non
         "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=1024",
         "rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=2", "train.prompts_per_step=2",
         "train.micro_batch_size=8", "train.threads=1", "warm_start.steps=0", "eval.before=false",
-        "checkpoint.every=0", f"output_dir={tmp_path}", "name=ranks",
+        "checkpoint.every=0", f"output_dir={tmp_path}", "name=ranks", *held,
     ]  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -627,6 +634,42 @@ def test_served_pushed_weights_are_the_ones_sampled(served, media) -> None:
         f"(write {timings['write_s']:.3f} s, reload {timings['reload_s']:.3f} s) "
         f"to {engine.weights_dir}"
     )
+
+
+def test_served_lora_push_samples_the_updated_adapter(model_path, media, tmp_path) -> None:
+    """rollout.server.push=lora: a server started with --enable-lora gets only the adapter
+    after a large step on every LoRA matrix, and samples the updated policy: greedy tokens
+    equal to the hf engine's, log-probs to the training forward's within 1e-3."""
+    lora = ["model.lora.enabled=true", "model.lora.dropout=0", "model.freeze_vision=true"]
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET, *lora])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    settings = served_settings(tmp_path, push="lora")
+    engine = ServedEngine(policy, SETTINGS, settings, {"image": 3, "video": 3}, str(model_path))
+    try:
+        engine.sync_weights()  # the fresh adapter: the base model's outputs
+        convs = conversations(media, "image")
+        greedy = Sampling(10, greedy=True)
+        before = engine.generate(convs, 1, greedy).completion_ids
+        assert before == HFEngine(policy, 8).generate(convs, 1, greedy).completion_ids
+        torch.manual_seed(1)
+        with torch.no_grad():
+            for p in policy.model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.5)
+        engine.sync_weights()
+        after = engine.generate(convs, 1, greedy).completion_ids
+        assert after != before
+        assert after == HFEngine(policy, 8).generate(convs, 1, greedy).completion_ids
+        torch.manual_seed(0)
+        out = engine.generate(convs, 4, Sampling(10, top_k=50))
+        assert largest_logprob_gap(policy, out) <= 1e-3
+        full = sum(t.numel() * t.element_size() for _, t in merged_weights(policy.model))
+        print(
+            f"adapter push: {engine.push_timings['bytes'] / 1e6:.2f} MB (full weights "
+            f"{full / 1e6:.2f} MB) in {engine.push_timings['total_s']:.3f} s"
+        )
+    finally:
+        engine.close()
 
 
 def served_run(engine, model_path, media, tmp_path, name: str, *extra: str):

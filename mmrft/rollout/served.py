@@ -115,6 +115,8 @@ GENERATE_PATH = "/inference/v1/generate"
 MAX_REPLY_BYTES = 256 * 2**20
 """The largest generation reply read (bytes): G × max_new_tokens × ~80 bytes fits many times."""
 MAX_CONTROL_BYTES = 2**20
+LORA_NAME = "mmrft-policy"  # the pushed adapter's name on the server; requests ask for it
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The largest reply of a control call (health, reload, cache resets)."""
 MAX_CONCURRENT = 64
 """Generation requests in flight at once (one per conversation)."""
@@ -128,9 +130,12 @@ LOG_LINES = 30
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through a proxy
 
 
-def request_json(url: str, body: Any | None, timeout: float, max_bytes: int) -> Any:
+def request_json(
+    url: str, body: Any | None, timeout: float, max_bytes: int, text: bool = False
+) -> Any:
     """``POST`` ``body`` as JSON to ``url`` (``GET`` when ``body`` is None) and return the
-    reply parsed from JSON (None for an empty reply).
+    reply parsed from JSON (None for an empty reply; ``text``: the reply as text, for the
+    routes that answer in words).
 
     Bounded: the whole call ends within about ``timeout`` seconds (connect, send, every read,
     and the total), and a reply longer than ``max_bytes`` is refused before it is parsed.
@@ -155,6 +160,8 @@ def request_json(url: str, body: Any | None, timeout: float, max_bytes: int) -> 
         raise ServerError(f"no answer from {url} ({type(exc).__name__}: {reason})") from None
     if not raw.strip():
         return None
+    if text:
+        return raw.decode("utf-8", "replace")
     try:
         return json.loads(raw)
     except ValueError:
@@ -384,9 +391,11 @@ def serve_arguments(
     path: str,
     host: str,
     port: int,
+    lora_rank: int = 0,
 ) -> list[str]:
     """``vllm serve`` arguments that give the server the colocated engine's settings
-    (``settings``: ``rollout.vllm``; ``limits``: the most media of each kind in one prompt)."""
+    (``settings``: ``rollout.vllm``; ``limits``: the most media of each kind in one prompt;
+    ``lora_rank``: the rank of the adapter pushed, 0 when the full weights are)."""
     cuda = policy.device.type == "cuda"
     eager = settings.enforce_eager if settings.enforce_eager is not None else not cuda
     args = [
@@ -423,13 +432,42 @@ def serve_arguments(
         args += ["--max-model-len", str(settings.max_model_len)]
     if settings.kv_cache_gb:
         args += ["--kv-cache-memory-bytes", str(int(settings.kv_cache_gb * 2**30))]
+    if lora_rank:
+        # vLLM takes only these ranks (vllm.config.lora.MaxLoRARanks); an adapter of a lower
+        # rank loads into a larger slot
+        rank = min((r for r in VLLM_LORA_RANKS if r >= lora_rank), default=lora_rank)
+        args += ["--enable-lora", "--max-loras", "1", "--max-lora-rank", str(rank)]
     return args
+
+
+def check_adapter_in_decoder(model: Any) -> None:
+    """push 'lora': every adapted module must be in the text decoder (``get_decoder()``).
+    vLLM applies a multimodal model's adapters to its language model; measured on the tiny
+    Qwen2.5-VL, an adapter on the vision tower's MLPs was not applied (greedy tokens diverged
+    from the trainer's after 4 tokens), so such an adapter is refused here, not half-served."""
+    base = model.get_base_model()
+    decoder = {id(m) for m in base.get_decoder().modules()}
+    outside = [
+        name
+        for name, module in base.named_modules()
+        if hasattr(module, "lora_A") and id(module) not in decoder
+    ]
+    if outside:
+        raise ConfigError(
+            f"rollout.server.push: 'lora' serves adapters on the language model only, and "
+            f"{len(outside)} adapted modules are outside it (e.g. {outside[0]}); set "
+            "model.freeze_vision=true (no adapters on the vision tower), narrow "
+            "model.lora.target_modules, or push 'full'"
+        )
 
 
 def server_environment(server: Any) -> dict[str, str]:
     """The environment of a started server: the trainer's, with vLLM's developer endpoints on
-    (weight reload, cache resets) and, with ``rollout.server.devices``, its own GPUs."""
+    (weight reload, cache resets), the LoRA routes when the adapter is pushed, and, with
+    ``rollout.server.devices``, its own GPUs."""
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+    if server.push == "lora":
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
     if server.devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = server.devices
     return env
@@ -535,6 +573,15 @@ class ServedEngine:
         self._log_file: Any = None
         self._finalizer: Any = None
         self.push_timings: dict[str, float] = {}
+        self.push = server.push  # "full" | "lora"
+        if self.push == "lora" and not hasattr(policy.model, "peft_config"):
+            raise ConfigError(
+                "rollout.server.push: 'lora' pushes the LoRA adapter; set "
+                "model.lora.enabled=true or push 'full'"
+            )
+        if self.push == "lora":
+            check_adapter_in_decoder(policy.model)
+        self.adapter: Path | None = None  # the adapter the server samples with (push 'lora')
         self.url = ""
         nbytes = sum(p.numel() * p.element_size() for p in policy.model.parameters())
         self.weights_dir = weights_directory(server.weights_dir, nbytes)
@@ -573,7 +620,9 @@ class ServedEngine:
             "mmrft.rollout.served",
             "--parent",
             str(os.getpid()),
-            *serve_arguments(self.policy, self.settings, limits, path, host, port),
+            *serve_arguments(
+                self.policy, self.settings, limits, path, host, port, self._lora_rank()
+            ),
             *server.extra_args,
         ]
         env = server_environment(server)
@@ -651,10 +700,15 @@ class ServedEngine:
         return ServerError(text)
 
     def _call(
-        self, path: str, body: Any | None, what: str, max_bytes: int = MAX_CONTROL_BYTES
+        self,
+        path: str,
+        body: Any | None,
+        what: str,
+        max_bytes: int = MAX_CONTROL_BYTES,
+        text: bool = False,
     ) -> Any:
         try:
-            return request_json(self.url + path, body, self.timeout, max_bytes)
+            return request_json(self.url + path, body, self.timeout, max_bytes, text)
         except ServerError as exc:
             raise self._failure(f"{what}: {exc}") from None
 
@@ -694,6 +748,8 @@ class ServedEngine:
             "return_token_ids": True,
             "output_mode": "tokens",
         }
+        if self.adapter is not None:  # push 'lora': the policy is the base plus the adapter
+            body["model"] = LORA_NAME
         parts = content_parts(media)
         if parts:
             body["content_parts"] = parts
@@ -784,27 +840,53 @@ class ServedEngine:
             )
 
     # -- weights ---------------------------------------------------------------------------
+    def _lora_rank(self) -> int:
+        """The pushed adapter's rank (0: the full weights are pushed)."""
+        if self.push != "lora":
+            return 0
+        return max(int(c.r) for c in self.policy.model.peft_config.values())
+
+    def current_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """What a push sends, read from the policy (inside ``distributed.gathered`` when it is
+        sharded): push 'full', its full weights under transformers' names, LoRA merged
+        (:func:`~mmrft.policy.merged_weights`); push 'lora', the adapter's tensors under the
+        names of peft's adapter file."""
+        if self.push != "lora":
+            return merged_weights(self.policy.model)
+        from peft import get_peft_model_state_dict
+
+        state = distributed.gathered_state(self.policy.model)
+        return get_peft_model_state_dict(self.policy.model, state_dict=state).items()
+
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Push the policy's current weights (LoRA merged): :meth:`load_weights`."""
-        self.load_weights(merged_weights(self.policy.model))
+        """Push the policy's current weights (:meth:`current_weights`, :meth:`load_weights`)."""
+        with distributed.gathered(self.policy.model):  # sharded: every rank takes part
+            self.load_weights(self.current_weights())
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Write ``weights`` (checkpoint-format names; a snapshot the asynchronous collector
-        took, or the policy's own) into the weights directory, have the server reload them in
-        place, and drop its caches computed with the old ones."""
+        """Hand the server ``weights`` (:meth:`current_weights`' kind: a snapshot the
+        asynchronous collector took, or the policy's own) and drop its caches computed with
+        the old ones. Full weights: written into the weights directory and reloaded in place.
+        An adapter: written as a peft adapter folder of its own (a new path each push, so no
+        cache of vLLM's keyed by the path can survive) and loaded in place of the last one
+        under one name, which every later request asks for."""
         if self.closed:
             raise ServerError("rollout.engine=vllm_server: the engine is closed")
         start = time.perf_counter()
-        nbytes = write_weights(weights, self.weights_dir)
-        written = time.perf_counter()
-        rpc = {
-            "method": "reload_weights",
-            "kwargs": {"weights_path": str(self.weights_dir)},
-            "timeout": self.timeout,
-        }
-        self._call("/collective_rpc", rpc, f"reloading the weights from {self.weights_dir}")
+        if self.push == "lora":
+            nbytes = self._load_adapter(weights)
+            written = start
+        else:
+            nbytes = write_weights(weights, self.weights_dir)
+            written = time.perf_counter()
+            rpc = {
+                "method": "reload_weights",
+                "kwargs": {"weights_path": str(self.weights_dir)},
+                "timeout": self.timeout,
+            }
+            self._call("/collective_rpc", rpc, f"reloading the weights from {self.weights_dir}")
         for _ in range(50):  # fails only while requests hold blocks; none run now
             reply = self._call("/reset_prefix_cache", {}, "resetting the prefix cache")
             if isinstance(reply, dict) and reply.get("success") is True:
@@ -829,6 +911,25 @@ class ServedEngine:
             written - start,
             end - written,
         )
+
+    def _load_adapter(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Write the adapter tensors ``weights`` with the policy's adapter config into a new
+        folder under the weights directory, load it on the server as :data:`LORA_NAME` (in
+        place of the last one), remove the last folder; the bytes written."""
+        from safetensors.torch import save_file
+
+        tensors = {name: t.detach().to("cpu").contiguous() for name, t in weights}
+        previous = self.adapter
+        folder = Path(tempfile.mkdtemp(prefix="adapter-", dir=self.weights_dir))
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        config = next(iter(self.policy.model.peft_config.values()))
+        config.save_pretrained(str(folder))
+        body = {"lora_name": LORA_NAME, "lora_path": str(folder), "load_inplace": True}
+        self._call("/v1/load_lora_adapter", body, f"loading the adapter {folder}", text=True)
+        self.adapter = folder
+        if previous is not None:
+            shutil.rmtree(previous, ignore_errors=True)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     # -- shut-down -------------------------------------------------------------------------
     def close(self) -> None:

@@ -202,11 +202,16 @@ class VLLMEngine:
         return out
 
     # -- weights ---------------------------------------------------------------------------
+    def current_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The policy's full weights under transformers' names, LoRA merged out of place
+        (inside ``distributed.gathered`` when it is sharded)."""
+        return merged_weights(self.policy.model)
+
     @torch.no_grad()
     def sync_weights(self) -> None:
-        """Load the policy's current weights into the engine (in memory; LoRA merged out of
-        place): :meth:`load_weights`."""
-        self.load_weights(merged_weights(self.policy.model))
+        """Load the policy's current weights into the engine (in memory): :meth:`load_weights`."""
+        with distributed.gathered(self.policy.model):  # sharded: every rank takes part
+            self.load_weights(self.current_weights())
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load ``weights`` (checkpoint-format names; a snapshot the asynchronous collector
