@@ -179,7 +179,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
             policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
         )
         norms.append(stats["grad_norm"])
-        sampled.append(sum(rollouts.completion_ids, []))
+        sampled.append([t for ids in rollouts.completion_ids for t in ids])
     # only rank 0 generates, as evaluation does: no collective may run inside generate
     with distributed.gathered(policy.model):
         if distributed.is_main():

@@ -672,6 +672,38 @@ def test_served_lora_push_samples_the_updated_adapter(model_path, media, tmp_pat
         engine.close()
 
 
+def test_two_training_steps_pushing_the_adapter(model_path, media, tmp_path) -> None:
+    """mmrft train with rollout.server.push=lora: the trainer starts its server with LoRA on,
+    pushes the adapter at start-up and after each step; the sampler's log-probs stay the
+    trainer's."""
+    from mmrft.trainer import train
+
+    data = write_dataset(tmp_path, media, "image")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_path}", *BUDGET, "task.name=classification",
+            "task.params={think: none}", "reward.verifiers=[{name: test_vllm_length}]",
+            f"data.train={data}", "data.test=", "rollout.engine=vllm_server",
+            "rollout.server.push=lora", f"rollout.server.log={tmp_path / 'server.log'}",
+            "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=1024",
+            "model.lora.enabled=true", "model.freeze_vision=true", "optim.lr=1e-2",
+            "rollout.group_size=4", "rollout.max_new_tokens=8", "train.prompts_per_step=2",
+            "train.micro_batch_size=8", "train.steps=2", "warm_start.steps=0",
+            "eval.before=false", "checkpoint.every=0", f"output_dir={tmp_path}", "name=adapter",
+        ],
+    )  # fmt: skip
+    train(cfg)
+    lines = [
+        json.loads(x) for x in (tmp_path / "adapter" / "metrics.jsonl").read_text().splitlines()
+    ]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
+    assert all(m["train/grad_norm"] > 0 for m in steps)
+    assert "--enable-lora" in (tmp_path / "server.log").read_text()
+
+
 def served_run(engine, model_path, media, tmp_path, name: str, *extra: str):
     """A small image run through the module's server at its URL (``extra`` overrides last)."""
     data = write_dataset(tmp_path, media, "image")
