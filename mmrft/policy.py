@@ -279,6 +279,11 @@ def completion_logps(
 PEFT_PREFIX = "base_model.model."  # what a peft model's state-dict names add to the base model's
 
 
+def is_lora(model: Any) -> bool:
+    """The model is a peft model (``model.lora.enabled``): trained adapters on a frozen base."""
+    return hasattr(model, "peft_config") and hasattr(model, "merge_and_unload")
+
+
 def merged_weights(
     model: Any, state: dict[str, torch.Tensor] | None = None
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -328,7 +333,7 @@ def save_pretrained(
     gathered by ``distributed.full_model_state``).
     """
     model = policy.model
-    if hasattr(model, "merge_and_unload"):  # peft: picks the adapter's tensors of state_dict
+    if is_lora(model):  # peft picks the adapter's tensors of state_dict
         model.save_pretrained(directory / "adapter", state_dict=state_dict)
         state_dict = dict(merged_weights(model, state_dict))
         model = model.get_base_model()

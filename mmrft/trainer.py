@@ -81,6 +81,7 @@ from mmrft.plugins import load_plugins
 from mmrft.policy import (
     Policy,
     completion_logps,
+    is_lora,
     load_policy,
     merged_weights,
     pad_completions,
@@ -870,7 +871,7 @@ def warm_started_reference(run: Run, load: bool) -> Policy:
 
     cfg, policy = run.cfg, run.policy
     path = run.run_dir / REFERENCE_FILE
-    lora = hasattr(policy.model, "merge_and_unload")
+    lora = is_lora(policy.model)
     if cfg.train.sharding == "none" and not lora:
         model = copy.deepcopy(policy.model).eval()
         for param in model.parameters():
@@ -1475,7 +1476,7 @@ def _load_weights(policy: Policy, checkpoint: Path) -> None:
     The full model is read back through the family's own loader, so transformers' key
     conversions apply exactly as they do for a user loading the checkpoint.
     """
-    if (checkpoint / "adapter").is_dir() and hasattr(policy.model, "load_adapter"):
+    if (checkpoint / "adapter").is_dir() and is_lora(policy.model):
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 

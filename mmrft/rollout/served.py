@@ -93,7 +93,7 @@ import torch
 
 from mmrft import distributed
 from mmrft.errors import ServerError
-from mmrft.policy import Policy, merged_weights
+from mmrft.policy import Policy, is_lora, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.rollout.vllm import (
     EngineParityError,
@@ -574,7 +574,7 @@ class ServedEngine:
         self._finalizer: Any = None
         self.push_timings: dict[str, float] = {}
         self.push = server.push  # "full" | "lora"
-        if self.push == "lora" and not hasattr(policy.model, "peft_config"):
+        if self.push == "lora" and not is_lora(policy.model):
             raise ConfigError(
                 "rollout.server.push: 'lora' pushes the LoRA adapter; set "
                 "model.lora.enabled=true or push 'full'"
