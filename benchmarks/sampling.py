@@ -4,6 +4,7 @@
     python benchmarks/sampling.py --seeds 3               # the full comparison
     python benchmarks/sampling.py --seeds 3 --tasks demo  # the demo only (and the step times)
     python benchmarks/sampling.py --seeds 3 --out runs/sampling -- optim.lr=3e-4
+    python benchmarks/sampling.py --seeds 5 --reuse       # adds seeds 3, 4 to a finished run
 
 **Learning at equal compute.** Each method trains each task's CPU recipe (``configs/demo.yaml``:
 shape colour, 4 options; ``configs/learn/shapes_counting.yaml``: counting 1–6) with everything
@@ -94,12 +95,21 @@ def quick_overrides() -> list[str]:
     ]
 
 
-def run(config: str, overrides: list[str]) -> dict[str, Any]:
-    """Train ``config`` with ``overrides`` in this process; its ``summary.json`` dict."""
-    from mmrft.config import load_config
-    from mmrft.trainer import train
+def run(config: str, overrides: list[str], reuse: bool = False) -> dict[str, Any]:
+    """Train ``config`` with ``overrides`` in this process; its ``summary.json`` dict. With
+    ``reuse``, a finished run of the same name (its ``summary.json`` written, its saved
+    ``config.yaml`` equal to this one's) is read instead of trained again: a comparison can
+    grow by seeds without repeating the ones it has."""
+    from mmrft.config import load_config, resolve_path, to_yaml
+    from mmrft.trainer import run_name, train
 
-    return train(load_config(config, overrides))
+    cfg = load_config(config, overrides)
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
+    if reuse and summary.is_file() and saved.is_file() and saved.read_text() == to_yaml(cfg):
+        print(f"reusing the finished run {run_dir}", flush=True)
+        return json.loads(summary.read_text())
+    return train(cfg)
 
 
 def curves(run_dir: Path, metric: str) -> dict[str, list[float]]:
@@ -139,7 +149,7 @@ def learning(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
                 overrides = [*common(args.out, name, seed), *method_overrides]
                 if args.quick:
                     overrides += quick_overrides()
-                summary = run(config, [*overrides, *extra])
+                summary = run(config, [*overrides, *extra], reuse=args.reuse)
                 runs.append(
                     {
                         "seed": seed,
@@ -353,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "sampling")
     parser.add_argument("--no-timing", action="store_true", help="skip the step-time runs")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read learning runs already finished under --out with the same config",
+    )
     parser.add_argument(
         "--tasks",
         nargs="+",
