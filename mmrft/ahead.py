@@ -43,10 +43,17 @@ every step after t from there, sampled by version t. With k > 0 a resumed run is
 in distribution to an uninterrupted one, not bit for bit (the uninterrupted run sampled those
 steps with older weights); k = 0 resumes exactly.
 
-**Limits.** One process (the rollout thread's collectives would interleave with the trainer's);
-``rollout.engine=hf`` needs ``group_shared`` (the path that reports sampling log-probs); partial
-rollouts only on ``hf``; memory for a second copy of the model (``hf``) or one snapshot of the
-weights (the vLLM engines).
+**Several processes.** Every rank runs a rollout thread on its share of the prompts. Its
+collectives (the collector's reductions) run on a gloo group of their own
+(:func:`mmrft.distributed.side_group`, routed by :func:`mmrft.distributed.collectives_on`), so
+they never pair up with the trainer's, which run on the default group at the same time. With
+``hf`` the copy is made before the policy is sharded, and a sharded policy's snapshot is
+gathered by every rank in the trainer's thread.
+
+**Limits.** ``rollout.engine=hf`` needs ``group_shared`` (the path that reports sampling
+log-probs); partial rollouts only on ``hf``; memory for a second copy of the model (``hf``) or
+one snapshot of the weights (the vLLM engines); the colocated ``vllm`` engine runs ahead in
+one process only (it shares the trainer's process group).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from typing import Any
 
 import torch
 
+from mmrft import distributed
 from mmrft.collector import Collector, StepBatch
 from mmrft.policy import Policy
 
@@ -188,6 +196,9 @@ class AheadCollector:
         self._finished = False
         self._idle_s = 0.0
         self._thread: threading.Thread | None = None
+        # several processes: the rollout thread's collectives (the collector's reductions)
+        # run on a group of their own, never interleaved with the trainer's
+        self._group = distributed.side_group()
         if self.own_copy:
             self.engine.between_tokens = self._between_tokens
 
@@ -208,12 +219,13 @@ class AheadCollector:
         with torch.no_grad():
             if not self.own_copy:  # what the engine's push sends (full or an adapter)
                 tensors = _snapshot(self.engine.current_weights())
-            elif not self._loaded_once:
-                tensors = {n: p.detach().clone() for n, p in self._trainer_params.items()}
-                tensors.update({f"buffer:{n}": b.clone() for n, b in self._trainer_buffers.items()})
-                self._loaded_once = True
+            elif distributed.is_sharded(self.policy.model):  # gathered: every rank takes part
+                with distributed.gathered(self.policy.model):
+                    tensors = self._copy(distributed.gathered_state(self.policy.model))
             else:
-                tensors = {n: self._trainer_params[n].detach().clone() for n in self._trainable}
+                buffers = {f"buffer:{n}": b for n, b in self._trainer_buffers.items()}
+                tensors = self._copy({**self._trainer_params, **buffers})
+            self._loaded_once = True
         with self._cond:
             pending = self._pending
             if self.own_copy and pending is not None and not pending[1].keys() <= tensors.keys():
@@ -221,6 +233,19 @@ class AheadCollector:
             self._pending = (version, tensors)
             self._version = version
             self._cond.notify_all()
+
+    def _copy(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Copies of what the rollout copy takes from the trainer's ``state`` (names as
+        ``named_parameters``; buffers as ``buffer:NAME`` or by their plain name): every
+        parameter and buffer the first time, the trainable parameters later."""
+        if self._loaded_once:
+            return {n: state[n].detach().clone() for n in self._trainable}
+        out = {n: state[n].detach().clone() for n in self._rollout_params}
+        for name in self._rollout_buffers:  # non-persistent ones are not in a state dict
+            buffer = state.get(f"buffer:{name}", state.get(name))
+            if buffer is not None:
+                out[f"buffer:{name}"] = buffer.detach().clone()
+        return out
 
     def start(self, first_step: int, last_step: int) -> None:
         """Start the rollout thread on steps ``first_step … last_step``."""
@@ -300,6 +325,10 @@ class AheadCollector:
 
     # -- the rollout thread ------------------------------------------------------------------
     def _produce(self, first_step: int, last_step: int) -> None:
+        with distributed.collectives_on(self._group):
+            self._produce_steps(first_step, last_step)
+
+    def _produce_steps(self, first_step: int, last_step: int) -> None:
         step = first_step
         try:
             for step in range(first_step, last_step + 1):

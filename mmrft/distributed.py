@@ -80,6 +80,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import warnings
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -197,17 +198,50 @@ def is_main() -> bool:
     return rank() == 0
 
 
+_THREAD = threading.local()  # .group: the process group of this thread's small collectives
+
+
+def side_group() -> Any:
+    """A second process group (gloo) over every rank, for a thread whose collectives run
+    while the main thread's run on the default group (the asynchronous collector's rollout
+    thread, ``mmrft.ahead``): two threads must not share one group, whose collectives pair
+    up by order alone. Every rank creates it at the same point (the creation is collective).
+    None in one process."""
+    return dist.new_group(backend="gloo") if world_size() > 1 else None
+
+
+@contextlib.contextmanager
+def collectives_on(group: Any) -> Iterator[None]:
+    """Route this thread's small collectives (:func:`barrier`, :func:`sum_scalar`,
+    :func:`max_scalar`, :func:`gather_objects`, :func:`broadcast_object`) through ``group``
+    (from :func:`side_group`; None = the default group) for the duration."""
+    previous = getattr(_THREAD, "group", None)
+    _THREAD.group = group
+    try:
+        yield
+    finally:
+        _THREAD.group = previous
+
+
+def _small() -> tuple[Any, torch.device]:
+    """This thread's group for small collectives and the device their tensors live on (a
+    side group is gloo: CPU)."""
+    group = getattr(_THREAD, "group", None)
+    return group, (torch.device("cpu") if group is not None else _device())
+
+
 def barrier() -> None:
     if world_size() > 1:
-        dist.barrier()
+        dist.barrier(group=_small()[0])
 
 
 def sum_scalar(value: float) -> float:
     """Σ over ranks of a Python number."""
     if world_size() == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(tensor)
+    group, device = _small()
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, group=group)
     return float(tensor.item())
 
 
@@ -215,8 +249,9 @@ def max_scalar(value: float) -> float:
     """max over ranks of a Python number."""
     if world_size() == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64, device=_device())
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    group, device = _small()
+    tensor = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
     return float(tensor.item())
 
 
@@ -256,7 +291,7 @@ def gather_objects(obj: Any) -> list[Any]:
     if world_size() == 1:
         return [obj]
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_small()[0])
     return out
 
 
@@ -265,7 +300,7 @@ def broadcast_object(obj: Any) -> Any:
     if world_size() == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_small()[0])
     return box[0]
 
 

@@ -701,6 +701,17 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         log.info(shown)
     console.print(run_banner(cfg, policy, task.name, device, world), highlight=False, markup=False)
     distributed.broadcast_parameters(policy.model)
+    if cfg.rollout.max_staleness and world > 1 and cfg.rollout.engine == "vllm":
+        raise ConfigError(
+            "rollout.max_staleness: under several processes the colocated vLLM engine shares "
+            "the trainer's process group, which the rollout thread cannot use; use "
+            "rollout.engine=hf or vllm_server, or set rollout.max_staleness=0"
+        )
+    # asynchronous rollouts sample in a thread from a copy of the weights (mmrft.ahead): for
+    # hf a whole copy of the model, made before the policy is sharded; the vLLM engines hold
+    # their own
+    ahead_copy = cfg.rollout.max_staleness and cfg.rollout.engine == "hf"
+    sampler_policy = rollout_copy(policy) if ahead_copy else policy
     distributed.shard_model(policy.model, cfg.train.sharding)
     reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
     if reference is not None:  # sharded like the policy, freed after every forward
@@ -715,15 +726,6 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
             check_attention(policy.model)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    # asynchronous rollouts sample in a thread from a copy of the weights (mmrft.ahead): for
-    # hf a copy of the model, the vLLM engines their own
-    if cfg.rollout.max_staleness and world > 1:
-        raise ConfigError(
-            "rollout.max_staleness: asynchronous rollouts run in one process for now; "
-            "launch a single process or set rollout.max_staleness=0"
-        )
-    ahead_copy = cfg.rollout.max_staleness and cfg.rollout.engine == "hf"
-    sampler_policy = rollout_copy(policy) if ahead_copy else policy
     engine = build_engine(
         cfg.rollout,
         sampler_policy,

@@ -354,3 +354,97 @@ def test_bad_settings_fail_at_start_naming_the_key(tmp_path):
         tiny_config(
             tmp_path, "rollout.max_staleness=1", "algorithm.tis_cap=2", "rollout.group_shared=false"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Several processes: the rollout thread's collectives on a group of their own
+
+
+def _threaded_collector(cfg, task, policy, engine, reward, samples, source, auxiliaries):
+    """The trainer's Collector replaced by the rollout thread at k = 0 (the trainer itself
+    takes the plain collector for k = 0): made by setup() after the policy was sharded, so
+    the rollout copy is loaded from a fresh model; the first snapshot fills it."""
+    from mmrft.policy import load_policy
+
+    copy = load_policy(cfg.model, torch.device("cpu"), trainable=False)
+    inner = Collector(
+        cfg, task, copy, HFEngine(copy, cfg.rollout.batch_size), reward, samples, source,
+        auxiliaries,
+    )  # fmt: skip
+    return AheadCollector(inner, policy, 0)
+
+
+def _train_worker(rank: int, world: int, port: int, cfg, threaded: bool) -> None:
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        if threaded:
+            trainer.Collector = _threaded_collector
+        trainer.train(cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+def train_on_two(cfg, threaded: bool = False) -> dict:
+    import torch.multiprocessing as mp
+    from test_sharding import free_port
+
+    mp.start_processes(
+        _train_worker, args=(2, free_port(), cfg, threaded), nprocs=2, start_method="spawn"
+    )
+    return json.loads((Path(cfg.output_dir) / cfg.name / "summary.json").read_text())
+
+
+@pytest.mark.parametrize("sharding", ["none", "fsdp_full"])
+def test_two_processes_staleness_zero_through_the_rollout_thread_equal_synchronous(
+    tmp_path, sharding
+):
+    """Two ranks, k = 0 through the rollout thread (its reductions on the side group, the
+    snapshot gathered from the shards) equal two synchronous ranks: metrics and weights."""
+    extra = ("optim.lr=5e-2", "algorithm.tis_cap=2", "train.prompts_per_step=4", "train.threads=1")
+    sharded = (f"train.sharding={sharding}", "data.sampler=variance")  # stats reduced each step
+    sync = train_on_two(config(tmp_path / "sync", *extra, *sharded))
+    ahead = train_on_two(config(tmp_path / "ahead", *extra, *sharded), threaded=True)
+
+    def lines(summary):
+        keep = ("train/reward", "loss", "rollout/logp_gap_max", "rollout/generated")
+        return [{k: r[k] for k in r if k.startswith(keep)} for r in metrics(summary)]
+
+    assert lines(ahead) == lines(sync) and len(lines(sync)) >= 3
+    last = lambda s: weights(next(Path(s["run_dir"]).glob("checkpoints/step-*3")))  # noqa: E731
+    for name, tensor in last(sync).items():
+        assert torch.equal(tensor, last(ahead)[name]), name
+
+
+@pytest.mark.parametrize("sharding", ["none", pytest.param("fsdp_full", marks=pytest.mark.slow)])
+def test_two_processes_one_step_ahead_train_checkpoint_and_resume(tmp_path, sharding):
+    extra = (
+        "rollout.max_staleness=1",
+        "algorithm.tis_cap=2",
+        "optim.lr=5e-2",
+        "train.prompts_per_step=4",
+        "train.threads=1",
+        f"train.sharding={sharding}",
+    )
+    summary = train_on_two(config(tmp_path, *extra, "train.steps=4"))
+    rows = [r for r in metrics(summary) if "rollout/lag_max" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["rollout/lag_max"] == 0.0
+    assert all(r["rollout/lag_max"] <= 1.0 and r["rollout/stale_dropped"] == 0 for r in rows)
+    assert all(r["rollout/generated"] == 4 * 4 for r in rows)  # both ranks' groups counted
+    state = torch.load(
+        next((tmp_path / "smoke/checkpoints").glob("step-*2")) / "trainer_state.pt",
+        weights_only=False,
+    )
+    assert state["data_position"] == 2 * 4  # before step 3, though the threads ran ahead
+    step4 = next((tmp_path / "smoke/checkpoints").glob("step-*4")) / "trainer_state.pt"
+    written = step4.stat().st_mtime_ns
+    train_on_two(config(tmp_path, *extra, "train.steps=5"))  # resumes from step 4
+    rows = [r for r in metrics(summary) if "rollout/lag_max" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert step4.stat().st_mtime_ns == written  # steps 1-4 were not run again

@@ -149,3 +149,44 @@ def test_checkpoints_do_not_depend_on_the_world_size(tmp_path):
     assert [m["step"] for m in lines if "train/reward" in m] == [1, 2, 3, 4]
     log = (tmp_path / "ws" / "train.log").read_text()
     assert "resuming on 1" in log and "resuming on 2" in log
+
+
+def _two_threads_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    """The main thread all-reduces numbers on the default group while a second thread
+    gathers objects on the side group, both at once, many times."""
+    import threading
+
+    from mmrft import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        side = distributed.side_group()
+        gathered: list = []
+
+        def other() -> None:
+            with distributed.collectives_on(side):
+                for i in range(200):
+                    gathered.append(distributed.gather_objects({"rank": rank, "i": i}))
+                gathered.append(distributed.broadcast_object(f"from {rank}"))
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        sums = [distributed.sum_scalar(float(rank + i)) for i in range(200)]
+        thread.join()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps([sums, gathered]))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_second_thread_runs_its_collectives_on_a_group_of_its_own(tmp_path):
+    """What lets the asynchronous collector run on several processes (mmrft.ahead): the
+    rollout thread's reductions and the trainer's never pair up with each other."""
+    mp.start_processes(
+        _two_threads_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    for rank in (0, 1):
+        sums, gathered = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert sums == [float(1 + 2 * i) for i in range(200)]
+        assert gathered[:200] == [[{"rank": 0, "i": i}, {"rank": 1, "i": i}] for i in range(200)]
+        assert gathered[200] == "from 0"

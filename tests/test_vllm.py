@@ -478,6 +478,39 @@ def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path, held) 
     assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
 
 
+def test_two_ranks_one_step_ahead_each_with_its_own_server(model_path, media, tmp_path) -> None:
+    """Under torchrun with rollout.max_staleness=1 every rank starts its own server and runs a
+    rollout thread (its collectives on a group of its own) that samples step t + 1 while the
+    trainers update step t: step 1 at lag 0 with the sampler's log-probs the trainer's, later
+    steps at lag 1, both ranks' groups in every step."""
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    data = write_dataset(tmp_path, {**media, "image": media["image"] * 2}, "image")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29572",
+        "-m", "mmrft.cli", "train", f"model.path={model_path}", *BUDGET, "task.name=classification",
+        "task.params={think: none}", f"plugins=[{plugin}]",
+        "reward.verifiers=[{name: test_vllm_length_plugin}]", f"data.train={data}", "data.test=",
+        "rollout.engine=vllm_server", "rollout.vllm.kv_cache_gb=0.25",
+        "rollout.vllm.max_model_len=1024", "rollout.max_staleness=1", "algorithm.tis_cap=2",
+        "optim.lr=1e-2", "rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=3",
+        "train.prompts_per_step=2", "train.micro_batch_size=8", "train.threads=1",
+        "warm_start.steps=0", "eval.before=false", "checkpoint.every=0", f"output_dir={tmp_path}",
+        "name=ahead",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(x) for x in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in lines if "train/reward" in m]
+    assert [m["rollout/lag_max"] for m in steps] == [0.0, 1.0, 1.0]
+    assert all(m["rollout/generated"] == 8 for m in steps)  # 2 ranks × 1 prompt × G = 4
+    assert steps[0]["rollout/logp_gap_max"] <= 1e-3
+    assert all(m["rollout/stale_dropped"] == 0 for m in steps)
+
+
 # -- the served engine (rollout.engine=vllm_server): vLLM's own server process -------------------
 
 
