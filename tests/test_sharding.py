@@ -233,9 +233,11 @@ def _init_gloo(rank: int, world: int, port: int) -> None:
         LOCAL_RANK=str(rank),
         WORLD_SIZE=str(world),
     )
-    # a collective that has no partner (a hang) fails within a minute instead of hanging
+    # a collective that has no partner (a hang) fails within five minutes instead of hanging;
+    # a minute was within reach of a rank starved of CPU on a busy two-core machine (one such
+    # timeout would show as the other rank's SIGABRT when the first closes its connections)
     dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300)
     )
 
 
