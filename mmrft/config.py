@@ -172,7 +172,7 @@ class DataConfig:
     max_test_samples: int | None = _f(None, "Evaluate at most this many test samples (None = all).")
     max_prompt_tokens: int | None = _f(
         None,
-        "Longest prompt (tokens of its rendered text; media count as their placeholders), checked when the data is read, before the model loads; a longer one is an error naming file:line (or skipped and counted under on_error=skip); a text over 32 characters per token is refused without tokenising it. None = the model's context (max_position_embeddings of its config) minus rollout.max_new_tokens.",
+        "Longest prompt (tokens of its rendered text, with the tools' system message when rollout.tools describes them; media count as their placeholders), checked when the data is read, before the model loads; a longer one is an error naming file:line (or skipped and counted under on_error=skip); a text over 32 characters per token is refused without tokenising it. None = the model's context (max_position_embeddings of its config) minus rollout.max_new_tokens.",
     )
     max_image_pixels: int | None = _f(
         89_478_485,

@@ -165,19 +165,32 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     """The ``data.*`` budgets every sample is read under (:class:`~mmrft.data.DataBudget`).
     ``data.max_prompt_tokens`` defaults to the model's context (:func:`model_context`) minus
     ``rollout.max_new_tokens``; prompts are counted as the rollout renders them (the task's
-    prompt through the family's chat template, text tokens). A prompt of at most ``limit − 1``
+    prompt, with ``rollout.tools``' description when the tools are described and offered,
+    through the family's chat template, text tokens). A prompt of at most ``limit − 1``
     UTF-8 bytes is not tokenised: every token covers at least one byte of the text (at most
     one more, a SentencePiece word-start marker), so its byte count bounds its tokens."""
+    from mmrft.plugins import UnknownNameError
+    from mmrft.tool import tool_schemas
+    from mmrft.trajectory import describe_tools, offers_tools
+
     limit = cfg.data.max_prompt_tokens
     if limit is None:
         context = model_context(str(resolve_path(cfg.model.path)))
         limit = None if context is None else max(context - cfg.rollout.max_new_tokens, 1)
     tokenizer = getattr(processor, "tokenizer", processor)
+    tools = cfg.rollout.tools
+    try:  # what ToolLoop.with_tools prepends
+        schemas = tool_schemas(sorted(tools.names)) if tools.names and tools.describe else []
+    except UnknownNameError as exc:
+        raise ConfigError(f"rollout.tools.names: {exc}") from None
 
     def prompt_tokens(sample: Sample) -> int:
         annotated = sample.copy()
         family.annotate(annotated)
-        text = family.render(processor, [task.prompt(annotated, family)], True)[0]
+        conversation = task.prompt(annotated, family)
+        if schemas and offers_tools(annotated):
+            conversation = describe_tools(conversation, schemas)
+        text = family.render(processor, [conversation], True)[0]
         size = len(text.encode("utf-8")) + 1
         if limit is not None and size <= limit:
             return size  # a bound within the budget: no need to count exactly

@@ -427,17 +427,7 @@ class ToolLoop:
         when ``describe`` is off or the sample switches tools off (``meta.tools: false``)."""
         if not self.describe or not offers_tools(sample):
             return conversation
-        schemas = tool_schemas(sorted(self.tools), self.tools)
-        text = tools_system_text(schemas)
-        if conversation and conversation[0].get("role") == "system":
-            first = conversation[0]
-            content = first["content"]
-            if isinstance(content, str):
-                merged: Any = f"{content}\n\n{text}"
-            else:
-                merged = [*content, {"type": "text", "text": "\n\n" + text}]
-            return [{**first, "content": merged}, *conversation[1:]]
-        return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
+        return describe_tools(conversation, tool_schemas(sorted(self.tools), self.tools))
 
     # -- one rollout ---------------------------------------------------------------------------
     def run(
@@ -715,6 +705,23 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
         }
         return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
     return None
+
+
+def describe_tools(
+    conversation: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conversation`` with the tools of ``schemas`` described in a system message
+    (:func:`tools_system_text`, appended to the system message it has, else a new one)."""
+    text = tools_system_text(schemas)
+    if conversation and conversation[0].get("role") == "system":
+        first = conversation[0]
+        content = first["content"]
+        if isinstance(content, str):
+            merged: Any = f"{content}\n\n{text}"
+        else:
+            merged = [*content, {"type": "text", "text": "\n\n" + text}]
+        return [{**first, "content": merged}, *conversation[1:]]
+    return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
 
 
 def offers_tools(sample: Sample | None) -> bool:

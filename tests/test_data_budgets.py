@@ -101,6 +101,39 @@ def test_max_prompt_tokens_defaults_to_the_context_minus_the_completion(tmp_path
     assert data_budget(cfg, task, family, processor).max_prompt_tokens == 77
 
 
+def test_the_tools_description_counts_toward_the_prompt_budget(tmp_path):
+    """A tool rollout prompts with the tools described in a system message; the budget counts
+    it (a prompt that fits alone is over with it), and a row with ``meta.tools: false`` is
+    counted without it, as it is rolled out."""
+    from mmrft.tool import tool_schemas
+    from mmrft.trainer import data_budget
+    from mmrft.trajectory import describe_tools
+
+    cfg = demo_config(tmp_path, "rollout.tools.names=[crop]")
+    family = resolve_family(cfg.model)
+    processor = family.load_processor(cfg.model.path)
+    task = build_task(cfg.task.name, cfg.task.params)
+    sample = task.read(REPO / cfg.data.train)[0][0]
+    tokens = data_budget(
+        load_config(DEMO, ["data.max_prompt_tokens=1"]), task, family, processor
+    ).count_tokens
+    counted = data_budget(cfg, task, family, processor).count_tokens
+    annotated = sample.copy()
+    family.annotate(annotated)
+    described = describe_tools(task.prompt(annotated, family), tool_schemas(["crop"]))
+    text = family.render(processor, [described], True)[0]
+    exact = len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert counted(sample) >= exact  # the default budget: a byte bound (bytes ≥ tokens)
+    cfg.data.max_prompt_tokens = 1  # every prompt over it: counted exactly
+    assert data_budget(cfg, task, family, processor).count_tokens(sample) == exact
+    assert exact > tokens(sample) + 50  # the description is long
+    no_tools = sample.copy()
+    no_tools.meta = {**no_tools.meta, "tools": False}
+    assert data_budget(cfg, task, family, processor).count_tokens(no_tools) == tokens(sample)
+    cfg.rollout.tools.describe = False  # the data's prompts describe the tools themselves
+    assert data_budget(cfg, task, family, processor).count_tokens(sample) == tokens(sample)
+
+
 def test_an_over_long_prompt_names_its_line_its_length_and_the_key(tmp_path):
     """Tokens of the rendered prompt count (a text under the character bound); skipped and
     counted under data.on_error=skip."""
