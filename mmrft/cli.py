@@ -138,7 +138,11 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     load_plugins(args.plugin)
     spec = VERIFIERS.get(args.name)
     params = dict(parse_override(o) for o in args.params)
-    budget = {"timeout_s": RewardConfig.timeout_s, "on_timeout": RewardConfig.on_timeout}
+    budget = {
+        "timeout_s": RewardConfig.timeout_s,
+        "on_timeout": RewardConfig.on_timeout,
+        "worker_memory_mb": RewardConfig.worker_memory_mb,
+    }
     for key in [k for k in params if k.startswith("reward.")]:
         name, value = key.removeprefix("reward."), params.pop(key)
         if name == "timeout_s" and isinstance(value, (int, float)) and value >= 0:

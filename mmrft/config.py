@@ -241,6 +241,10 @@ class RewardConfig:
     workers: int = _f(
         1, "Verifier worker processes under reward.isolation=process; a batch is split among them."
     )
+    worker_memory_mb: int | None = _f(
+        4096,
+        "Memory (MiB) a verifier worker process may map beyond what it holds after loading the verifiers (RLIMIT_AS, Linux): a completion that makes a verifier allocate past it scores the verifier's minimum with reason 'memory' (found by re-scoring alone, as a timeout is) instead of calling the kernel's OOM killer onto the trainer. None = no cap.",
+    )
 
 
 @dataclass
@@ -790,6 +794,11 @@ def check_config(cfg: RunConfig) -> None:
     check_perturb(cfg, need)
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
     need(cfg.reward.workers >= 1, "reward.workers", "must be ≥ 1")
+    need(
+        cfg.reward.worker_memory_mb is None or cfg.reward.worker_memory_mb >= 64,
+        "reward.worker_memory_mb",
+        "must be ≥ 64 (MiB) or null (no cap)",
+    )
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
     if cfg.train.sharding.startswith("deepspeed"):

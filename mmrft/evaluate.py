@@ -234,6 +234,7 @@ def eval_verifiers(cfg: Any) -> Any:
         cfg.reward.on_timeout,
         cfg.reward.isolation,
         cfg.reward.workers,
+        cfg.reward.worker_memory_mb,
     )
 
 

@@ -987,6 +987,18 @@ class WeightedReward:
                 "or set reward.isolation=inline"
             )
             raise bound.failed(what, samples, context) from exc
+        if call.over_memory:
+            ids = [_sample_id(samples[i]) for i in call.over_memory]
+            log.warning(
+                "verifier '%s' went over its worker's memory cap (reward.worker_memory_mb)%s on "
+                "%d of %d completions (run alone), of samples %s; scored %g with reason 'memory'",
+                bound.name,
+                f" {context}" if context else "",
+                len(call.over_memory),
+                len(samples),
+                _ids(ids),
+                timeout_score(bound),
+            )
         late = sorted(call.timed_out + call.unreached)
         if late:
             ids = [_sample_id(samples[i]) for i in late]
@@ -1009,8 +1021,10 @@ class WeightedReward:
         checked = bound.check(
             [call.results[i] for i in scored], [samples[i] for i in scored], context
         )
+        over = set(call.over_memory)
         scores: list[Score | None] = [
-            Score(timeout_score(bound), reason="timeout") for _ in samples
+            Score(timeout_score(bound), reason="memory" if i in over else "timeout")
+            for i in range(len(samples))
         ]
         for i, score in zip(scored, checked):
             scores[i] = score
@@ -1038,12 +1052,15 @@ def build_reward(
     on_timeout: str = "zero",
     isolation: str = "process",
     workers: int = 1,
+    worker_memory_mb: int | None = None,
 ) -> WeightedReward:
     """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``.
 
     ``isolation="process"`` starts ``workers`` verifier worker processes now (start-up, not
-    step 0) for the verifiers that can run there (:mod:`mmrft.verifier_pool`); ``"inline"``
-    runs every verifier in this process. Close the pool with :meth:`WeightedReward.close`.
+    step 0) for the verifiers that can run there (:mod:`mmrft.verifier_pool`), each allowed
+    ``worker_memory_mb`` MiB beyond what it holds after loading them (None = no cap);
+    ``"inline"`` runs every verifier in this process. Close the pool with
+    :meth:`WeightedReward.close`.
     """
     if isolation not in ("process", "inline"):
         raise ConfigError(f"reward.isolation: expected process or inline, got {isolation!r}")
@@ -1094,5 +1111,5 @@ def build_reward(
             )
             continue
         pooled[bound.name] = bound.spec
-    pool = VerifierPool(pooled, workers) if pooled else None
+    pool = VerifierPool(pooled, workers, worker_memory_mb) if pooled else None
     return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout, pool=pool)

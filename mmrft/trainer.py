@@ -681,6 +681,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         cfg.reward.on_timeout,
         cfg.reward.isolation,
         cfg.reward.workers,
+        cfg.reward.worker_memory_mb,
     )
     auxiliaries = build_auxiliaries(cfg, reward)  # checked against the verifiers now
     low, high = reward.range

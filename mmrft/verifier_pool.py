@@ -14,7 +14,14 @@ runs past its deadline. How one batch is scored (:meth:`VerifierPool.call`):
    ``ISOLATION_FACTOR × timeout_s`` and starts no call once it is spent, so a batch takes at
    most about ``(ISOLATION_FACTOR + 2) × timeout_s`` plus one worker start per timeout;
    completions it did not reach are reported as timed out too (and counted as unreached).
-3. A verifier that raises comes back as :class:`WorkerRaised` (its type and first line); a
+3. Memory: a worker's address space is capped (``RLIMIT_AS``, Linux) at what it holds after
+   loading the verifiers plus ``reward.worker_memory_mb``, so a completion that makes a
+   verifier allocate without bound (a sympy expression that explodes, a regex's state) raises
+   ``MemoryError`` in the worker, not the kernel's OOM killer in the largest process, the
+   trainer. A part whose call raised ``MemoryError`` is treated like one over its deadline:
+   the worker is replaced and the part's completions are re-scored one at a time; the ones
+   that go over alone are reported (``over_memory``).
+4. A verifier that raises comes back as :class:`WorkerRaised` (its type and first line); a
    worker that dies (segfault, ``os._exit``, the kernel's OOM killer) as :class:`WorkerDied`.
    :mod:`mmrft.rewards` turns both into its one-line ``VerifierError`` and keeps the contract
    checks (count, range, NaN) in the parent. A worker found dead between calls is replaced
@@ -87,6 +94,11 @@ class PoolError(RuntimeError):
     """A verifier call that failed in its worker; :mod:`mmrft.rewards` words the message."""
 
 
+class _OverMemory(Exception):
+    """A worker's reply: its verifier call raised ``MemoryError`` (the cap, see the module
+    docstring)."""
+
+
 class WorkerRaised(PoolError):
     """The verifier raised in the worker: ``kind`` is the exception's type name, ``message``
     its first line, ``error`` the exception itself (unpickled; its ``__cause__`` holds the
@@ -127,11 +139,14 @@ class Call:
         timed_out: the indices of the completions that ran past the deadline alone.
         unreached: the indices isolation did not re-score (its budget was spent); also
             :data:`TIMEOUT` in ``results``.
+        over_memory: the indices whose call alone went over the worker's memory cap; also
+            :data:`TIMEOUT` in ``results``.
     """
 
     results: list[Any]
     timed_out: list[int]
     unreached: list[int]
+    over_memory: list[int] = dataclasses.field(default_factory=list)
 
 
 def source(fn: Any) -> tuple[str, str] | None:
@@ -252,7 +267,9 @@ def _shutdown(workers: list[_Worker], owner: int) -> None:
 class VerifierPool:
     """``workers`` processes holding the verifiers ``specs`` (name → :class:`VerifierSpec`)."""
 
-    def __init__(self, specs: dict[str, Any], workers: int = 1) -> None:
+    def __init__(
+        self, specs: dict[str, Any], workers: int = 1, memory_mb: int | None = None
+    ) -> None:
         if workers < 1:
             raise ConfigError(f"reward.workers: must be ≥ 1, got {workers}")
         sources = []
@@ -264,7 +281,7 @@ class VerifierPool:
                 sources.append(where)
         self.names = set(specs)
         self._expected = {name: origin(spec.fn) for name, spec in specs.items()}
-        self._init = pickle.dumps((list(sys.path), sources, sorted(specs)))
+        self._init = pickle.dumps((list(sys.path), sources, sorted(specs), memory_mb))
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, os.getpid())
@@ -328,7 +345,7 @@ class VerifierPool:
         late: list[int] = []
         counts = 0
         for job, (kind, value) in zip(jobs, outcomes):
-            if kind == "timeout":
+            if kind in ("timeout", "memory"):
                 late.extend(job)
                 counts += len(job)
                 continue
@@ -345,15 +362,15 @@ class VerifierPool:
         outcomes = self._run(
             name, params, completions, samples, trajectories, singles, timeout_s, budget
         )
-        timed_out, unreached = [], []
+        alone: dict[str, list[int]] = {"timeout": [], "unreached": [], "memory": []}
         for (i,), (kind, value) in zip(singles, outcomes):
             if kind == "ok" and len(value) != 1:
                 raise WrongCount(len(value), 1)
             if kind == "ok":
                 results[i] = value[0]
             else:
-                (timed_out if kind == "timeout" else unreached).append(i)
-        return Call(results, timed_out, unreached)
+                alone[kind].append(i)
+        return Call(results, alone["timeout"], alone["unreached"], alone["memory"])
 
     def _run(
         self,
@@ -368,7 +385,8 @@ class VerifierPool:
     ) -> list[tuple[str, Any]]:
         """Run ``jobs`` (lists of completion indices) over the idle workers, each under
         ``timeout_s``; no job starts once the calls have run ``budget_s`` in all. Returns one
-        ``("ok", results)``, ``("timeout", None)`` or ``("unreached", None)`` per job."""
+        ``("ok", results)``, ``("timeout", None)``, ``("memory", None)`` (the call raised
+        ``MemoryError``; its worker is replaced) or ``("unreached", None)`` per job."""
         outcomes: list[tuple[str, Any] | None] = [None] * len(jobs)
         pending = deque(range(len(jobs)))
         running: dict[int, tuple[int, float, float | None]] = {}  # worker → job, start, deadline
@@ -408,7 +426,11 @@ class VerifierPool:
                     if worker.conn in ready:
                         del running[w]
                         spent += now - started
-                        outcomes[job] = ("ok", self._receive(w))
+                        try:
+                            outcomes[job] = ("ok", self._receive(w))
+                        except _OverMemory:
+                            outcomes[job] = ("memory", None)
+                            self._recycle(w)  # its heap may be left fragmented or half-built
                     elif deadline is not None and now >= deadline:
                         del running[w]
                         spent += now - started
@@ -443,6 +465,8 @@ class VerifierPool:
             how = worker.exit_status()
             self._recycle(w)
             raise WorkerDied(how) from None
+        if status == "memory":
+            raise _OverMemory
         if status == "raised":
             kind, message, pickled, trace = payload
             try:
@@ -527,6 +551,8 @@ def _serve(conn: Connection) -> None:
                 raw = spec.fn(completions, samples, **params)
             len(raw)  # a result without a length raises here, as in the parent
             reply = ("ok", list(raw))
+        except MemoryError:
+            reply = ("memory",)
         except Exception as exc:
             reply = _raised(exc)
         try:
@@ -546,6 +572,27 @@ def _raised(exc: BaseException) -> tuple[str, str, str, bytes | None, str]:
     return ("raised", type(exc).__name__, _first_line(exc), pickled, trace)
 
 
+def cap_memory(memory_mb: int | None) -> int | None:
+    """Cap this process's address space (``RLIMIT_AS``) at what it maps now plus
+    ``memory_mb`` MiB (never above the hard limit); the cap in bytes, or None where there is
+    no ``/proc/self/statm`` to read (not Linux: no cap) or ``memory_mb`` is None."""
+    if memory_mb is None:
+        return None
+    try:
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (ImportError, OSError, ValueError):
+        return None
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + memory_mb * 2**20
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    return cap
+
+
 def main() -> None:
     """A worker: ``python -c '…main()' PARENT_PID SOCKET_FD`` (started by :class:`_Worker`)."""
     parent, fd = int(sys.argv[1]), int(sys.argv[2])
@@ -553,12 +600,13 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.dup2(2, 1)  # a verifier's print goes to stderr; the socket carries the replies
     conn = Connection(fd)
-    path, sources, names = pickle.loads(conn.recv_bytes())
+    path, sources, names, memory_mb = pickle.loads(conn.recv_bytes())
     sys.path[:] = path
     try:
         found = _load(sources, names)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {_first_line(exc)}"))
         return
+    cap_memory(memory_mb)
     conn.send(("ready", found))
     _serve(conn)

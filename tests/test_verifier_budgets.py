@@ -55,9 +55,17 @@ def crash(completions, samples, *, how: str = "segv"):
     if any("crash" in c for c in completions):
         if how == "segv":
             ctypes.string_at(0)
-        if how == "memory":
-            bytearray(1 << 60)  # refused at once: nothing is allocated
         os._exit(3)
+    return [len(c) / 100 for c in completions]
+
+
+@verifier("test_budget_hog")
+def hog(completions, samples, *, mib: int = 1024):
+    """Allocates (and touches) ``mib`` MiB for a completion that asks for it."""
+    for c in completions:
+        if "hog" in c:
+            block = bytearray(mib << 20)
+            block[::4096] = b"x" * len(block[::4096])
     return [len(c) / 100 for c in completions]
 '''
 
@@ -184,12 +192,9 @@ def test_train_stops_on_timeout_with_a_failure_record(tmp_path, capsys, plugin):
     [
         ("segv", "ended its worker process (signal 11, SIGSEGV)"),
         ("exit", "ended its worker process (exit status 3)"),
-        ("memory", "raised MemoryError:"),
     ],
 )
-def test_a_worker_that_dies_or_runs_out_of_memory_is_an_error_naming_the_verifier(
-    plugin, how, what
-):
+def test_a_worker_that_dies_is_an_error_naming_the_verifier(plugin, how, what):
     reward = build_reward([{"name": "test_budget_crash", "params": {"how": how}}], timeout_s=30)
     try:
         start = time.monotonic()
@@ -201,6 +206,55 @@ def test_a_worker_that_dies_or_runs_out_of_memory_is_an_error_naming_the_verifie
         assert out.scores["test_budget_crash"][0].value == pytest.approx(0.04)
     finally:
         reward.close()
+
+
+def test_a_completion_over_the_workers_memory_cap_scores_memory_alone(plugin, caplog):
+    """The worker's address space is capped (reward.worker_memory_mb beyond what it holds):
+    the completion that makes the verifier allocate 1 GiB scores the minimum with reason
+    'memory' (found by re-scoring alone), its batch-mates are scored, the worker is replaced,
+    and the run goes on; without the cap the same batch is scored whole."""
+    reward = build_reward([{"name": "test_budget_hog"}], timeout_s=30, worker_memory_mb=256)
+    try:
+        out = reward(["fine", "hog", "ok"], samples(3), context="at step 3")
+        scores = out.scores["test_budget_hog"]
+        assert [(s.value, s.reason) for s in scores] == [
+            (0.04, None),
+            (0.0, "memory"),
+            (0.02, None),
+        ]
+        assert out.reasons == {"test_budget_hog/memory": 1}
+        assert (
+            "went over its worker's memory cap (reward.worker_memory_mb) at step 3 on 1 of 3"
+            in (caplog.text)
+        )
+        assert "of samples s1;" in caplog.text
+        again = reward(["fine"], samples(1))  # the replaced worker scores the next batch
+        assert again.scores["test_budget_hog"][0].value == pytest.approx(0.04)
+    finally:
+        reward.close()
+    uncapped = build_reward(
+        [{"name": "test_budget_hog", "params": {"mib": 300}}], timeout_s=30, worker_memory_mb=None
+    )
+    try:
+        out = uncapped(["fine", "hog"], samples(2))
+        assert [s.value for s in out.scores["test_budget_hog"]] == [0.04, 0.03]
+    finally:
+        uncapped.close()
+
+
+def test_cap_memory_sets_the_address_space_limit_above_what_is_mapped():
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from mmrft.verifier_pool import cap_memory; "
+        "cap = cap_memory(64); print(cap, resource.getrlimit(resource.RLIMIT_AS)[0]); "
+        "bytearray(128 << 20)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "MemoryError" in result.stderr  # 128 MiB more than the cap's 64
+    cap, soft = map(int, result.stdout.split())
+    assert cap == soft and cap > 64 << 20
 
 
 def test_a_worker_killed_while_idle_is_replaced_with_a_warning(plugin, caplog):
