@@ -5,6 +5,7 @@
     python benchmarks/sampling.py --seeds 3 --tasks demo  # the demo only (and the step times)
     python benchmarks/sampling.py --seeds 3 --out runs/sampling -- optim.lr=3e-4
     python benchmarks/sampling.py --seeds 5 --reuse       # adds seeds 3, 4 to a finished run
+    python benchmarks/sampling.py --merge A/sampling.json B/sampling.json --out C  # one report
 
 **Learning at equal compute.** Each method trains each task's CPU recipe (``configs/demo.yaml``:
 shape colour, 4 options; ``configs/learn/shapes_counting.yaml``: counting 1–6) with everything
@@ -98,17 +99,21 @@ def quick_overrides() -> list[str]:
 def run(config: str, overrides: list[str], reuse: bool = False) -> dict[str, Any]:
     """Train ``config`` with ``overrides`` in this process; its ``summary.json`` dict. With
     ``reuse``, a finished run of the same name (its ``summary.json`` written, its saved
-    ``config.yaml`` equal to this one's) is read instead of trained again: a comparison can
-    grow by seeds without repeating the ones it has."""
-    from mmrft.config import load_config, resolve_path, to_yaml
-    from mmrft.trainer import run_name, train
+    ``config.yaml`` the same config: equal in every key but ``output_dir``, a key newer than
+    the run counting as its default) is read instead of trained again: a comparison can grow
+    by seeds or tasks without repeating the runs it has."""
+    from mmrft.config import load_config, resolve_path
+    from mmrft.trainer import config_changes, run_name, train
 
     cfg = load_config(config, overrides)
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
     summary, saved = run_dir / "summary.json", run_dir / "config.yaml"
-    if reuse and summary.is_file() and saved.is_file() and saved.read_text() == to_yaml(cfg):
-        print(f"reusing the finished run {run_dir}", flush=True)
-        return json.loads(summary.read_text())
+    if reuse and summary.is_file() and saved.is_file():
+        changed = set(config_changes(saved.read_text(), cfg)[0]) - {"output_dir"}
+        if not changed:
+            print(f"reusing the finished run {run_dir}", flush=True)
+            return json.loads(summary.read_text())
+        print(f"not reusing {run_dir}: it differs in {', '.join(sorted(changed))}", flush=True)
     return train(cfg)
 
 
@@ -260,9 +265,19 @@ def band(
     )
 
 
+def moving_mean(values: list[float], window: int) -> list[float]:
+    """Mean of each value and the ``window − 1`` before it (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     """Per task (rows): training reward and held-out metric (columns) against generated
-    completions, one colour per method, mean line and min–max band over seeds."""
+    completions, one colour per method, mean line and min–max band over seeds; the reward
+    curves are moving means over 2 % of the steps (each seed's before the band)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -274,12 +289,16 @@ def plot(results: dict[str, Any], path: Path) -> None:
         for col, key in enumerate(("reward", "eval")):
             ax = axes[row][col]
             for method, runs in results[task].items():
+                if key == "reward":
+                    window = max(1, len(runs[0]["reward"]) // 50)
+                    runs = [{**r, "reward": moving_mean(r["reward"], window)} for r in runs]
                 xs, mean, low, high = band(runs, key)
                 (line,) = ax.plot(xs, mean, marker="o" if key == "eval" else None, label=method)
                 if len(runs) > 1:
                     ax.fill_between(xs, low, high, color=line.get_color(), alpha=0.15)
             metric = next(iter(results[task].values()))[0]["metric"]
-            ax.set_title(f"{task}: {'training reward' if key == 'reward' else metric}")
+            title = "training reward (moving mean)" if key == "reward" else metric
+            ax.set_title(f"{task}: {title}")
             ax.set_xlabel("generated completions")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
@@ -303,8 +322,9 @@ def report(results: dict[str, Any], timing: dict[str, Any], args: argparse.Names
         f"{'--quick (a check, not a result)' if args.quick else 'full run'}; seeds 0 … "
         f"{args.seeds - 1}; CPU: {cpu_model()} ({platform.machine()}).",
         "",
-        "| task | method | generated completions | final training reward | held-out metric after RL |",
-        "|---|---|---|---|---|",
+        "| task | method | seeds | generated completions | final training reward | "
+        "held-out metric after RL |",
+        "|---|---|---|---|---|---|",
     ]
     for task, methods in results.items():
         for method, runs in methods.items():
@@ -312,7 +332,7 @@ def report(results: dict[str, Any], timing: dict[str, Any], args: argparse.Names
             reward = [r["reward"][-1] for r in runs if r["reward"]]
             generated = runs[0]["reward_x"][-1] if runs[0]["reward_x"] else 0
             lines.append(
-                f"| {task} | {method} | {generated:.0f} | "
+                f"| {task} | {method} | {len(runs)} | {generated:.0f} | "
                 f"{fmt(statistics.mean(reward)) if reward else '—'} | "
                 + (
                     f"{fmt(statistics.mean(after))} [{fmt(min(after))}, {fmt(max(after))}]"
@@ -355,6 +375,34 @@ def report(results: dict[str, Any], timing: dict[str, Any], args: argparse.Names
     return "\n".join(lines) + "\n"
 
 
+NO_TIMING: dict[str, Any] = {
+    "steps": 0,
+    "rounds": 0,
+    "median_step_s": {},
+    "min_step_s": {},
+    "ratio": {},
+    "within_bound": {},
+}
+
+
+def merged(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--merge``: the learning results of every file (by task) and the step times of the
+    last file that has them; ``args.seeds`` and ``args.quick`` become what the files say
+    (the smallest seed count)."""
+    results: dict[str, Any] = {}
+    timing = NO_TIMING
+    seeds, quick = [], False
+    for path in args.merge:
+        saved = json.loads(path.read_text())
+        results.update(saved["learning"])
+        seeds.append(saved["seeds"])
+        quick = quick or saved["quick"]
+        if saved["timing"]["median_step_s"]:
+            timing = saved["timing"]
+    args.seeds, args.quick = min(seeds), quick
+    return results, timing
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a few steps per run, one check")
@@ -375,24 +423,24 @@ def main(argv: list[str] | None = None) -> int:
         default=list(TASKS),
         help="learning runs on these",
     )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="SAMPLING_JSON",
+        help="train nothing: combine the sampling.json of earlier runs (tasks and step times, "
+        "the later file winning) into one report and figure under --out",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides for every run (after --)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or (1 if args.quick else 3)
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
-    results = learning(args, args.overrides)
-    timing = (
-        {
-            "steps": 0,
-            "rounds": 0,
-            "median_step_s": {},
-            "min_step_s": {},
-            "ratio": {},
-            "within_bound": {},
-        }
-        if args.no_timing
-        else step_times(args, args.overrides)
-    )
+    if args.merge:
+        results, timing = merged(args)
+    else:
+        results = learning(args, args.overrides)
+        timing = NO_TIMING if args.no_timing else step_times(args, args.overrides)
     (args.out / "sampling.json").write_text(
         json.dumps(
             {"quick": args.quick, "seeds": args.seeds, "learning": results, "timing": timing},

@@ -498,6 +498,20 @@ def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {k.rstrip("."): v for k, v in out.items()}
 
 
+def config_changes(saved_text: str, cfg: RunConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The keys (dotted) where a run's saved ``config.yaml`` (``saved_text``) differs from
+    ``cfg``: ``({key: saved value}, {key: value in cfg})``, sorted by key. A key the saved
+    run did not know (added to mmrft since) ran as its default then, and counts as such."""
+    from mmrft.config import yaml_load
+
+    saved = _flat(yaml_load(saved_text) or {})
+    now = _flat(yaml_load(to_yaml(cfg)))
+    defaults = _flat(yaml_load(to_yaml(RunConfig())))
+    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
+    changed = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+    return {k: saved.get(k) for k in changed}, {k: now.get(k) for k in changed}
+
+
 def resume_point(cfg: RunConfig) -> Path | None:
     """The checkpoint ``cfg`` resumes from (``checkpoint.resume``), checked before anything
     loads: with ``auto`` (or a path) a run whose saved ``config.yaml`` differs from ``cfg`` in
@@ -509,18 +523,8 @@ def resume_point(cfg: RunConfig) -> Path | None:
     saved_file = run_dir / "config.yaml"
     if checkpoint is None or cfg.checkpoint.resume == "force" or not saved_file.is_file():
         return checkpoint
-    from mmrft.config import yaml_load
-
-    saved = _flat(yaml_load(saved_file.read_text(encoding="utf-8")) or {})
-    now = _flat(yaml_load(to_yaml(cfg)))
-    # a key the saved run did not know (added to mmrft since) ran as its default then
-    defaults = _flat(yaml_load(to_yaml(RunConfig())))
-    saved = {**{k: v for k, v in defaults.items() if k not in saved}, **saved}
-    changed = [
-        key
-        for key in sorted(set(saved) | set(now))
-        if saved.get(key) != now.get(key) and not key.startswith(RESUME_FREE)
-    ]
+    saved, now = config_changes(saved_file.read_text(encoding="utf-8"), cfg)
+    changed = [key for key in saved if not key.startswith(RESUME_FREE)]
     if changed:
         shown = "; ".join(f"{k}: {saved.get(k)!r} → {now.get(k)!r}" for k in changed[:8])
         more = f" (and {len(changed) - 8} more)" if len(changed) > 8 else ""
