@@ -400,7 +400,7 @@ def train_on_two(cfg, threaded: bool = False) -> dict:
     return json.loads((Path(cfg.output_dir) / cfg.name / "summary.json").read_text())
 
 
-@pytest.mark.parametrize("sharding", ["none", "fsdp_full"])
+@pytest.mark.parametrize("sharding", [pytest.param("none", marks=pytest.mark.slow), "fsdp_full"])
 def test_two_processes_staleness_zero_through_the_rollout_thread_equal_synchronous(
     tmp_path, sharding
 ):

@@ -442,6 +442,32 @@ def length(completions, samples):
 """
 
 
+def two_ranks(model_path, media, tmp_path, port: int, name: str, *extra: str) -> list[dict]:
+    """``mmrft train`` under torchrun, two ranks of one thread on a small image run
+    (``extra`` overrides last); the metrics lines of its training steps."""
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    data = write_dataset(tmp_path, {**media, "image": media["image"] * 2}, "image")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+        "-m", "mmrft.cli", "train", f"model.path={model_path}", *BUDGET, "task.name=classification",
+        "task.params={think: none}", f"plugins=[{plugin}]",
+        "reward.verifiers=[{name: test_vllm_length_plugin}]", f"data.train={data}", "data.test=",
+        "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=1024",
+        "rollout.group_size=4", "rollout.max_new_tokens=8", "train.prompts_per_step=2",
+        "train.micro_batch_size=8", "train.threads=1", "warm_start.steps=0", "eval.before=false",
+        "checkpoint.every=0", f"output_dir={tmp_path}", f"name={name}", *extra,
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if "train/reward" in m]
+
+
 @pytest.mark.parametrize(
     "held",
     [[], ["train.sharding=fsdp_full"], ["train.sharding=fsdp_full", "model.lora.enabled=true"]],
@@ -452,27 +478,9 @@ def test_two_ranks_each_run_their_own_engine(model_path, media, tmp_path, held) 
     (vLLM's external launcher), samples its share, and receives the weights of the update:
     replicated, or sharded with FSDP2 (every rank gathers the parameters, LoRA merged), the
     sampler's log-probs equal the trainer's."""
-    import subprocess
-    import sys
-
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(PLUGIN)
-    data = write_dataset(tmp_path, {**media, "image": media["image"] * 2}, "image")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29571",
-        "-m", "mmrft.cli", "train", f"model.path={model_path}", *BUDGET, "task.name=classification",
-        "task.params={think: none}", f"plugins=[{plugin}]",
-        "reward.verifiers=[{name: test_vllm_length_plugin}]", f"data.train={data}", "data.test=",
-        "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=0.25", "rollout.vllm.max_model_len=1024",
-        "rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=2", "train.prompts_per_step=2",
-        "train.micro_batch_size=8", "train.threads=1", "warm_start.steps=0", "eval.before=false",
-        "checkpoint.every=0", f"output_dir={tmp_path}", "name=ranks", *held,
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = [json.loads(x) for x in (tmp_path / "ranks" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "train/reward" in m]
+    steps = two_ranks(
+        model_path, media, tmp_path, 29571, "ranks", "rollout.engine=vllm", "train.steps=2", *held
+    )
     assert [m["step"] for m in steps] == [1, 2]
     assert all(m["rollout/generated"] == 8 for m in steps)  # 2 ranks × 1 prompt × G = 4
     assert all(m["rollout/logp_gap_max"] <= 1e-3 for m in steps)
@@ -483,28 +491,11 @@ def test_two_ranks_one_step_ahead_each_with_its_own_server(model_path, media, tm
     rollout thread (its collectives on a group of its own) that samples step t + 1 while the
     trainers update step t: step 1 at lag 0 with the sampler's log-probs the trainer's, later
     steps at lag 1, both ranks' groups in every step."""
-    import subprocess
-    import sys
-
-    plugin = tmp_path / "plugin.py"
-    plugin.write_text(PLUGIN)
-    data = write_dataset(tmp_path, {**media, "image": media["image"] * 2}, "image")
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29572",
-        "-m", "mmrft.cli", "train", f"model.path={model_path}", *BUDGET, "task.name=classification",
-        "task.params={think: none}", f"plugins=[{plugin}]",
-        "reward.verifiers=[{name: test_vllm_length_plugin}]", f"data.train={data}", "data.test=",
-        "rollout.engine=vllm_server", "rollout.vllm.kv_cache_gb=0.25",
-        "rollout.vllm.max_model_len=1024", "rollout.max_staleness=1", "algorithm.tis_cap=2",
-        "optim.lr=1e-2", "rollout.group_size=4", "rollout.max_new_tokens=8", "train.steps=3",
-        "train.prompts_per_step=2", "train.micro_batch_size=8", "train.threads=1",
-        "warm_start.steps=0", "eval.before=false", "checkpoint.every=0", f"output_dir={tmp_path}",
-        "name=ahead",
-    ]  # fmt: skip
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-4000:]
-    lines = [json.loads(x) for x in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in lines if "train/reward" in m]
+    ahead = ["rollout.max_staleness=1", "algorithm.tis_cap=2", "optim.lr=1e-2"]
+    steps = two_ranks(
+        model_path, media, tmp_path, 29572, "ahead", "rollout.engine=vllm_server",
+        "train.steps=3", *ahead,
+    )  # fmt: skip
     assert [m["rollout/lag_max"] for m in steps] == [0.0, 1.0, 1.0]
     assert all(m["rollout/generated"] == 8 for m in steps)  # 2 ranks × 1 prompt × G = 4
     assert steps[0]["rollout/logp_gap_max"] <= 1e-3
