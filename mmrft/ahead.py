@@ -179,11 +179,9 @@ class AheadCollector:
         self.own_copy = collector.policy is not policy
         if not self.own_copy and not hasattr(self.engine, "current_weights"):
             raise TypeError(f"engine '{self.engine.name}' cannot take a snapshot of the weights")
-        self._trainer_params = dict(policy.model.named_parameters())
-        self._trainer_buffers = dict(policy.model.named_buffers())
         self._rollout_params = dict(collector.policy.model.named_parameters())
         self._rollout_buffers = dict(collector.policy.model.named_buffers())
-        self._trainable = [n for n, p in self._trainer_params.items() if p.requires_grad]
+        self._trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
         self.engine.version = 0
         self._cond = threading.Condition()
         self._version = 0  # the trainer's weights
@@ -219,12 +217,9 @@ class AheadCollector:
         with torch.no_grad():
             if not self.own_copy:  # what the engine's push sends (full or an adapter)
                 tensors = _snapshot(self.engine.current_weights())
-            elif distributed.is_sharded(self.policy.model):  # gathered: every rank takes part
+            else:  # sharded: gathered, every rank takes part; else the model's own tensors
                 with distributed.gathered(self.policy.model):
                     tensors = self._copy(distributed.gathered_state(self.policy.model))
-            else:
-                buffers = {f"buffer:{n}": b for n, b in self._trainer_buffers.items()}
-                tensors = self._copy({**self._trainer_params, **buffers})
             self._loaded_once = True
         with self._cond:
             pending = self._pending
@@ -235,16 +230,16 @@ class AheadCollector:
             self._cond.notify_all()
 
     def _copy(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Copies of what the rollout copy takes from the trainer's ``state`` (names as
-        ``named_parameters``; buffers as ``buffer:NAME`` or by their plain name): every
-        parameter and buffer the first time, the trainable parameters later."""
+        """Copies of what the rollout copy takes from the trainer's state dict ``state``:
+        every parameter and persistent buffer (as ``buffer:NAME``) the first time, the
+        trainable parameters later. Non-persistent buffers (not in a state dict) never change:
+        the copy has them from :func:`rollout_copy`."""
         if self._loaded_once:
             return {n: state[n].detach().clone() for n in self._trainable}
         out = {n: state[n].detach().clone() for n in self._rollout_params}
-        for name in self._rollout_buffers:  # non-persistent ones are not in a state dict
-            buffer = state.get(f"buffer:{name}", state.get(name))
-            if buffer is not None:
-                out[f"buffer:{name}"] = buffer.detach().clone()
+        for name in self._rollout_buffers:
+            if name in state:
+                out[f"buffer:{name}"] = state[name].detach().clone()
         return out
 
     def start(self, first_step: int, last_step: int) -> None:

@@ -987,26 +987,22 @@ class WeightedReward:
                 "or set reward.isolation=inline"
             )
             raise bound.failed(what, samples, context) from exc
+
+        def alone(what: str, indices: list[int]) -> tuple[str, list[str]]:
+            ids = [_sample_id(samples[i]) for i in indices]
+            where = f" {context}" if context else ""
+            return (
+                f"verifier '{bound.name}' {what}{where} on {len(indices)} of {len(samples)} "
+                f"completions (run alone), of samples {_ids(ids)}"
+            ), ids
+
         if call.over_memory:
-            ids = [_sample_id(samples[i]) for i in call.over_memory]
-            log.warning(
-                "verifier '%s' went over its worker's memory cap (reward.worker_memory_mb)%s on "
-                "%d of %d completions (run alone), of samples %s; scored %g with reason 'memory'",
-                bound.name,
-                f" {context}" if context else "",
-                len(call.over_memory),
-                len(samples),
-                _ids(ids),
-                timeout_score(bound),
-            )
+            what = "went over its worker's memory cap (reward.worker_memory_mb)"
+            message, _ = alone(what, call.over_memory)
+            log.warning("%s; scored %g with reason 'memory'", message, timeout_score(bound))
         late = sorted(call.timed_out + call.unreached)
         if late:
-            ids = [_sample_id(samples[i]) for i in late]
-            message = (
-                f"verifier '{bound.name}' exceeded its {self.timeout_s:g}s budget"
-                f"{f' {context}' if context else ''} on {len(late)} of {len(samples)} "
-                f"completions (run alone), of samples {_ids(ids)}"
-            )
+            message, ids = alone(f"exceeded its {self.timeout_s:g}s budget", late)
             if call.unreached:
                 message += (
                     f"; {len(call.unreached)} of them were not re-scored alone (the isolation "
