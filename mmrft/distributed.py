@@ -107,6 +107,16 @@ def setup() -> tuple[int, int]:
     return 0, 1
 
 
+def teardown() -> None:
+    """End a run that finished on every process: a barrier (no rank is still inside a
+    collective), then ``destroy_process_group`` (PyTorch's documented shutdown). Only after
+    success: after an error a rank may still wait in a collective, and the others would hang
+    here instead of exiting. Nothing in one process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
 

@@ -374,29 +374,17 @@ def _threaded_collector(cfg, task, policy, engine, reward, samples, source, auxi
     return AheadCollector(inner, policy, 0)
 
 
-def _train_worker(rank: int, world: int, port: int, cfg, threaded: bool) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.set_num_threads(1)
-        if threaded:
-            trainer.Collector = _threaded_collector
-        trainer.train(cfg)
-    finally:
-        dist.destroy_process_group()
+def _train_worker(rank: int, world: int, cfg, threaded: bool) -> None:
+    torch.set_num_threads(1)
+    if threaded:
+        trainer.Collector = _threaded_collector
+    trainer.train(cfg)
 
 
 def train_on_two(cfg, threaded: bool = False) -> dict:
-    import torch.multiprocessing as mp
-    from test_sharding import free_port
+    from ranks import run_ranks
 
-    mp.start_processes(
-        _train_worker, args=(2, free_port(), cfg, threaded), nprocs=2, start_method="spawn"
-    )
+    run_ranks(_train_worker, cfg, threaded)
     return json.loads((Path(cfg.output_dir) / cfg.name / "summary.json").read_text())
 
 

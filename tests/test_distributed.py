@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import free_port, run_ranks
 
 REPO = Path(__file__).resolve().parents[1]
 OVERRIDES = [
@@ -27,12 +24,6 @@ OVERRIDES = [
     "optim.lr=1e-2",
     "algorithm.beta=0",  # the demo's KL term needs a reference model these checks do not build
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]):
@@ -85,19 +76,12 @@ def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.save(one_update(world, rank), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, out_dir: str) -> None:
+    torch.save(one_update(world, rank), Path(out_dir) / f"rank{rank}.pt")
 
 
 def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
-    mp.start_processes(
-        _worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    run_ranks(_worker, str(tmp_path))
     rank0 = torch.load(tmp_path / "rank0.pt")
     rank1 = torch.load(tmp_path / "rank1.pt")
     single = one_update(1, 0)
@@ -151,40 +135,33 @@ def test_checkpoints_do_not_depend_on_the_world_size(tmp_path):
     assert "resuming on 1" in log and "resuming on 2" in log
 
 
-def _two_threads_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _two_threads_worker(rank: int, world: int, out_dir: str) -> None:
     """The main thread all-reduces numbers on the default group while a second thread
     gathers objects on the side group, both at once, many times."""
     import threading
 
     from mmrft import distributed
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        side = distributed.side_group()
-        gathered: list = []
+    side = distributed.side_group()
+    gathered: list = []
 
-        def other() -> None:
-            with distributed.collectives_on(side):
-                for i in range(200):
-                    gathered.append(distributed.gather_objects({"rank": rank, "i": i}))
-                gathered.append(distributed.broadcast_object(f"from {rank}"))
+    def other() -> None:
+        with distributed.collectives_on(side):
+            for i in range(200):
+                gathered.append(distributed.gather_objects({"rank": rank, "i": i}))
+            gathered.append(distributed.broadcast_object(f"from {rank}"))
 
-        thread = threading.Thread(target=other)
-        thread.start()
-        sums = [distributed.sum_scalar(float(rank + i)) for i in range(200)]
-        thread.join()
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps([sums, gathered]))
-    finally:
-        dist.destroy_process_group()
+    thread = threading.Thread(target=other)
+    thread.start()
+    sums = [distributed.sum_scalar(float(rank + i)) for i in range(200)]
+    thread.join()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps([sums, gathered]))
 
 
 def test_a_second_thread_runs_its_collectives_on_a_group_of_its_own(tmp_path):
     """What lets the asynchronous collector run on several processes (mmrft.ahead): the
     rollout thread's reductions and the trainer's never pair up with each other."""
-    mp.start_processes(
-        _two_threads_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    run_ranks(_two_threads_worker, str(tmp_path))
     for rank in (0, 1):
         sums, gathered = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert sums == [float(1 + 2 * i) for i in range(200)]

@@ -4,7 +4,6 @@ trainings per sampler that resume exactly after an interruption, on 1 and on 2 p
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ranks import free_port
 
 from mmrft.config import load_config
 from mmrft.data import Sample
@@ -386,12 +386,6 @@ def test_two_steps_resume_exactly(sampler_name, tmp_path):
     if sampler_name in ("difficulty", "curriculum"):
         # a random model solves nothing: its prompts are set aside / ranked hardest
         assert not set(drawn[1]) & set(drawn[2])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(tmp_path: Path, name: str, steps: int, sampler_name: str) -> None:

@@ -12,10 +12,8 @@ over ranks, not a mean); all compare the gradient norms.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import free_port, run_ranks
 from test_distributed import rank_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -104,12 +101,6 @@ CASES = {
 }
 GROUPS = 4
 SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, torch.Tensor]:
@@ -225,28 +216,8 @@ def _check_optimizer_state_round_trip(model, optimizer, saved: dict) -> None:
             torch.testing.assert_close(again["state"][index], state, rtol=0, atol=0)
 
 
-def _init_gloo(rank: int, world: int, port: int) -> None:
-    os.environ.update(  # what torchrun sets (DeepSpeed reads LOCAL_RANK)
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(world),
-    )
-    # a collective that has no partner (a hang) fails within five minutes instead of hanging;
-    # a minute was within reach of a rank starved of CPU on a busy two-core machine (one such
-    # timeout would show as the other rank's SIGABRT when the first closes its connections)
-    dist.init_process_group(
-        "gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=300)
-    )
-
-
-def _worker(rank: int, world: int, port: int, overrides: list[str], out_dir: str) -> None:
-    _init_gloo(rank, world, port)
-    try:
-        torch.save(train_two_steps(overrides, world, rank), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, world: int, overrides: list[str], out_dir: str) -> None:
+    torch.save(train_two_steps(overrides, world, rank), Path(out_dir) / f"rank{rank}.pt")
 
 
 SLOW = {
@@ -276,9 +247,7 @@ def assert_sharded_equals_single(
     from mmrft.config import load_config
     from mmrft.policy import load_policy
 
-    mp.start_processes(
-        _worker, args=(2, free_port(), overrides, str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    run_ranks(_worker, overrides, str(tmp_path))
     sharded = torch.load(tmp_path / "rank0.pt")
     assert torch.load(tmp_path / "rank1.pt") == {}  # the full state lives on rank 0 only
     single = train_two_steps(overrides, 1, 0)
@@ -590,51 +559,45 @@ def test_accelerate_settings_translate_or_fail_by_name(monkeypatch, tmp_path):
     assert settings == {"offload_param": {"device": "cpu"}, "reduce_bucket_size": 1000}
 
 
-def _mixed_media_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _mixed_media_worker(rank: int, world: int, out_dir: str) -> None:
     """Rank 0 forwards an image prompt, rank 1 a text-only pass, under ZeRO: both must stop
     with the message that names the way out, instead of hanging."""
-    _init_gloo(rank, world, port)
-    try:
-        from mmrft import distributed
-        from mmrft.config import load_config
-        from mmrft.policy import completion_logps, load_policy
-        from mmrft.task import build_task
-        from mmrft.trainer import deepspeed_config
+    from mmrft import distributed
+    from mmrft.config import load_config
+    from mmrft.policy import completion_logps, load_policy
+    from mmrft.task import build_task
+    from mmrft.trainer import deepspeed_config
 
-        torch.set_num_threads(1)
-        cfg = load_config(
-            REPO / "configs/demo.yaml", ["train.sharding=deepspeed_zero2", "algorithm.beta=0"]
-        )
-        policy = load_policy(cfg.model, torch.device("cpu"))
-        optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
-        distributed.prepare_optimizer(
-            policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
-        )
-        try:
-            if rank == 0:
-                task = build_task(cfg.task.name, cfg.task.params)
-                sample = task.read(REPO / cfg.data.train)[0][0]
-                policy.family.annotate(sample)
-                prepared = policy.family.prepare(
-                    policy.processor, [task.prompt(sample, policy.family)], True
-                )
-                rows = policy.family.split_rows(prepared, policy.processor)
-                completion_logps(policy, rows, [[policy.pad_token_id]])
-            else:
-                distributed.padding_loss(policy.model, policy.pad_token_id)
-            message = "no error"
-        except RuntimeError as exc:
-            message = str(exc)
-        (Path(out_dir) / f"rank{rank}.txt").write_text(message)
-    finally:
-        dist.destroy_process_group()
+    torch.set_num_threads(1)
+    cfg = load_config(
+        REPO / "configs/demo.yaml", ["train.sharding=deepspeed_zero2", "algorithm.beta=0"]
+    )
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
+    distributed.prepare_optimizer(
+        policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+    )
+    try:
+        if rank == 0:
+            task = build_task(cfg.task.name, cfg.task.params)
+            sample = task.read(REPO / cfg.data.train)[0][0]
+            policy.family.annotate(sample)
+            prepared = policy.family.prepare(
+                policy.processor, [task.prompt(sample, policy.family)], True
+            )
+            rows = policy.family.split_rows(prepared, policy.processor)
+            completion_logps(policy, rows, [[policy.pad_token_id]])
+        else:
+            distributed.padding_loss(policy.model, policy.pad_token_id)
+        message = "no error"
+    except RuntimeError as exc:
+        message = str(exc)
+    (Path(out_dir) / f"rank{rank}.txt").write_text(message)
 
 
 @pytest.mark.skipif(bool(_needs("deepspeed")), reason="DeepSpeed not installed")
 def test_deepspeed_stops_when_ranks_forward_different_media(tmp_path):
-    mp.start_processes(
-        _mixed_media_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
-    )
+    run_ranks(_mixed_media_worker, str(tmp_path))
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()
         assert "inputs differ" in message and "train.sharding=fsdp_full" in message, message
