@@ -409,15 +409,42 @@ def test_two_processes_staleness_zero_through_the_rollout_thread_equal_synchrono
         assert torch.equal(tensor, last(ahead)[name]), name
 
 
-@pytest.mark.parametrize("sharding", ["none", pytest.param("fsdp_full", marks=pytest.mark.slow)])
+def _deepspeed() -> list[pytest.MarkDecorator]:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError:
+        return [pytest.mark.skip(reason="DeepSpeed not installed (pip install mmrft[deepspeed])")]
+    return []
+
+
+AHEAD_SHARDING = [
+    pytest.param(("train.sharding=none",), id="none"),
+    pytest.param(("train.sharding=fsdp_full",), id="fsdp_full", marks=pytest.mark.slow),
+    pytest.param(
+        ("train.sharding=fsdp_full", "model.lora.enabled=true"),
+        id="fsdp_full_lora",
+        marks=pytest.mark.slow,
+    ),
+    pytest.param(
+        ("train.sharding=deepspeed_zero3",),
+        id="deepspeed_zero3",
+        marks=[pytest.mark.slow, *_deepspeed()],
+    ),
+]
+
+
+@pytest.mark.parametrize("sharding", AHEAD_SHARDING)
 def test_two_processes_one_step_ahead_train_checkpoint_and_resume(tmp_path, sharding):
+    """Two ranks one step ahead (each its own rollout thread on its share of the prompts) under
+    each way of holding the policy: lags, counts, checkpoint, and a resume that does not run
+    the checkpointed steps again."""
     extra = (
         "rollout.max_staleness=1",
         "algorithm.tis_cap=2",
         "optim.lr=5e-2",
         "train.prompts_per_step=4",
         "train.threads=1",
-        f"train.sharding={sharding}",
+        *sharding,
     )
     summary = train_on_two(config(tmp_path, *extra, "train.steps=4"))
     rows = [r for r in metrics(summary) if "rollout/lag_max" in r]
