@@ -393,21 +393,28 @@ def build_perturb(cfg: RunConfig, policy: Policy) -> NoisyRollout | None:
 # Stage 2 with tools
 
 
+def configured_tools(cfg: RunConfig) -> dict[str, Any]:
+    """``{name: ToolSpec}`` of the tools ``rollout.tools.names`` enables (``{}``: none); an
+    unknown name is a :class:`ConfigError` naming the key and the closest registered names."""
+    from mmrft.tool import enabled_tools
+
+    try:
+        return enabled_tools(cfg.rollout.tools.names)
+    except KeyError as exc:
+        raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
+
+
 def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop | None:
     """The multi-turn loop ``rollout.tools`` asks for, or ``None`` (no tools named). Start-up
     checks, each a :class:`ConfigError` naming the key: unknown tool names (with the closest
     registered one), an engine without :meth:`~mmrft.rollout.Engine.continue_rows`, a family
     without tool observations, a chat template that cannot render them."""
     from mmrft.family import ModelFamily
-    from mmrft.tool import enabled_tools
 
     tools = cfg.rollout.tools
-    if not tools.names:
+    enabled = configured_tools(cfg)
+    if not enabled:
         return None
-    try:
-        enabled = enabled_tools(tools.names)
-    except KeyError as exc:
-        raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
     if not callable(getattr(engine, "continue_rows", None)):
         raise ConfigError(
             f"rollout.tools: the '{engine.name}' engine cannot continue trajectories "

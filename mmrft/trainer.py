@@ -64,7 +64,13 @@ from mmrft.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from mmrft.collector import BadMediaError, Collector, StepBatch, build_auxiliaries
+from mmrft.collector import (
+    BadMediaError,
+    Collector,
+    StepBatch,
+    build_auxiliaries,
+    configured_tools,
+)
 from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
 from mmrft.data import (
     DataBudget,
@@ -169,7 +175,6 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     through the family's chat template, text tokens). A prompt of at most ``limit − 1``
     UTF-8 bytes is not tokenised: every token covers at least one byte of the text (at most
     one more, a SentencePiece word-start marker), so its byte count bounds its tokens."""
-    from mmrft.plugins import UnknownNameError
     from mmrft.tool import tool_schemas
     from mmrft.trajectory import describe_tools, offers_tools
 
@@ -178,11 +183,9 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
         context = model_context(str(resolve_path(cfg.model.path)))
         limit = None if context is None else max(context - cfg.rollout.max_new_tokens, 1)
     tokenizer = getattr(processor, "tokenizer", processor)
-    tools = cfg.rollout.tools
-    try:  # what ToolLoop.with_tools prepends
-        schemas = tool_schemas(sorted(tools.names)) if tools.names and tools.describe else []
-    except UnknownNameError as exc:
-        raise ConfigError(f"rollout.tools.names: {exc}") from None
+    enabled = configured_tools(cfg)  # what ToolLoop.with_tools prepends:
+    describe = enabled and cfg.rollout.tools.describe
+    schemas = tool_schemas(sorted(enabled), enabled) if describe else []
 
     def prompt_tokens(sample: Sample) -> int:
         annotated = sample.copy()
