@@ -61,6 +61,17 @@ def split_config_arg(config: str | None, overrides: list[str]) -> tuple[str | No
     return config, list(overrides)
 
 
+def report_native_crashes() -> None:
+    """Have a process that dies of a native fault (SIGSEGV, SIGABRT, ...: a media decoder, a
+    collective's thread, "terminate called ...") print every thread's Python stack first
+    (:mod:`faulthandler`). Skipped where stderr has no file descriptor (a captured stream)."""
+    import contextlib
+    import faulthandler
+
+    with contextlib.suppress(AttributeError, ValueError, OSError):
+        faulthandler.enable(all_threads=True)
+
+
 def cmd_train(args: argparse.Namespace, console: Console) -> int:
     if args.help_config:
         for key, type_, default, help_text in help_table():
@@ -73,6 +84,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from mmrft import distributed
     from mmrft.trainer import train
 
+    report_native_crashes()
     config, overrides = split_config_arg(args.config, args.overrides)
     if config is None:  # say it before anything else: the demo's settings are not defaults
         console.print(

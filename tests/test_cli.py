@@ -434,3 +434,26 @@ def test_list_is_clean_text(capsys):
     ]
     assert len(rows) == len(builtin)  # (plugins other tests registered may lack one)
     assert all(line.rstrip().split("│")[-2].strip() for line in rows)  # a description each
+
+
+def test_a_native_crash_of_mmrft_train_prints_the_python_stacks():
+    """What a rank that aborts in native code ("terminate called ...", a decoder's SIGSEGV)
+    leaves behind: every thread's Python stack, not only the signal."""
+    import subprocess
+    import sys
+
+    from mmrft.cli import report_native_crashes
+
+    report_native_crashes()  # under pytest's captured stderr: a no-op, not an error
+    code = (
+        "from mmrft.cli import report_native_crashes\n"
+        "report_native_crashes()\n"
+        "def decode():\n"
+        "    import os\n"
+        "    os.abort()\n"
+        "decode()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Fatal Python error: Aborted" in done.stderr
+    assert "line 5 in decode" in done.stderr, done.stderr[-600:]
