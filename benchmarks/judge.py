@@ -66,9 +66,14 @@ def two_judges(url: str, completions: list[str], samples: list, repeats: int = 3
 
     if "judge_b" not in VERIFIERS:  # the built-in judge again under a second name
         verifier("judge_b", low=0.0, high=1.0, isolate=False)(VERIFIERS.get("judge").fn)
+    # two judge models (the stand-in server answers for any): each has its own 16 requests in
+    # flight; two verifiers on one endpoint and model would share them (judges.shared_gate)
     params = {"base_url": url, "model": "m", "concurrency": 16, "cache": False}
     reward = build_reward(
-        [{"name": "judge", "params": params}, {"name": "judge_b", "params": params}]
+        [
+            {"name": "judge", "params": params},
+            {"name": "judge_b", "params": {**params, "model": "m-b"}},
+        ]
     )
     seconds = {"sequential": 0.0, "concurrent": 0.0}
     for _ in range(repeats):

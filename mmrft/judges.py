@@ -10,7 +10,8 @@ Backends, with the same serving properties:
 * :class:`HTTPJudge`: any OpenAI-compatible ``/v1/chat/completions`` endpoint (vLLM, SGLang,
   a paid API), the API key read from the environment variable the config names (never logged,
   never in ``config.yaml``), images as data URLs when the judge sees media. Up to
-  ``concurrency`` requests in flight (asyncio + httpx), each under ``timeout_s``, all of a
+  ``concurrency`` requests in flight to the endpoint and model (asyncio + httpx; one gate
+  shared by the batches scored at the same time), each under ``timeout_s``, all of a
   batch under ``budget_s``; connection errors, 429 and 5xx retried ``retries`` times with
   exponential backoff and jitter (a ``Retry-After`` header is obeyed); request and token rates
   kept under ``rpm`` / ``tpm`` per minute by a sliding window shared by every client of the
@@ -46,6 +47,7 @@ import random
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -322,6 +324,9 @@ class RateLimit:
 
 _LIMITS: dict[tuple[str, str, int, int], RateLimit] = {}
 _LIMITS_LOCK = threading.Lock()
+_GATES: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], asyncio.Semaphore]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def shared_limit(url: str, model: str, rpm: int, tpm: int) -> RateLimit:
@@ -330,6 +335,17 @@ def shared_limit(url: str, model: str, rpm: int, tpm: int) -> RateLimit:
     (one per decode round), so the per-minute budget must outlive a client."""
     with _LIMITS_LOCK:
         return _LIMITS.setdefault((url, model, rpm, tpm), RateLimit(rpm, tpm))
+
+
+def shared_gate(url: str, model: str, concurrency: int) -> asyncio.Semaphore:
+    """The one gate of ``concurrency`` requests in flight to an endpoint and model on the
+    running event loop: batches scored at the same time (several decode rounds of a step, the
+    ``judge`` and ``caption_qa`` verifiers on one server) share it instead of each opening
+    ``concurrency`` connections. Per loop: an asyncio semaphore belongs to one."""
+    loop = asyncio.get_running_loop()
+    with _LIMITS_LOCK:
+        gates = _GATES.setdefault(loop, {})
+        return gates.setdefault((url, model, concurrency), asyncio.Semaphore(max(1, concurrency)))
 
 
 @dataclass
@@ -378,7 +394,7 @@ class HTTPJudge:
                     "(reward.verifiers[].params.api_key_env) is not set"
                 )
             headers["Authorization"] = f"Bearer {key}"
-        gate = asyncio.Semaphore(max(1, self.concurrency))
+        gate = shared_gate(self.url, self.model, self.concurrency)
         timeout = httpx.Timeout(self.timeout_s)
         async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
             tasks = [asyncio.ensure_future(self._one(client, gate, r)) for r in requests]

@@ -4,6 +4,7 @@ response), and a local judge on the committed tiny model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -19,6 +20,7 @@ from mmrft.judges import (
     FENCE_END,
     HTTPJudge,
     RateLimit,
+    Request,
     VerdictCache,
     VerdictRule,
     quote,
@@ -38,6 +40,9 @@ class JudgeServer:
         self.faults: list[str] = []
         self.requests: list[dict] = []
         self.headers: list[dict] = []
+        self.delay_s = 0.0  # every reply waits this long
+        self.in_flight = self.most_in_flight = 0
+        lock = threading.Lock()
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -45,7 +50,18 @@ class JudgeServer:
                 pass
 
             def do_POST(self):
+                with lock:
+                    server.in_flight += 1
+                    server.most_in_flight = max(server.most_in_flight, server.in_flight)
+                try:
+                    self.reply()
+                finally:
+                    with lock:
+                        server.in_flight -= 1
+
+            def reply(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(server.delay_s)
                 server.requests.append(body)
                 server.headers.append(dict(self.headers))
                 fault = server.faults.pop(0) if server.faults else None
@@ -301,6 +317,21 @@ def test_clients_of_one_endpoint_share_its_rate_limit():
     assert first.limit is second.limit and other.limit is not first.limit
     assert first.limit.delay(1) == 0.0 and second.limit.delay(1) == 0.0
     assert first.limit.delay(1) > 0 and second.limit.delay(1) > 0 and other.limit.delay(1) == 0.0
+
+
+def test_batches_scored_at_the_same_time_share_the_endpoints_concurrency(server):
+    """Two batches on one event loop (two decode rounds of a step, or judge and caption_qa on
+    one server): at most ``concurrency`` requests in flight to the endpoint, not twice that."""
+    server.delay_s = 0.2
+    judge = HTTPJudge(base_url=server.url, model="m-gate", concurrency=2)
+    batch = [Request(f"Reference answer:\nblue\n{FENCE}\nblue {i}\n{FENCE_END}") for i in range(4)]
+
+    async def both():
+        return await asyncio.gather(judge.acomplete(batch), judge.acomplete(batch))
+
+    first, second = asyncio.run(both())
+    assert [r.text for r in first + second] == ["<score>0</score>"] * 8  # all answered
+    assert server.most_in_flight == 2
 
 
 def test_a_local_judge_scores_by_label_probabilities_in_batches():
