@@ -86,6 +86,7 @@ from mmrft.rollout import Engine, Rollouts, Sampling
 from mmrft.sampling import DataStream as DataStream  # re-exported: the uniform order
 from mmrft.sampling import PromptSource, PromptStats, group_outcome
 from mmrft.task import Task
+from mmrft.tool import ToolSpec, enabled_tools
 from mmrft.trajectory import LoopLimits, ToolLoop
 from mmrft.typecheck import ConfigError
 from mmrft.video import with_shuffled_frames
@@ -393,11 +394,9 @@ def build_perturb(cfg: RunConfig, policy: Policy) -> NoisyRollout | None:
 # Stage 2 with tools
 
 
-def configured_tools(cfg: RunConfig) -> dict[str, Any]:
-    """``{name: ToolSpec}`` of the tools ``rollout.tools.names`` enables (``{}``: none); an
-    unknown name is a :class:`ConfigError` naming the key and the closest registered names."""
-    from mmrft.tool import enabled_tools
-
+def configured_tools(cfg: RunConfig) -> dict[str, ToolSpec]:
+    """The tools ``rollout.tools.names`` enables by name (``{}``: none); an unknown name is a
+    :class:`ConfigError` naming the key and the closest registered names."""
     try:
         return enabled_tools(cfg.rollout.tools.names)
     except KeyError as exc:
