@@ -175,24 +175,21 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     through the family's chat template, text tokens). A prompt of at most ``limit − 1``
     UTF-8 bytes is not tokenised: every token covers at least one byte of the text (at most
     one more, a SentencePiece word-start marker), so its byte count bounds its tokens."""
-    from mmrft.tool import tool_schemas
-    from mmrft.trajectory import describe_tools, offers_tools
+    from mmrft.trajectory import tool_descriptions, with_tool_descriptions
 
     limit = cfg.data.max_prompt_tokens
     if limit is None:
         context = model_context(str(resolve_path(cfg.model.path)))
         limit = None if context is None else max(context - cfg.rollout.max_new_tokens, 1)
     tokenizer = getattr(processor, "tokenizer", processor)
-    enabled = configured_tools(cfg)  # what ToolLoop.with_tools prepends:
-    describe = enabled and cfg.rollout.tools.describe
-    schemas = tool_schemas(sorted(enabled), enabled) if describe else []
+    # what ToolLoop.with_tools prepends
+    schemas = tool_descriptions(configured_tools(cfg), cfg.rollout.tools.describe)
 
     def prompt_tokens(sample: Sample) -> int:
         annotated = sample.copy()
         family.annotate(annotated)
         conversation = task.prompt(annotated, family)
-        if schemas and offers_tools(annotated):
-            conversation = describe_tools(conversation, schemas)
+        conversation = with_tool_descriptions(conversation, annotated, schemas)
         text = family.render(processor, [conversation], True)[0]
         size = len(text.encode("utf-8")) + 1
         if limit is not None and size <= limit:

@@ -390,6 +390,8 @@ class ToolLoop:
         describe: describe the tools in a system message (:meth:`with_tools`).
 
     Attributes:
+        schemas: the tools' descriptions :meth:`with_tools` prepends (none when ``describe``
+            is off).
         tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may also end
             there); ``None`` otherwise (turns end at end-of-turn).
         counts: what :meth:`metrics` reports, since its last call.
@@ -405,7 +407,7 @@ class ToolLoop:
         describe: bool = True,
     ) -> None:
         self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
-        self.describe = describe
+        self.schemas = tool_descriptions(tools, describe)
         self.template = ObservationTemplate(family, processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
         close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
@@ -425,9 +427,7 @@ class ToolLoop:
         """``conversation`` with the tools described in a system message (prepended to the
         system message it has): Qwen's function-calling form from the tools' schemas. Unchanged
         when ``describe`` is off or the sample switches tools off (``meta.tools: false``)."""
-        if not self.describe or not offers_tools(sample):
-            return conversation
-        return describe_tools(conversation, tool_schemas(sorted(self.tools), self.tools))
+        return with_tool_descriptions(conversation, sample, self.schemas)
 
     # -- one rollout ---------------------------------------------------------------------------
     def run(
@@ -722,6 +722,22 @@ def describe_tools(
             merged = [*content, {"type": "text", "text": "\n\n" + text}]
         return [{**first, "content": merged}, *conversation[1:]]
     return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
+
+
+def tool_descriptions(tools: dict[str, ToolSpec], describe: bool) -> list[dict[str, Any]]:
+    """The schemas a prompt describes the enabled ``tools`` with, sorted by name; none when
+    ``describe`` is off (the data's prompts describe the tools themselves)."""
+    return tool_schemas(sorted(tools), tools) if describe else []
+
+
+def with_tool_descriptions(
+    conversation: list[dict[str, Any]], sample: Sample | None, schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conversation`` with ``schemas`` described (:func:`describe_tools`); unchanged when there
+    are none or ``sample`` switches tools off (:func:`offers_tools`)."""
+    if not schemas or not offers_tools(sample):
+        return conversation
+    return describe_tools(conversation, schemas)
 
 
 def offers_tools(sample: Sample | None) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_sharding import _needs
 from test_trainer import tiny_config, weights
 
 from mmrft import trainer
@@ -409,14 +410,6 @@ def test_two_processes_staleness_zero_through_the_rollout_thread_equal_synchrono
         assert torch.equal(tensor, last(ahead)[name]), name
 
 
-def _deepspeed() -> list[pytest.MarkDecorator]:
-    try:
-        import deepspeed  # noqa: F401
-    except ImportError:
-        return [pytest.mark.skip(reason="DeepSpeed not installed (pip install mmrft[deepspeed])")]
-    return []
-
-
 AHEAD_SHARDING = [
     pytest.param(("train.sharding=none",), id="none"),
     pytest.param(("train.sharding=fsdp_full",), id="fsdp_full", marks=pytest.mark.slow),
@@ -428,7 +421,7 @@ AHEAD_SHARDING = [
     pytest.param(
         ("train.sharding=deepspeed_zero3",),
         id="deepspeed_zero3",
-        marks=[pytest.mark.slow, *_deepspeed()],
+        marks=[pytest.mark.slow, *_needs("deepspeed_zero3")],  # skipped without DeepSpeed
     ),
 ]
 
