@@ -96,7 +96,7 @@ def run_variant(name: str, seed: int, steps: int, threads: int, out: Path) -> di
 
 
 def main() -> None:
-    from mmrft.runlog import cpu_model
+    from mmrft.evaluation.runlog import cpu_model
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=300)

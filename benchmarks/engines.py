@@ -38,11 +38,12 @@ def main() -> None:
 
     from mmrft.config import VLLMConfig, load_config
     from mmrft.data import Sample
-    from mmrft.models.tiny import bench_model
-    from mmrft.policy import load_policy
-    from mmrft.rollout import HFEngine, Sampling
+    from mmrft.models.tiny.base import bench_model
+    from mmrft.policy.model import load_policy
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.base import Sampling
+    from mmrft.rollout.hf import HFEngine
     from mmrft.rollout.vllm import VLLMEngine
-    from mmrft.task import build_task
 
     torch.set_num_threads(THREADS)
     path = bench_model(REPO / "assets")

@@ -112,7 +112,13 @@ def stage_env(args: argparse.Namespace) -> dict[str, Any]:
     except ImportError:
         report["flex_attention"] = False
     imports = {}
-    for module in ("mmrft", "mmrft.trainer", "mmrft.group", "mmrft.attention", "peft"):
+    for module in (
+        "mmrft",
+        "mmrft.training.trainer",
+        "mmrft.policy.group",
+        "mmrft.models.attention",
+        "peft",
+    ):
         try:
             importlib.import_module(module)
             imports[module] = "ok"
@@ -218,8 +224,8 @@ def make_images(folder: Path, side: int, count: int) -> Path:
 def prompt_length(model: Path, data: Path) -> int:
     """Tokens of the first sample's prompt as the model gets it (media placeholders included)."""
     from mmrft.config import load_config
-    from mmrft.policy import resolve_family
-    from mmrft.task import build_task
+    from mmrft.policy.model import resolve_family
+    from mmrft.rewards.task import build_task
 
     cfg = load_config(None, [f"model.path={model}", "train.steps=0"])
     family = resolve_family(cfg.model)
@@ -402,8 +408,8 @@ def worker_long_context(run: dict[str, Any], args: argparse.Namespace) -> dict[s
     import torch
 
     from mmrft.config import load_config
-    from mmrft.group import group_logps
-    from mmrft.policy import completion_logps, load_policy
+    from mmrft.policy.group import group_logps
+    from mmrft.policy.model import completion_logps, load_policy
 
     device = torch.device("cpu" if args.cpu else "cuda")
     model = build_model(args.long_model, args.cache, device.type)

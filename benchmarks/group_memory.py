@@ -72,7 +72,7 @@ def main() -> None:
         worker(args.worker, args.steps, Path(args.data))
         return
 
-    from mmrft.models.tiny import bench_model
+    from mmrft.models.tiny.base import bench_model
 
     bench_model(REPO / "assets")
     data = make_data(Path(tempfile.gettempdir()) / "mmrft-bench-data")["image"]

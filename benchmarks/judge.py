@@ -62,7 +62,8 @@ def serve(latency: float) -> tuple[ThreadingHTTPServer, str]:
 def two_judges(url: str, completions: list[str], samples: list, repeats: int = 3) -> dict:
     """(a) Two HTTP judges in one reward: seconds per batch, one after the other vs together."""
     from mmrft.plugins import VERIFIERS
-    from mmrft.rewards import build_reward, verifier
+    from mmrft.rewards import verifier
+    from mmrft.rewards.reward import build_reward
 
     if "judge_b" not in VERIFIERS:  # the built-in judge again under a second name
         verifier("judge_b", low=0.0, high=1.0, isolate=False)(VERIFIERS.get("judge").fn)
@@ -101,7 +102,7 @@ def collection(url: str, run_dir: Path, latency: float, repeats: int = 4) -> dic
     from rich.console import Console
 
     import mmrft
-    from mmrft.trainer import setup
+    from mmrft.training.trainer import setup
 
     judge = {
         "name": "judge",
@@ -198,7 +199,7 @@ def throughput(
 ) -> None:
     """Judged answers per second: HTTP against concurrency, the resumed run, the local judge."""
     from mmrft import judges
-    from mmrft.rewards import build_reward
+    from mmrft.rewards.reward import build_reward
 
     httpd, url = serve(args.latency)
     with tempfile.TemporaryDirectory() as run:

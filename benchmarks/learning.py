@@ -97,7 +97,7 @@ def sft_overrides(cfg: Any, out: Path, name: str) -> list[str]:
 def run_one(name: str, overrides: list[str]) -> dict[str, Any]:
     """``mmrft train learn/NAME`` in this process with ``overrides``; returns summary.json."""
     from mmrft.config import load_config
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     return train(load_config(f"learn/{name}", overrides))
 
@@ -133,7 +133,7 @@ def result(run: Future | dict) -> dict[str, Any]:
 
 def eval_curve(run_dir: Path, metric: str) -> tuple[list[int], list[float]]:
     """The held-out primary metric by RL step from ``metrics.jsonl`` (step 0: before RL)."""
-    from mmrft.report import read_history
+    from mmrft.evaluation.report import read_history
 
     points = sorted({h["step"]: h[metric] for h in read_history(run_dir) if metric in h}.items())
     return [s for s, _ in points], [v for _, v in points]
@@ -276,7 +276,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mmrft.runlog import cpu_model
+    from mmrft.evaluation.runlog import cpu_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="recipes to run (default: all)")

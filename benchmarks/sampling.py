@@ -103,7 +103,7 @@ def run(config: str, overrides: list[str], reuse: bool = False) -> dict[str, Any
     the run counting as its default) is read instead of trained again: a comparison can grow
     by seeds or tasks without repeating the runs it has."""
     from mmrft.config import load_config, resolve_path
-    from mmrft.trainer import config_changes, run_name, train
+    from mmrft.training.trainer import config_changes, run_name, train
 
     cfg = load_config(config, overrides)
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
@@ -121,7 +121,7 @@ def curves(run_dir: Path, metric: str) -> dict[str, list[float]]:
     """From ``metrics.jsonl``: ``reward_x`` / ``reward`` (cumulative generated completions at
     each training step, the step's mean reward) and ``eval_x`` / ``eval`` (cumulative
     generated completions when the held-out ``metric`` was measured; 0 before RL)."""
-    from mmrft.report import read_history
+    from mmrft.evaluation.report import read_history
 
     history = read_history(run_dir)
     generated: dict[int, float] = {0: 0.0}
@@ -171,7 +171,7 @@ def learning(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
 def step_times(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     """Median ``time/step_s`` (steps after the first) of each method on the demo, over
     ``rounds`` interleaved rounds, and its ratio to ``uniform``'s."""
-    from mmrft.report import read_history
+    from mmrft.evaluation.report import read_history
 
     steps = 4 if args.quick else 40
     rounds = 1 if args.quick else 3
@@ -221,10 +221,10 @@ def draw_cost(steps: int, config: str = "demo") -> dict[str, float]:
     import time
 
     from mmrft.config import load_config
-    from mmrft.policy import resolve_family
-    from mmrft.sampling import PromptStats, SampledStream, build_sampler, group_outcome
-    from mmrft.task import build_task
-    from mmrft.trainer import read_data
+    from mmrft.policy.model import resolve_family
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.sampling import PromptStats, SampledStream, build_sampler, group_outcome
+    from mmrft.rollout.setup import read_data
 
     cfg = load_config(config, ["train.trackers=[]"])
     task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
@@ -314,7 +314,7 @@ def fmt(value: float | None, digits: int = 3) -> str:
 def report(results: dict[str, Any], timing: dict[str, Any], args: argparse.Namespace) -> str:
     """``sampling.md``: held-out metric after RL per task and method (mean [min, max] over
     seeds), the generated completions, and the step-time table."""
-    from mmrft.runlog import cpu_model
+    from mmrft.evaluation.runlog import cpu_model
 
     lines = [
         "# Samplers and NoisyRollout at equal compute",

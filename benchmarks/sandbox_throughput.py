@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from mmrft.sandbox import SandboxJob, SandboxPool
+from mmrft.rewards.sandbox import SandboxJob, SandboxPool
 
 CHART = """
 import matplotlib

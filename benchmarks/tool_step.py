@@ -66,7 +66,7 @@ def forced_engine(policy, batch_size: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mmrft.runlog import cpu_model
+    from mmrft.evaluation.runlog import cpu_model
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=8)
@@ -77,17 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
-    from mmrft.collector import build_tool_loop
     from mmrft.config import load_config
-    from mmrft.group import rollout_logps
-    from mmrft.policy import load_policy
-    from mmrft.rollout import Sampling
-    from mmrft.task import build_task
-    from mmrft.trainer import read_data
+    from mmrft.policy.group import rollout_logps
+    from mmrft.policy.model import load_policy
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.base import Sampling
+    from mmrft.rollout.collector import build_tool_loop
+    from mmrft.rollout.setup import read_data
 
     cfg = load_config("tools/zoom_marks", ["train.steps=1", "data.max_test_samples=1"])
     task = build_task(cfg.task.name, cfg.task.params)
-    from mmrft.policy import resolve_family
+    from mmrft.policy.model import resolve_family
 
     family = resolve_family(cfg.model)
     samples, _ = read_data(cfg, task, family)

@@ -261,8 +261,8 @@ def run_trl(data: Path, steps: int, checkpointing: bool) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from mmrft.config import load_config
-    from mmrft.policy import resolve_family
-    from mmrft.task import build_task
+    from mmrft.policy.model import resolve_family
+    from mmrft.rewards.task import build_task
 
     # the very prompt text mmrft renders for the same samples
     overrides = mmrft_overrides("image", data, Path(tempfile.gettempdir()), steps)
@@ -435,7 +435,7 @@ def main() -> None:
         worker(args)
         return
 
-    from mmrft.models.tiny import bench_model
+    from mmrft.models.tiny.base import bench_model
 
     bench_model(REPO / "assets")
     data = make_data(Path(tempfile.gettempdir()) / "mmrft-bench-data")

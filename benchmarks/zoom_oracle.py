@@ -15,7 +15,7 @@ learning:
   (:func:`crop_box`), cut from the original and resized to the same budget. The pixel read is
   the one under the box's centre, the dot's (not the box's most saturated pixel: the ring
   around the dot is as saturated as the dot).
-* ``zoom_video``: **base**, the frames :func:`mmrft.video.read_video` samples at a budget
+* ``zoom_video``: **base**, the frames :func:`mmrft.data.video.read_video` samples at a budget
   (uniform over the clip, resized with its bicubic resize); **crop**, every frame inside
   ``meta.target_span`` given to ``read_video`` as a frame list at the stored rate (at most 8,
   the same pixel budget). The pixel read is the one under ``meta.target_box``'s centre, in the
@@ -188,14 +188,14 @@ VIDEO_VIEWS: dict[str, dict[str, Any]] = {
         "max_pixels": 3136,
     },
 }
-"""Base views of the video: name → :class:`mmrft.video.VideoBudget` fields (the defaults for
+"""Base views of the video: name → :class:`mmrft.data.video.VideoBudget` fields (the defaults for
 the rest). The 112x112 frames are the clips' own size: the default budget keeps them."""
 
 
 def video_answers(record: dict, folder: Path, budget: dict[str, Any]) -> tuple[str, str]:
     """``(base answer, crop answer)`` of one ``zoom_video`` record at a base ``budget``; the
     crop samples the span's frames (at most 8) at the base budget's pixels per frame."""
-    from mmrft.video import VideoBudget, read_video
+    from mmrft.data.video import VideoBudget, read_video
 
     meta, choices = record["meta"], record["meta"]["choices"]
     path = folder / record["messages"][0]["content"][0]["video"]

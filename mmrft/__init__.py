@@ -1,12 +1,19 @@
 """mmrft: multimodal reinforcement fine-tuning with verifiable rewards.
 
 The public plugin API lives here: a user's verifier, task or model family imports only these.
+The package is read by layer (docs/architecture.md): the base modules at the top (config,
+plugins, typecheck, errors, algorithms), then runtime, data, models, rewards and policy,
+rollout, evaluation, training, and the command line on top.
 """
 
-from mmrft.data import Sample
-from mmrft.family import MediaBudget, ModelFamily, model_family
-from mmrft.rewards import Score, verifier
-from mmrft.task import EvalRecord, Task, task
+from mmrft import _moved
+
+_moved.install()  # old flat paths (mmrft.answers, mmrft.video, ...) keep importing
+
+from mmrft.data import Sample  # noqa: E402
+from mmrft.models.family import MediaBudget, ModelFamily, model_family  # noqa: E402
+from mmrft.rewards.task import EvalRecord, Task, task  # noqa: E402
+from mmrft.rewards.verifier import Score, verifier  # noqa: E402
 
 __all__ = [
     "EvalRecord",
@@ -26,8 +33,8 @@ __version__ = "0.1.0"
 # train(cfg) → summary dict, evaluate_config(cfg) → EvalResult.
 _API = {
     "load_config": "mmrft.config",
-    "train": "mmrft.trainer",
-    "evaluate_config": "mmrft.evaluate",
+    "train": "mmrft.training.trainer",
+    "evaluate_config": "mmrft.evaluation.evaluate",
 }
 
 

@@ -37,7 +37,7 @@ from mmrft.plugins import (
     first_paragraph,
     load_plugins,
 )
-from mmrft.rewards import RewardError
+from mmrft.rewards.verifier import RewardError
 from mmrft.typecheck import ConfigError, keyword_params_doc
 
 #: Printed as one line, exit status 2. RewardError: a verifier plugin raised, returned a value
@@ -81,8 +81,8 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                 soft_wrap=True,
             )
         return 0
-    from mmrft import distributed
-    from mmrft.trainer import train
+    from mmrft.runtime import distributed
+    from mmrft.training.trainer import train
 
     report_native_crashes()
     config, overrides = split_config_arg(args.config, args.overrides)
@@ -109,8 +109,8 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_eval(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.evaluate import evaluate_config, print_table, write_eval
-    from mmrft.trainer import run_name
+    from mmrft.evaluation.evaluate import evaluate_config, print_table, write_eval
+    from mmrft.training.trainer import run_name
 
     # `model=PATH` is shorthand for `model.path=PATH`.
     overrides = [
@@ -147,7 +147,7 @@ def cmd_verify(args: argparse.Namespace, console: Console) -> int:
     naming it and the samples (exit status 2).
     """
     from mmrft.config import RewardConfig
-    from mmrft.rewards import build_reward
+    from mmrft.rewards.reward import build_reward
 
     load_plugins(args.plugin)
     spec = VERIFIERS.get(args.name)
@@ -252,7 +252,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
         console.print(table)
         return 0
     if args.what == "samplers":
-        import mmrft.sampling  # noqa: F401  (the built-in samplers register on import)
+        import mmrft.rollout.sampling  # noqa: F401  (the built-in samplers register on import)
     registry = {
         "tasks": TASKS,
         "verifiers": VERIFIERS,
@@ -283,7 +283,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.models.tiny import bench_model, build_all
+    from mmrft.models.tiny.base import bench_model, build_all
 
     paths = [bench_model(Path(args.out), rebuild=True)] if args.bench else build_all(Path(args.out))
     for path in paths:
@@ -292,7 +292,7 @@ def cmd_make_tiny(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_report(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.report import report_runs
+    from mmrft.evaluation.report import report_runs
 
     for path in report_runs([Path(r) for r in args.runs], Path(args.out) if args.out else None):
         console.print(f"wrote {path}")

@@ -69,6 +69,24 @@ def _f(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
 
+# The media distortions of rollout.perturb.kinds (NoisyRollout; mmrft.data.distort applies them).
+IMAGE_KINDS = ("noise", "blur", "crop", "jitter")
+VIDEO_KINDS = ("frame_drop", "frame_jitter")
+AUDIO_KINDS = ("audio_noise",)
+KINDS = IMAGE_KINDS + VIDEO_KINDS + AUDIO_KINDS
+
+
+def require_deepspeed(mode: str) -> None:
+    """Fail at start-up, naming the extra, when DeepSpeed is not installed."""
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"train.sharding: '{mode}' needs DeepSpeed (pip install 'mmrft[deepspeed]'); "
+            "or use 'fsdp_full' / 'fsdp_grad_op', which need only torch"
+        ) from exc
+
+
 @dataclass
 class LoraConfig:
     enabled: bool = _f(False, "Train LoRA adapters (peft) instead of all weights.")
@@ -318,7 +336,7 @@ class ServerConfig:
 
 @dataclass
 class ToolsConfig:
-    """Multi-turn rollouts with tools (:mod:`mmrft.trajectory`); off while ``names`` is empty."""
+    """Multi-turn rollouts with tools (:mod:`mmrft.rollout.tool_loop`); off while ``names`` is empty."""
 
     names: list[str] = _f(
         [],
@@ -347,7 +365,7 @@ class ToolsConfig:
 
 @dataclass
 class PerturbConfig:
-    """NoisyRollout's rollout perturbation (Liu et al. 2025, arXiv:2504.13055; :mod:`mmrft.perturb`)."""
+    """NoisyRollout's rollout perturbation (Liu et al. 2025, arXiv:2504.13055; :mod:`mmrft.rollout.perturb`)."""
 
     share: float = _f(
         0.0,
@@ -802,8 +820,6 @@ def check_config(cfg: RunConfig) -> None:
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")
     need(cfg.checkpoint.keep_last >= 1, "checkpoint.keep_last", "must be ≥ 1")
     if cfg.train.sharding.startswith("deepspeed"):
-        from mmrft.zero import require_deepspeed
-
         require_deepspeed(cfg.train.sharding)
     need(
         not cfg.train.deepspeed or cfg.train.sharding.startswith("deepspeed"),
@@ -839,8 +855,6 @@ def check_config(cfg: RunConfig) -> None:
 
 def check_perturb(cfg: RunConfig, need: Any) -> None:
     """``rollout.perturb`` checks (``need(ok, key, message)`` raises naming the key)."""
-    from mmrft.perturb import KINDS
-
     p = cfg.rollout.perturb
     need(0 <= p.share < 1, "rollout.perturb.share", f"must be in [0, 1) (0 = off), got {p.share}")
     need(0 <= p.strength <= 1, "rollout.perturb.strength", f"must be in [0, 1], got {p.strength}")

@@ -116,11 +116,11 @@ TASKS: Registry[Any] = Registry("task")
 VERIFIERS: Registry[Any] = Registry("verifier")
 MODEL_FAMILIES: Registry[Any] = Registry("model family")
 TOOLS: Registry[Any] = Registry("tool")
-"""Tools of multi-turn rollouts (:mod:`mmrft.tool`); an alias is registered as one more name
-of the same :class:`~mmrft.tool.ToolSpec`."""
+"""Tools of multi-turn rollouts (:mod:`mmrft.rollout.tool`); an alias is registered as one more name
+of the same :class:`~mmrft.rollout.tool.ToolSpec`."""
 SAMPLERS: Registry[Any] = Registry("sampler")
-"""Prompt samplers (``data.sampler``): :class:`~mmrft.sampling.Sampler` subclasses registered
-with ``@sampler``; the built-ins live in :mod:`mmrft.sampling` and register when it is imported."""
+"""Prompt samplers (``data.sampler``): :class:`~mmrft.rollout.sampling.Sampler` subclasses registered
+with ``@sampler``; the built-ins live in :mod:`mmrft.rollout.sampling` and register when it is imported."""
 
 _BUILTIN_PACKAGES = ("mmrft.verifiers", "mmrft.tasks", "mmrft.models", "mmrft.tools")
 _builtins_loaded = False

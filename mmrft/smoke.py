@@ -14,7 +14,7 @@ user's own overrides still win):
   ``<run>-smoke``, and an evaluation of 2 test samples after RL;
 * the data: the config's own when its files are on this machine (every line and media file
   read and checked, as in a real run), else the task's bundled example data
-  (:attr:`mmrft.task.Task.example_data`) in the config's format when one is bundled, else in
+  (:attr:`mmrft.rewards.task.Task.example_data`) in the config's format when one is bundled, else in
   the project's format;
 * judges (``judge``, ``caption_qa``) served over HTTP: a local judge on the bundled tiny
   Qwen2.5-VL, scored by label probabilities (so a random model still gives a verdict), the
@@ -116,7 +116,7 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
             f"{', '.join(built)}); `mmrft make-tiny` builds them"
         )
     overrides = [f"model.path={tiny}", f"model.family={family}", *SIZES]
-    from mmrft.trainer import run_name
+    from mmrft.training.trainer import run_name
 
     stem = Path(str(source)).name.removesuffix(".yaml").removesuffix(".yml") if source else ""
     overrides.append(f"name={stem or run_name(cfg)}-smoke")

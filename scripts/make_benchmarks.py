@@ -869,7 +869,7 @@ ZOOM_QUESTION = "What colour is the dot in the middle of the small ring?"
 ZOOM_VIDEO_FPS = 20  # frames/s stored
 ZOOM_VIDEO_SIZE = 112  # px, square frames
 # Uniform samplings the flash avoids: 8 frames (the tiny video recipes, configs/learn/video_*.yaml)
-# and 16 (mmrft.video.VideoBudget's default at 2 fps, Video-R1's training setting).
+# and 16 (mmrft.data.video.VideoBudget's default at 2 fps, Video-R1's training setting).
 ZOOM_VIDEO_BASE_FRAMES = (8, 16)
 ZOOM_VIDEO_QUESTION = "What colour is the dot that flashes briefly in the video?"
 
@@ -974,7 +974,7 @@ def write_zoom_marks(folder: Path, split: str, n: int, rng: np.random.Generator)
 
 def uniform_frame_indices(total_frames: int, frames: int) -> list[int]:
     """The ``frames`` frame indices spread uniformly over ``[0, total_frames − 1]`` that
-    qwen-vl-utils and :func:`mmrft.video.frame_indices` sample (``linspace``, rounded)."""
+    qwen-vl-utils and :func:`mmrft.data.video.frame_indices` sample (``linspace``, rounded)."""
     return [int(i) for i in np.round(np.linspace(0, total_frames - 1, frames))]
 
 

@@ -8,7 +8,7 @@ prompt lists the options as a Python list and the answer is the option's text::
     options: ['falling', 'rising', 'steady', 'rising then falling'].
 
 An answer names one option by its text (normalised equality) or its letter
-(:func:`mmrft.answers.match_choice`); an answer naming several options (``rising or
+(:func:`mmrft.rewards.answers.match_choice`); an answer naming several options (``rising or
 falling``, every option listed) scores 0, and substrings never count (docs/reference.md pitfall 3:
 Omni-R1's "contains the correct option" reward is hackable that way).
 
@@ -61,7 +61,6 @@ from typing import Any, ClassVar
 
 from mmrft.tasks.video_qa import user_turn
 
-from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import (
     DataError,
     ListItem,
@@ -72,7 +71,8 @@ from mmrft.data import (
     iter_json_list,
     read_records,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.answers import choice_index, extract_answer, match_choice
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")
 """MMAU fields kept in ``meta`` (for per-category breakdowns)."""
@@ -112,7 +112,7 @@ class AudioQATask(Task):
     following options: [...]." as in R1-AQA) and ``{format_instruction}``. Reward: format +
     accuracy in choice mode (weights 1, 1; exact option text or letter, several options 0).
     Metric: ``accuracy`` (0/1 per sample, primary); chance = uniform guessing
-    over the options that occur as targets (:func:`mmrft.task.uniform_target_chance`).
+    over the options that occur as targets (:func:`mmrft.rewards.task.uniform_target_chance`).
     """
 
     template = "{question}\n{format_instruction}"
@@ -265,7 +265,7 @@ class AudioQATask(Task):
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among each sample's options that are the target of some sample
-        of the split (:func:`mmrft.task.uniform_target_chance`: 0.5 on the bundled pitch
+        of the split (:func:`mmrft.rewards.task.uniform_target_chance`: 0.5 on the bundled pitch
         benchmark, whose four options hold only two correct answers); ``None`` for no
         samples."""
         return choice_chance(samples)

@@ -3,15 +3,15 @@
 A sample holds a chart image and a question; the target is a number (``44``, ``"0.57"``,
 ``"35%"``) or a short text (``"Yes"``, ``"D"``). With ``meta["choices"]`` (e.g. the chart's
 categories for "Which category has the largest value?") the answer must name exactly one of
-them (:func:`mmrft.answers.match_choice`). The prompt does not list the choices: as in
+them (:func:`mmrft.rewards.answers.match_choice`). The prompt does not list the choices: as in
 ChartQA, the chart shows them.
 
 **Relaxed accuracy** (ChartQA, Masry et al. 2022, the metric every chart-QA paper reports): a
 numeric answer is correct when ``|answer − target| ≤ 0.05 · |target|`` (exact when the target is
 0), a text answer when it equals the target after normalisation (lower case, surrounding
-punctuation and articles dropped; :func:`mmrft.answers.normalise_text`). Unlike ChartQA's
+punctuation and articles dropped; :func:`mmrft.rewards.answers.normalise_text`). Unlike ChartQA's
 script, which ``float()``\\ s the whole answer, the numeric answer is the one number the answer
-states (:func:`mmrft.answers.parse_number`: ``44``, ``44%``, ``1,234``, ``about 44`` all
+states (:func:`mmrft.rewards.answers.parse_number`: ``44``, ``44%``, ``1,234``, ``about 44`` all
 read 44; two numbers are a failure, never a pick), and everything is read from the one
 ``<answer>`` block.
 
@@ -39,14 +39,6 @@ from typing import Any, ClassVar
 
 from mmrft.tasks.video_qa import user_turn
 
-from mmrft.answers import (
-    choice_index,
-    extract_answer,
-    is_number_literal,
-    match_choice,
-    normalise_text,
-    parse_number,
-)
 from mmrft.data import (
     DataError,
     ListItem,
@@ -57,7 +49,15 @@ from mmrft.data import (
     item_id,
     iter_json_list,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.answers import (
+    choice_index,
+    extract_answer,
+    is_number_literal,
+    match_choice,
+    normalise_text,
+    parse_number,
+)
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 from mmrft.typecheck import ConfigError
 
 REL_TOL = 0.05
@@ -233,7 +233,7 @@ class ChartQATask(Task):
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among each sample's choices that are the target of some sample
-        of the split (:func:`mmrft.task.uniform_target_chance`) when every sample has
+        of the split (:func:`mmrft.rewards.task.uniform_target_chance`) when every sample has
         choices; ``None`` otherwise."""
         if not samples or any(not s.meta.get("choices") for s in samples):
             return None

@@ -24,7 +24,7 @@ from mmrft.verifiers.render import extract_code
 
 from mmrft.data import DataError, Sample
 from mmrft.plugins import VERIFIERS
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 LOW_LEVEL_PARTS = ("text_f1", "type_f1", "colour", "layout_f1")
 

@@ -11,12 +11,12 @@ order (kept as is, never shuffled), and the target is the correct option's *text
      "meta": {"choices": ["red", "green", "blue", "yellow"], "image_size": [56, 56]}}
 
 (A target that is a single letter such as ``"B"`` and matches no option's text is read as
-that letter's option, as :func:`mmrft.answers.choice_index` does.)
+that letter's option, as :func:`mmrft.rewards.answers.choice_index` does.)
 
 The prompt lists the options after the question (``show_choices``), either as
 ``Options: red, green, blue, yellow`` or, with ``lettered``, one per line as ``A. red`` followed
 by "Answer with the option letter only.". Answers are matched strictly
-(:func:`mmrft.answers.match_choice`: the option's letter or its text, never a substring).
+(:func:`mmrft.rewards.answers.match_choice`: the option's letter or its text, never a substring).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import string
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.answers import choice_index, extract_answer, match_choice
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.answers import choice_index, extract_answer, match_choice
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 from mmrft.typecheck import ConfigError
 
 LETTERS = string.ascii_uppercase
@@ -40,7 +40,7 @@ class ClassificationTask(Task):
     Template fields: ``{question}`` (the sample's question, with the options appended when
     ``show_choices``) and ``{format_instruction}``. Reward: format + accuracy in choice mode
     (weights 1, 1). Metric: ``accuracy`` (0/1 per sample); chance = uniform guessing over the
-    options that occur as targets (:func:`mmrft.task.uniform_target_chance`).
+    options that occur as targets (:func:`mmrft.rewards.task.uniform_target_chance`).
     """
 
     template = "{question}\n{format_instruction}"
@@ -140,5 +140,5 @@ class ClassificationTask(Task):
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among each sample's options that are the target of some sample
-        of the split (:func:`mmrft.task.uniform_target_chance`); ``None`` for no samples."""
+        of the split (:func:`mmrft.rewards.task.uniform_target_chance`); ``None`` for no samples."""
         return choice_chance(samples)

@@ -12,7 +12,7 @@ defines the chance level and must contain the target::
      "meta": {"count_range": [1, 6], "image_size": [84, 84]}}
 
 Answers are read strictly: exactly one number in the one answer block
-(:func:`mmrft.answers.parse_number`: digits or the words zero–twenty), equal to the target.
+(:func:`mmrft.rewards.answers.parse_number`: digits or the words zero–twenty), equal to the target.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.answers import extract_answer, parse_number
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, ExampleData, Task, task, uniform_target_chance
+from mmrft.rewards.answers import extract_answer, parse_number
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, task, uniform_target_chance
 
 
 def _is_count(value: Any) -> bool:
@@ -36,7 +36,7 @@ class CountingTask(Task):
     Template fields: ``{question}``, ``{format_instruction}``. Reward: format + accuracy in
     number mode (weights 1, 1; exact equality). Metric: ``accuracy`` (0/1 per sample); chance
     = uniform guessing over the counts of ``meta["count_range"]`` that occur as targets
-    (:func:`mmrft.task.uniform_target_chance`) when every sample has a range.
+    (:func:`mmrft.rewards.task.uniform_target_chance`) when every sample has a range.
     """
 
     template = "{question} Answer with a number.\n{format_instruction}"
@@ -94,7 +94,7 @@ class CountingTask(Task):
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among the counts of each sample's ``count_range`` that are the
-        target of some sample of the split (:func:`mmrft.task.uniform_target_chance`);
+        target of some sample of the split (:func:`mmrft.rewards.task.uniform_target_chance`);
         ``None`` unless every sample has a ``count_range``."""
         ranges = [s.meta.get("count_range") for s in samples]
         if not ranges or any(r is None for r in ranges):

@@ -17,7 +17,7 @@ instances, checked against the target)::
 
 The model writes a JSON list in its family's box frame (``meta["box_frame"]``, with
 ``meta["input_size"]`` for ``input_pixels``; both set by
-:meth:`~mmrft.family.ModelFamily.annotate`)::
+:meth:`~mmrft.models.family.ModelFamily.annotate`)::
 
     [{"bbox_2d": [x1, y1, x2, y2], "confidence": 0.9}, ...]      or  []
 
@@ -28,7 +28,7 @@ family's own one-box instruction is replaced by the list form). The parser
 ranks with confidence 1. Predictions are converted to original pixels and clipped to the
 image before any comparison, so frames are never mixed.
 
-Metrics: COCO box AP over the whole split (:func:`mmrft.metrics.coco_map`, pycocotools'
+Metrics: COCO box AP over the whole split (:func:`mmrft.rewards.metrics.coco_map`, pycocotools'
 numbers): ``AP50`` (primary), ``mAP`` (AP@[.50:.95]) and ``AP75``; per image, ``image_ap50``
 (AP@0.5 of that image's ranked boxes; 1 for a correct "none" and 0 for boxes on an empty image)
 and ``detection`` (the training reward's detection score, Visual-RFT's IoU × confidence term,
@@ -52,12 +52,12 @@ from mmrft.tasks.grounding import _check_box, _check_size, _read_image_size
 from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, parse_detections
 from mmrft.verifiers.detection import detection as detection_reward
 
-from mmrft.answers import extract_answer
-from mmrft.boxes import clip_box, from_pixels, is_degenerate, outside_image, to_pixels
 from mmrft.data import DataError, Sample
-from mmrft.family import ModelFamily
-from mmrft.metrics import average_precision, coco_map
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.models.family import ModelFamily
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.boxes import clip_box, from_pixels, is_degenerate, outside_image, to_pixels
+from mmrft.rewards.metrics import average_precision, coco_map
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
 
 FRAME_PHRASES = {
@@ -94,7 +94,7 @@ class _ListBoxes:
 
 @dataclass
 class DetectionRecord(EvalRecord):
-    """An :class:`~mmrft.task.EvalRecord` that carries its image's ground-truth boxes
+    """An :class:`~mmrft.rewards.task.EvalRecord` that carries its image's ground-truth boxes
     (original pixels), so that :meth:`DetectionTask.aggregate` can compute AP over the split."""
 
     target: list[list[float]] = field(default_factory=list)
@@ -220,7 +220,7 @@ class DetectionTask(Task):
         """Strict parse: exactly one answer block read by
         :func:`~mmrft.verifiers.detection.parse_detections` (at most ``max_boxes`` boxes), each box
         read in ``meta["box_frame"]``, converted to original pixels and clipped to the image (a
-        box past the edge tolerance :data:`mmrft.boxes.EDGE_TOLERANCE` or wholly outside the
+        box past the edge tolerance :data:`mmrft.rewards.boxes.EDGE_TOLERANCE` or wholly outside the
         image fails the answer: ``box outside image``).
 
         ``parsed`` is the list of ``{"box": [x1, y1, x2, y2] (original pixels), "score":
@@ -265,7 +265,7 @@ class DetectionTask(Task):
         return DetectionRecord(sample.id, completion, parsed, ap50, None, values, target=target)
 
     def aggregate(self, records: list[EvalRecord]) -> dict[str, float]:
-        """COCO AP over the split (:func:`mmrft.metrics.coco_map` of every record's parsed boxes
+        """COCO AP over the split (:func:`mmrft.rewards.metrics.coco_map` of every record's parsed boxes
         against its target; unparsable answers are empty prediction lists): ``mAP``, ``AP50``,
         ``AP75`` (``nan`` when no image has an instance); plus the means of ``image_ap50`` and
         ``detection`` and ``format_fail``. Records must come from :meth:`evaluate_one`

@@ -5,7 +5,7 @@ the left"). The target is the referred box ``[x1, y1, x2, y2]`` in absolute pixe
 *original* image (x right, y down; COCO's ``[x, y, x + w, y + h]``), and
 ``meta["image_size"] = [W, H]``. The model answers in its family's frame
 (``meta["box_frame"]``, with ``meta["input_size"]`` for ``input_pixels``, both set by
-:meth:`~mmrft.family.ModelFamily.annotate`); predictions are converted to original pixels before
+:meth:`~mmrft.models.family.ModelFamily.annotate`); predictions are converted to original pixels before
 any comparison, so frames are never mixed.
 
 Dataset formats:
@@ -42,16 +42,6 @@ from typing import Any, ClassVar
 
 from PIL import Image, UnidentifiedImageError
 
-from mmrft.answers import extract_answer
-from mmrft.boxes import (
-    box_iou,
-    clip_box,
-    format_box,
-    is_degenerate,
-    outside_image,
-    parse_one_box,
-    to_pixels,
-)
 from mmrft.data import (
     DataError,
     OnError,
@@ -61,7 +51,17 @@ from mmrft.data import (
     normalise_messages,
     read_records,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.boxes import (
+    box_iou,
+    clip_box,
+    format_box,
+    is_degenerate,
+    outside_image,
+    parse_one_box,
+    to_pixels,
+)
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 ACC_IOU = 0.5
 """IoU at or above which a box counts as correct for ``acc@0.5``."""
@@ -246,7 +246,7 @@ class GroundingTask(Task):
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """Strict parse: exactly one answer block holding exactly one box, read in
         ``meta["box_frame"]``, converted to original pixels and clipped to the image (a box
-        reaching further past an edge than :data:`mmrft.boxes.EDGE_TOLERANCE`, 5 % of the image
+        reaching further past an edge than :data:`mmrft.rewards.boxes.EDGE_TOLERANCE`, 5 % of the image
         side, or wholly outside it, scores 0 with ``box outside image``).
 
         Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0. Unparsable answers

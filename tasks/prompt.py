@@ -6,7 +6,7 @@ verifiers listed in ``reward.verifiers``; there is no answer format, no default 
 no answer parsing. The prompt is the sample's text as it is (``task.params.template`` may
 wrap it, e.g. ``"{question} Answer in one word."``). A target (``answer``, ``solution``,
 ...) is optional and reaches the reward functions as ``target`` / ``solution`` / ...
-(:mod:`mmrft.reward_functions`)::
+(:mod:`mmrft.rewards.functions`)::
 
     mmrft train data.train=prompts.jsonl data.test=held_out.jsonl task.name=prompt \\
         'reward.verifiers=[{name: my_rewards.py:brevity}, {name: my_rewards.py:correct}]'
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from mmrft.data import Sample
-from mmrft.task import EvalRecord, ExampleData, Task, task
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, task
 from mmrft.typecheck import ConfigError
 
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from mmrft.answers import extract_answer
 from mmrft.data import DataError, Sample
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 
 Mode = Literal["auto", "exact", "number", "math"]
 

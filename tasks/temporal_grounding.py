@@ -27,7 +27,7 @@ Dataset formats:
 
   The video is ``<video_root>/<id><video_ext>`` (task parameters; default root: the ``videos``
   folder beside the annotation file, extension ``.mp4``), its duration comes from the video's
-  header (:func:`mmrft.video.probe_video`, memoised per file, so the several moments of one
+  header (:func:`mmrft.data.video.probe_video`, memoised per file, so the several moments of one
   video probe it once), and the query text is ``When does the event "<sentence>" happen?``.
   Sample ids are ``<video id>-<line>``.
 
@@ -37,7 +37,7 @@ tenths of a second) and the sample keeps ``meta["end_clipped"] = true``.
 
 Metrics (TimeZero / Time-R1): ``R1@0.3``, ``R1@0.5`` (primary, the number the papers headline),
 ``R1@0.7`` (share of samples whose one predicted interval has tIoU ≥ t) and ``mIoU``, through
-:func:`mmrft.metrics.temporal_recall`; an unparsable answer counts as tIoU 0 and is reported in
+:func:`mmrft.rewards.metrics.temporal_recall`; an unparsable answer counts as tIoU 0 and is reported in
 ``format_fail``.
 """
 
@@ -51,12 +51,12 @@ from typing import Any, ClassVar
 from mmrft.tasks.video_qa import user_turn
 from mmrft.verifiers.temporal import parse_interval, temporal_iou
 
-from mmrft.answers import extract_answer
 from mmrft.data import DataError, OnError, ReadStats, Sample, collect_samples
-from mmrft.metrics import temporal_recall
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, task
+from mmrft.data.video import probe_video
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.metrics import temporal_recall
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
-from mmrft.video import probe_video
 
 THRESHOLDS = (0.3, 0.5, 0.7)
 """The tIoU thresholds of ``R1@t``."""
@@ -70,7 +70,7 @@ def format_seconds(value: float) -> str:
 
 def video_duration(path: str, where: str) -> float:
     """Duration in seconds of a local video from its header (memoised by
-    :func:`mmrft.video.probe_video`); DataError naming ``where`` and the file."""
+    :func:`mmrft.data.video.probe_video`); DataError naming ``where`` and the file."""
     if not Path(path).is_file():
         raise DataError(f"{where}: video not found ({path})")
     try:
@@ -246,7 +246,7 @@ class TemporalGroundingTask(Task):
         return EvalRecord(sample.id, completion, parsed, values["R1@0.5"], reason, values)
 
     def aggregate(self, records: list[EvalRecord]) -> dict[str, float]:
-        """:func:`mmrft.metrics.temporal_recall` of the per-sample tIoUs (``R1@t``, ``mIoU``),
+        """:func:`mmrft.rewards.metrics.temporal_recall` of the per-sample tIoUs (``R1@t``, ``mIoU``),
         plus ``format_fail`` (share of answers without a usable interval)."""
         if not records:
             return {}

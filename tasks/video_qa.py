@@ -8,10 +8,10 @@ pitfall 8); here a batch may mix types freely.
 * ``"multiple choice"``: ``meta["choices"]`` lists the option texts in the data's order and the
   target is the correct option's text. The prompt lists the options lettered (``A. left``) and
   asks for the letter; an answer names one option by its letter or its text
-  (:func:`mmrft.answers.match_choice`; several options, or a first-letter guess such as
+  (:func:`mmrft.rewards.answers.match_choice`; several options, or a first-letter guess such as
   "A dog", score 0).
 * ``"numerical"``: no choices; the target is a number (or a numeral string). The answer must
-  state exactly one number (:func:`mmrft.answers.parse_number`), equal to the target.
+  state exactly one number (:func:`mmrft.rewards.answers.parse_number`), equal to the target.
 
 Dataset formats:
 
@@ -56,13 +56,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.answers import (
-    choice_index,
-    extract_answer,
-    is_number_literal,
-    match_choice,
-    parse_number,
-)
 from mmrft.data import (
     DataError,
     ListItem,
@@ -74,7 +67,14 @@ from mmrft.data import (
     iter_json_list,
     normalise_messages,
 )
-from mmrft.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.answers import (
+    choice_index,
+    extract_answer,
+    is_number_literal,
+    match_choice,
+    parse_number,
+)
+from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 
 LETTERS = string.ascii_uppercase
 PROBLEM_TYPES = ("multiple choice", "numerical")
@@ -148,7 +148,7 @@ class VideoQATask(Task):
     Reward: format + accuracy in ``auto`` mode (weights 1, 1): choice matching where the sample
     has choices, number equality where its target is a number — decided per sample. Metric:
     ``accuracy`` (0/1 per sample, primary); chance = uniform guessing over the options that
-    occur as targets (:func:`mmrft.task.uniform_target_chance`) when every sample is multiple
+    occur as targets (:func:`mmrft.rewards.task.uniform_target_chance`) when every sample is multiple
     choice, else undefined.
     """
 
@@ -327,7 +327,7 @@ class VideoQATask(Task):
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among each sample's options that are the target of some sample
-        of the split (:func:`mmrft.task.uniform_target_chance`) when every sample is multiple
+        of the split (:func:`mmrft.rewards.task.uniform_target_chance`) when every sample is multiple
         choice; ``None`` otherwise."""
         if not samples or any(problem_type(s) == "numerical" for s in samples):
             return None

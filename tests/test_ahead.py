@@ -1,4 +1,4 @@
-"""Asynchronous rollouts (mmrft.ahead): versions, the gate, the correction's inputs, drops,
+"""Asynchronous rollouts (mmrft.rollout.ahead): versions, the gate, the correction's inputs, drops,
 errors, resume, and k = 0 through the rollout thread equal to the synchronous path."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from test_sharding import _needs
 from test_trainer import tiny_config, weights
 
 from mmrft import trainer
-from mmrft.ahead import AheadCollector, drop_groups, lag_stats, rollout_copy, stale_groups
-from mmrft.collector import Collector, StepBatch
 from mmrft.data import Sample
-from mmrft.rewards import RewardBreakdown
-from mmrft.rollout import HFEngine, Rollouts
+from mmrft.rewards.reward import RewardBreakdown
+from mmrft.rollout.ahead import AheadCollector, drop_groups, lag_stats, rollout_copy, stale_groups
+from mmrft.rollout.base import Rollouts
+from mmrft.rollout.collector import Collector, StepBatch
+from mmrft.rollout.hf import HFEngine
 from mmrft.typecheck import ConfigError
 
 # ---------------------------------------------------------------------------------------------
@@ -365,7 +366,7 @@ def _threaded_collector(cfg, task, policy, engine, reward, samples, source, auxi
     """The trainer's Collector replaced by the rollout thread at k = 0 (the trainer itself
     takes the plain collector for k = 0): made by setup() after the policy was sharded, so
     the rollout copy is loaded from a fresh model; the first snapshot fills it."""
-    from mmrft.policy import load_policy
+    from mmrft.policy.model import load_policy
 
     copy = load_policy(cfg.model, torch.device("cpu"), trainable=False)
     inner = Collector(

@@ -9,8 +9,8 @@ from transformers import AutoTokenizer
 
 from mmrft.config import load_config
 from mmrft.data import Sample
-from mmrft.task import Task, build_task
-from mmrft.trainer import answers_over_budget, warn_answers_over_budget
+from mmrft.rewards.task import Task, build_task
+from mmrft.training.trainer import answers_over_budget, warn_answers_over_budget
 
 REPO = Path(__file__).resolve().parents[1]
 

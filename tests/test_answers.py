@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mmrft.answers import (
+from mmrft.rewards.answers import (
     choice_index,
     extract_answer,
     is_number_literal,

@@ -14,12 +14,8 @@ from pathlib import Path
 import pytest
 
 from mmrft import Sample, Score, verifier
-from mmrft.rewards import (
-    NonFiniteRewardError,
-    VerifierError,
-    VerifierTimeoutError,
-    build_reward,
-)
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.verifier import NonFiniteRewardError, VerifierError, VerifierTimeoutError
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -319,7 +315,7 @@ def tiny_policy():
     import torch
 
     from mmrft.config import ModelConfig
-    from mmrft.policy import load_policy
+    from mmrft.policy.model import load_policy
 
     model = ModelConfig(path=str(REPO / "assets/models/tiny-qwen2_5_vl"))
     return load_policy(model, torch.device("cpu"))
@@ -331,7 +327,7 @@ def test_the_hf_engine_reports_finished_groups_without_changing_the_samples(
 ):
     import torch
 
-    from mmrft.rollout import Sampling
+    from mmrft.rollout.base import Sampling
     from mmrft.rollout.hf import HFEngine
 
     conversations = [

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from mmrft.audio import AUDIO_CACHE, AUDIO_STATS, audio_duration, load_audio
 from mmrft.data import DataError
+from mmrft.data.audio import AUDIO_CACHE, AUDIO_STATS, audio_duration, load_audio
 
 
 def tone(freq: float, seconds: float, rate: int, amplitude: float = 0.5) -> np.ndarray:
@@ -74,7 +74,7 @@ def test_truncate_policy_cuts_counts_and_warns_once(
     path = tmp_path / "long.wav"
     sf.write(path, tone(300, 3.0, 8000), 8000)
     before = AUDIO_STATS["truncated"]
-    with caplog.at_level(logging.WARNING, logger="mmrft.audio"):
+    with caplog.at_level(logging.WARNING, logger="mmrft.data.audio"):
         first = load_audio(str(path), 16000, max_seconds=1.25, policy="truncate")
         second = load_audio(str(path), 16000, max_seconds=1.25)
     assert first.size == second.size == 20000  # floor(1.25 s × 16 kHz)

@@ -11,10 +11,9 @@ import soundfile as sf
 import torch
 from PIL import Image
 
-from mmrft.audio import AUDIO_STATS
 from mmrft.data import DataError, Sample
-from mmrft.family import family_for_model_type
-from mmrft.models import tiny
+from mmrft.data.audio import AUDIO_STATS
+from mmrft.models.family import family_for_model_type
 from mmrft.models.qwen_audio import (
     AudioBudget,
     Qwen2Audio,
@@ -22,9 +21,11 @@ from mmrft.models.qwen_audio import (
     audio_token_count,
     check_media,
 )
+from mmrft.models.tiny import tiny
 from mmrft.plugins import MODEL_FAMILIES
-from mmrft.policy import Policy, completion_logps
-from mmrft.rollout import HFEngine, Sampling, cut_at_stop, stop_token_ids
+from mmrft.policy.model import Policy, completion_logps
+from mmrft.rollout.base import Sampling, cut_at_stop, stop_token_ids
+from mmrft.rollout.hf import HFEngine
 from mmrft.typecheck import ConfigError
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
@@ -446,8 +447,8 @@ def test_omni_video_follows_the_configured_budget(model_dirs: dict, media: dict)
     the video's fps and pixels are lowered until the whole prompt (text, audio and video
     tokens) fits, as for Qwen2.5-VL."""
     from mmrft.config import ModelConfig
-    from mmrft.policy import build_family
-    from mmrft.video import VideoBudget, video_stats
+    from mmrft.data.video import VideoBudget, video_stats
+    from mmrft.policy.model import build_family
 
     cfg = ModelConfig(path=str(model_dirs["qwen2_5_omni"]))
     cfg.video.max_frames = 6

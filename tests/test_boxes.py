@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mmrft.boxes import (
+from mmrft.rewards.boxes import (
     FRAMES,
     box_area,
     box_iou,

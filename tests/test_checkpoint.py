@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mmrft import checkpoint
-from mmrft.checkpoint import STATE_FILE, list_checkpoints, save_checkpoint
+from mmrft.runtime import checkpoint
+from mmrft.runtime.checkpoint import STATE_FILE, list_checkpoints, save_checkpoint
 
 
 def write_model(folder: Path) -> None:

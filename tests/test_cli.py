@@ -373,7 +373,7 @@ def test_version_and_list_alone(capsys):
 def test_sampled_evaluation_reports_pass_at_k(tmp_path):
     """eval.n = 4: four sampled completions per sample, pass@1/2/4 by the unbiased estimator,
     the same samples twice; mmrft eval's default folder is not a training evaluation's name."""
-    from mmrft.evaluate import pass_at_k
+    from mmrft.evaluation.evaluate import pass_at_k
 
     assert pass_at_k([1, 0, 0, 0, 1, 1, 1, 1], 4) == {
         "pass@1": pytest.approx((0.25 + 1.0) / 2),

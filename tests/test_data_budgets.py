@@ -21,7 +21,6 @@ import pytest
 from rich.console import Console
 
 from mmrft.cli import main
-from mmrft.collector import BadMediaError, DataStream
 from mmrft.config import DataConfig, load_config
 from mmrft.data import (
     MAX_JSON_DEPTH,
@@ -32,8 +31,9 @@ from mmrft.data import (
     skip_counts,
 )
 from mmrft.models.qwen_vl import check_media
-from mmrft.policy import resolve_family
-from mmrft.task import build_task
+from mmrft.policy.model import resolve_family
+from mmrft.rewards.task import build_task
+from mmrft.rollout.collector import BadMediaError, DataStream
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def demo_config(tmp_path: Path, *overrides: str):
 
 # -- prompt length ------------------------------------------------------------------------------
 def test_max_prompt_tokens_defaults_to_the_context_minus_the_completion(tmp_path):
-    from mmrft.trainer import data_budget
+    from mmrft.rollout.setup import data_budget
 
     cfg = demo_config(tmp_path)
     family = resolve_family(cfg.model)
@@ -105,9 +105,9 @@ def test_the_tools_description_counts_toward_the_prompt_budget(tmp_path):
     """A tool rollout prompts with the tools described in a system message; the budget counts
     it (a prompt that fits alone is over with it), and a row with ``meta.tools: false`` is
     counted without it, as it is rolled out."""
-    from mmrft.tool import tool_schemas
-    from mmrft.trainer import data_budget
-    from mmrft.trajectory import describe_tools
+    from mmrft.rollout.setup import data_budget
+    from mmrft.rollout.tool import tool_schemas
+    from mmrft.rollout.tool_loop import describe_tools
 
     cfg = demo_config(tmp_path, "rollout.tools.names=[crop]")
     family = resolve_family(cfg.model)
@@ -137,7 +137,7 @@ def test_the_tools_description_counts_toward_the_prompt_budget(tmp_path):
 def test_an_over_long_prompt_names_its_line_its_length_and_the_key(tmp_path):
     """Tokens of the rendered prompt count (a text under the character bound); skipped and
     counted under data.on_error=skip."""
-    from mmrft.trainer import read_data
+    from mmrft.rollout.setup import read_data
 
     lines = shapes_lines(3)
     with_question(lines[1], "what colour " * 2500)  # ~5000 tokens, 30 k characters
@@ -370,8 +370,8 @@ def test_a_video_that_fails_when_drawn_is_skipped_replaced_and_resumed_exactly(
     run stops with failure.json naming the sample and its line; resume=auto skips it (and says
     so) and its step 2 equals the skipping run's: the replacement is a pure function of the
     draw position and the bad set."""
-    from mmrft.checkpoint import load_trainer_state
-    from mmrft.trainer import train
+    from mmrft.runtime.checkpoint import load_trainer_state
+    from mmrft.training.trainer import train
 
     out = io.StringIO()
     summary = train(
@@ -492,7 +492,7 @@ def test_the_run_name_stays_inside_output_dir(tmp_path, name):
 
 
 def test_remote_media_need_the_opt_in_whatever_on_error_says(tmp_path):
-    from mmrft.trainer import read_data
+    from mmrft.rollout.setup import read_data
 
     lines = shapes_lines(2)
     lines[1]["messages"][0]["content"][0]["image"] = "http://example.invalid/cat.png"

@@ -12,7 +12,7 @@ import pytest
 from mmrft.cli import main
 from mmrft.data import DataError, read_mmrft_jsonl
 from mmrft.models.qwen_vl import Qwen25VL, check_media
-from mmrft.task import build_task, read_split
+from mmrft.rewards.task import build_task, read_split
 
 REPO = Path(__file__).resolve().parents[1]
 SHAPES = REPO / "assets" / "benchmarks" / "shapes_colour"
@@ -89,11 +89,11 @@ def test_train_names_the_bad_line_and_image_and_exits_2(broken, tmp_path, capsys
 
 
 def test_train_reports_bad_data_before_loading_the_model(broken, tmp_path, capsys, monkeypatch):
-    import mmrft.trainer
+    import mmrft.training.trainer
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(mmrft.trainer, "load_policy", no_model)
+    monkeypatch.setattr(mmrft.training.trainer, "load_policy", no_model)
     assert main(train_args(tmp_path, broken["jsonl"])) == 2
     assert f"{broken['jsonl']}:2: " in capsys.readouterr().err

@@ -11,7 +11,7 @@ import pytest
 
 from mmrft.cli import main
 from mmrft.data import DataError, answer_value
-from mmrft.task import build_task
+from mmrft.rewards.task import build_task
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -298,8 +298,8 @@ def check_samples(records: list[dict]) -> list:
 def test_a_mapping_per_split(tmp_path):
     """data.fields may give each split its own mapping; a mixed form is refused at start-up."""
     from mmrft.config import load_config
-    from mmrft.policy import resolve_family
-    from mmrft.trainer import read_data
+    from mmrft.policy.model import resolve_family
+    from mmrft.rollout.setup import read_data
     from mmrft.typecheck import ConfigError
 
     rows = [(r, image, text) for r, image, text in bundled(COLOUR, 2)]

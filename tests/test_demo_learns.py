@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from mmrft.config import load_config
-from mmrft.trainer import train
+from mmrft.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 COLOURS = ("red", "green", "blue", "yellow")

@@ -29,7 +29,7 @@ OVERRIDES = [
 def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]):
     """The StepBatch of one rank's ``share`` (completion indices) of a generated global batch,
     with what ``_update`` reads (``scored`` is not)."""
-    from mmrft.collector import StepBatch
+    from mmrft.rollout.collector import StepBatch
 
     return StepBatch(
         samples=[expanded[i] for i in share],
@@ -44,10 +44,11 @@ def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]
 def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     """Build the same global batch on every rank, train on this rank's groups, return params."""
     from mmrft.config import load_config
-    from mmrft.policy import load_policy
-    from mmrft.rollout import HFEngine, Sampling
-    from mmrft.task import build_task
-    from mmrft.trainer import _update, group_advantages, lr_lambda
+    from mmrft.policy.model import load_policy
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.base import Sampling
+    from mmrft.rollout.hf import HFEngine
+    from mmrft.training.trainer import _update, group_advantages, lr_lambda
 
     torch.set_num_threads(1)
     cfg = load_config(REPO / "configs/demo.yaml", OVERRIDES)
@@ -93,7 +94,7 @@ def test_two_processes_match_one_process_on_the_same_global_batch(tmp_path):
             rank0[key], value, rtol=1e-5, atol=1e-7, msg=f"2 ranks ≠ 1 process at {key}"
         )
     from mmrft.config import load_config
-    from mmrft.policy import load_policy
+    from mmrft.policy.model import load_policy
 
     initial = load_policy(
         load_config(REPO / "configs/demo.yaml", OVERRIDES).model, torch.device("cpu")
@@ -140,7 +141,7 @@ def _two_threads_worker(rank: int, world: int, out_dir: str) -> None:
     gathers objects on the side group, both at once, many times."""
     import threading
 
-    from mmrft import distributed
+    from mmrft.runtime import distributed
 
     side = distributed.side_group()
     gathered: list = []
@@ -159,7 +160,7 @@ def _two_threads_worker(rank: int, world: int, out_dir: str) -> None:
 
 
 def test_a_second_thread_runs_its_collectives_on_a_group_of_its_own(tmp_path):
-    """What lets the asynchronous collector run on several processes (mmrft.ahead): the
+    """What lets the asynchronous collector run on several processes (mmrft.rollout.ahead): the
     rollout thread's reductions and the trainer's never pair up with each other."""
     run_ranks(_two_threads_worker, str(tmp_path))
     for rank in (0, 1):

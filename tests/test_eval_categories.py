@@ -11,8 +11,8 @@ import pytest
 from rich.console import Console
 
 from mmrft.cli import main
-from mmrft.evaluate import print_table
-from mmrft.task import build_task
+from mmrft.evaluation.evaluate import print_table
+from mmrft.rewards.task import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 PITCH = REPO / "assets" / "benchmarks" / "audio_pitch"

@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrft.family import MediaBudget, family_for_model_type
-from mmrft.group import check_attention, packing
-from mmrft.models import tiny
+from mmrft.models.family import MediaBudget, family_for_model_type
 from mmrft.models.gemma import Gemma3, Gemma4
 from mmrft.models.glm import GLM4V
 from mmrft.models.internvl import InternVL
 from mmrft.models.qwen_audio import Qwen3Omni, qwen3_omni_audio_tokens
 from mmrft.models.qwen_vl import Qwen3VL, Qwen35
-from mmrft.policy import Policy, completion_logps
-from mmrft.rollout import cut_at_stop
+from mmrft.models.tiny import tiny
+from mmrft.policy.group import check_attention, packing
+from mmrft.policy.model import Policy, completion_logps
+from mmrft.rollout.base import cut_at_stop
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 # family -> (adapter, model_type, processor class, one image part's rendered user turn)
@@ -197,7 +197,7 @@ def test_training_forward_equals_generation_logprobs(loaded: dict, images: dict,
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_vision_tower_is_what_freezing_and_lora_skip(loaded: dict, name: str) -> None:
     from mmrft.config import ModelConfig
-    from mmrft.policy import lora_targets
+    from mmrft.policy.model import lora_targets
 
     family, _, model = loaded[name]
     tower = {id(p) for p in family.vision_parameters(model)}

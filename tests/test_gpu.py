@@ -29,9 +29,10 @@ import torch
 from test_group import MODELS, REPO, completions, conversations, prompts_of
 
 from mmrft.config import load_config
-from mmrft.group import group_logps, rollout_logps
-from mmrft.policy import completion_logps, load_policy
-from mmrft.rollout import HFEngine, Sampling
+from mmrft.policy.group import group_logps, rollout_logps
+from mmrft.policy.model import completion_logps, load_policy
+from mmrft.rollout.base import Sampling
+from mmrft.rollout.hf import HFEngine
 
 DEVICE = os.environ.get("MMRFT_TEST_DEVICE", "cuda")
 pytestmark = [

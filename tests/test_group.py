@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from mmrft.config import load_config
-from mmrft.group import check_attention, group_logps, pack, rollout_logps, rounds
-from mmrft.policy import completion_logps, load_policy
-from mmrft.rollout import HFEngine, Rollouts, Sampling
+from mmrft.policy.group import check_attention, group_logps, pack, rollout_logps, rounds
+from mmrft.policy.model import completion_logps, load_policy
+from mmrft.rollout.base import Rollouts, Sampling
+from mmrft.rollout.hf import HFEngine
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "assets" / "benchmarks"
@@ -410,7 +411,7 @@ def test_repetition_penalty_decodes_as_transformers_generate() -> None:
 
 def _layout(prompts: list[int], comps: list[list[int]], pad_to: int = 0):
     """A RowLayout of rows [prompt | completions…] (causal prompts), padded to the longest."""
-    from mmrft.group import RowLayout
+    from mmrft.policy.group import RowLayout
 
     L = max(max(p + sum(c) for p, c in zip(prompts, comps)), pad_to)
     segment = torch.full((len(prompts), L), -1)
@@ -431,8 +432,8 @@ def test_block_sparse_mask_is_the_dense_layout_and_skips_masked_blocks() -> None
     it): the mask as FlexAttention reads it (listed tiles, the rule in partial ones) equals the
     dense layout, completion-on-other-completion tiles are not listed, and a sliding window
     (Gemma's local layers) cuts as the dense rule does."""
-    from mmrft.attention import dense_mask
-    from mmrft.group import block_sparse_mask
+    from mmrft.models.attention import dense_mask
+    from mmrft.policy.group import block_sparse_mask
 
     layout = _layout([37, 20], [[40, 33, 50], [90, 5]])
     R, L = layout.segment.shape
@@ -452,7 +453,7 @@ def test_flex_attention_under_the_block_mask_equals_sdpa_under_the_dense_one() -
     with the dense layout, with grouped-query heads and a length that is not a tile multiple."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from mmrft.group import block_sparse_mask
+    from mmrft.policy.group import block_sparse_mask
 
     layout = _layout([150, 70], [[60, 90, 3], [200]])
     R, L = layout.segment.shape

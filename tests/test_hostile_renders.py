@@ -248,7 +248,7 @@ def test_answer_seeking_code_finds_nothing_in_the_sandbox(dataset, disable):
     off it finds its answer, and the isolation report says so."""
     from mmrft.verifiers import render
 
-    from mmrft.sandbox import _landlock_abi
+    from mmrft.rewards.sandbox import _landlock_abi
 
     if "landlock" not in disable and disable and _landlock_abi() < 1:
         pytest.skip("without a mount namespace only Landlock hides files")

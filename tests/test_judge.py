@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mmrft.data import Sample
-from mmrft.judges import (
+from mmrft.rewards.judges import (
     FENCE,
     FENCE_END,
     HTTPJudge,
@@ -26,7 +26,8 @@ from mmrft.judges import (
     quote,
     use_run_dir,
 )
-from mmrft.rewards import VerifierError, build_reward
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.verifier import VerifierError
 
 REPO = Path(__file__).resolve().parents[1]
 

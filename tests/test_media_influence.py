@@ -22,8 +22,8 @@ import torch
 from mmrft.config import ModelConfig, VideoConfig
 from mmrft.data import Sample
 from mmrft.plugins import load_plugins
-from mmrft.policy import Policy, completion_logps, load_policy, resolve_family
-from mmrft.task import Task, build_task, read_split
+from mmrft.policy.model import Policy, completion_logps, load_policy, resolve_family
+from mmrft.rewards.task import Task, build_task, read_split
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "assets" / "models"

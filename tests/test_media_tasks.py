@@ -15,11 +15,11 @@ import pytest
 from PIL import Image
 
 from mmrft.data import DataError, Sample
-from mmrft.family import MediaBudget
-from mmrft.metrics import coco_map, temporal_recall
+from mmrft.models.family import MediaBudget
 from mmrft.plugins import MODEL_FAMILIES, VERIFIERS
-from mmrft.rewards import build_reward
-from mmrft.task import build_task
+from mmrft.rewards.metrics import coco_map, temporal_recall
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

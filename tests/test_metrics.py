@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mmrft import metrics
-from mmrft.metrics import average_precision, coco_map, iou_matrix, temporal_recall
+from mmrft.rewards.metrics import average_precision, coco_map, iou_matrix, temporal_recall
 
 pycocotools = pytest.importorskip("pycocotools")
 from pycocotools.coco import COCO  # noqa: E402

@@ -1,7 +1,7 @@
 """A short training run and an evaluation run per modality on CPU with the tiny models, and
 one training step of every paper recipe with its tiny stand-in.
 
-Each modality run goes through :func:`mmrft.trainer.train` with overrides on
+Each modality run goes through :func:`mmrft.training.trainer.train` with overrides on
 ``configs/demo.yaml`` (as ``tests/test_trainer.py`` does): no warm start, 2 RL steps of 2
 prompts × 4 completions, a few new tokens, an evaluation of 2 test samples after RL, and a
 plugin length reward so that advantages are non-zero for a random model. It checks that the run
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from mmrft.config import load_config
-from mmrft.trainer import train
+from mmrft.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "assets" / "models"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from mmrft.config import load_config
-from mmrft.policy import resolve_family
-from mmrft.task import build_task, read_split
+from mmrft.policy.model import resolve_family
+from mmrft.rewards.task import build_task, read_split
 
 REPO = Path(__file__).resolve().parents[1]
 BENCH = REPO / "assets" / "benchmarks"

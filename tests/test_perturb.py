@@ -1,4 +1,4 @@
-"""NoisyRollout (mmrft.perturb): distortions, annealing, group assembly, config checks."""
+"""NoisyRollout (mmrft.rollout.perturb): distortions, annealing, group assembly, config checks."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from mmrft import perturb as P
 from mmrft import video as V
 from mmrft.algorithms import group_advantages
 from mmrft.config import load_config
-from mmrft.rollout import Rollouts, Sampling
+from mmrft.rollout.base import Rollouts, Sampling
 from mmrft.typecheck import ConfigError
 
 
@@ -106,7 +106,7 @@ def test_video_fetch_applies_the_part_key(monkeypatch):
 
 
 def test_prompt_seed_without_extras_is_the_shuffle_seed():
-    from mmrft.collector import shuffle_seed
+    from mmrft.rollout.collector import shuffle_seed
 
     assert P.prompt_seed(42, 17) == shuffle_seed(42, 17)
     assert P.prompt_seed(42, 17, 3) == P.prompt_seed(42, 17, 3) != P.prompt_seed(42, 17, 4)
@@ -341,7 +341,7 @@ def test_training_with_perturbed_rollouts_and_a_group_verifier(tmp_path):
     import json
 
     from mmrft.config import REPO_ROOT
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     plugin = tmp_path / "group_plugin.py"
     plugin.write_text(GROUP_PLUGIN)

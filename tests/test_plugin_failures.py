@@ -17,13 +17,8 @@ import pytest
 
 from mmrft import Sample, Score, verifier
 from mmrft.cli import main
-from mmrft.rewards import (
-    NonFiniteRewardError,
-    RewardError,
-    VerifierError,
-    build_reward,
-    write_failure,
-)
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.verifier import NonFiniteRewardError, RewardError, VerifierError, write_failure
 
 PLUGIN = '''
 import math, time

@@ -3,8 +3,8 @@ import textwrap
 import pytest
 
 from mmrft.plugins import TASKS, VERIFIERS, PluginError, UnknownNameError, load_plugin
-from mmrft.rewards import build_reward
-from mmrft.task import build_task
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
 from mmrft.typecheck import ConfigError
 
 
@@ -123,7 +123,7 @@ def test_a_plain_function_without_its_decorator_gets_a_hint(tmp_path):
     """A reward function written TRL-style, never registered: the unknown-name error says to
     decorate it."""
     from mmrft.plugins import load_plugin
-    from mmrft.rewards import build_reward
+    from mmrft.rewards.reward import build_reward
     from mmrft.typecheck import ConfigError
 
     plugin = tmp_path / "plain_reward.py"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from mmrft.plugins import MODEL_FAMILIES
-from mmrft.task import build_task
+from mmrft.rewards.task import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 SNAPSHOTS = REPO / "tests" / "snapshots" / "prompts"

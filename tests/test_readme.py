@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from mmrft import Sample
-from mmrft.rewards import build_reward
-from mmrft.task import build_task
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text(encoding="utf-8")
@@ -50,7 +50,7 @@ def test_cited_docs_are_in_the_repository():
 
 
 def test_task_hooks_the_readme_names_exist():
-    from mmrft.task import Task
+    from mmrft.rewards.task import Task
 
     section = README.split("## Adding a task", 1)[1].split("\n## ", 1)[0]
     hooks = set(re.findall(r"`(\w+)\(", section)) | {"formats"}

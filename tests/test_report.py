@@ -9,7 +9,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.colors import to_hex
 
-from mmrft.report import RunData, figure, report_runs
+from mmrft.evaluation.report import RunData, figure, report_runs
 
 
 def fake_run(path: Path, offset: float = 0.0, warm: bool = True) -> Path:

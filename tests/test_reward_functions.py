@@ -10,8 +10,8 @@ import pytest
 
 from mmrft.config import load_config
 from mmrft.data import Sample
-from mmrft.rewards import build_reward
-from mmrft.task import build_task
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,7 +103,7 @@ def test_the_prompt_task_reads_prompt_only_rows_and_asks_for_reward_functions(tm
 def test_training_on_prompts_and_reward_functions_alone(tmp_path):
     """A TRL-style start: prompts, two plain functions, no task-specific anything. Two RL
     steps, then the evaluation reports the weighted reward as the metric."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     (tmp_path / "my_rewards.py").write_text(TRL_FUNCTIONS)
     data = tmp_path / "prompts.jsonl"

@@ -3,7 +3,8 @@ import math
 import pytest
 
 from mmrft import Sample, Score, verifier
-from mmrft.rewards import NonFiniteRewardError, build_reward
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.verifier import NonFiniteRewardError
 from mmrft.typecheck import ConfigError
 
 
@@ -70,7 +71,7 @@ def sleepy(completions, samples, *, seconds: float = 0.0):
 
 
 def test_verifier_over_budget_scores_zero_with_reason_or_stops(caplog):
-    from mmrft.rewards import VerifierTimeoutError
+    from mmrft.rewards.verifier import VerifierTimeoutError
 
     specs = [{"name": "test_sleepy", "params": {"seconds": 2.0}}, {"name": "test_const"}]
     reward = build_reward(specs, timeout_s=0.2)

@@ -15,7 +15,7 @@ from ranks import free_port
 
 from mmrft.config import load_config
 from mmrft.data import Sample
-from mmrft.sampling import (
+from mmrft.rollout.sampling import (
     DataStream,
     GroupOutcome,
     PromptStats,
@@ -262,8 +262,8 @@ def test_a_plugin_sampler_registers_and_is_type_checked():
 
 
 def test_correctness_verifier_of_the_statistics():
-    from mmrft.collector import correctness_verifier
-    from mmrft.rewards import build_reward
+    from mmrft.rewards.reward import build_reward
+    from mmrft.rollout.collector import correctness_verifier
 
     reward = build_reward([{"name": "format"}, {"name": "accuracy"}], 0, "zero")
     try:
@@ -345,9 +345,9 @@ def assert_same_run(full: Path, resumed: Path) -> None:
 
 def step_one_draws_again(run_dir: Path, sampler_name: str) -> list[str]:
     """Step 2's prompts by the sampler's rule from the statistics saved at step 1."""
-    from mmrft.policy import resolve_family
-    from mmrft.task import build_task
-    from mmrft.trainer import read_data
+    from mmrft.policy.model import resolve_family
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.setup import read_data
 
     cfg = load_config(REPO / "configs/demo.yaml", overrides(run_dir.parent, "x", 2, sampler_name))
 
@@ -362,7 +362,7 @@ def step_one_draws_again(run_dir: Path, sampler_name: str) -> list[str]:
 
 @pytest.mark.parametrize("sampler_name", list(SAMPLERS))
 def test_two_steps_resume_exactly(sampler_name, tmp_path):
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     full = Path(
         train(
@@ -423,7 +423,7 @@ def test_two_processes_resume_exactly(sampler_name, tmp_path):
 def test_dynamic_sampling_counts_discarded_groups(tmp_path):
     """A random model scores 0 on format and accuracy: every group has equal rewards, so
     dynamic sampling drops each one, and the statistics count it."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     extra = [
         "train.steps=1",
@@ -444,7 +444,7 @@ def test_dynamic_sampling_counts_discarded_groups(tmp_path):
 def test_the_docstring_examples_run():
     import doctest
 
-    import mmrft.sampling
+    import mmrft.rollout.sampling
 
-    result = doctest.testmod(mmrft.sampling)
+    result = doctest.testmod(mmrft.rollout.sampling)
     assert result.attempted >= 3 and result.failed == 0

@@ -1,4 +1,4 @@
-"""mmrft.sandbox: well-behaved code works, hostile code is contained and leaves nothing behind.
+"""mmrft.rewards.sandbox: well-behaved code works, hostile code is contained and leaves nothing behind.
 
 Issue 12 (the parent's side): reasons the code tries to forge on the status pipe are ignored,
 outputs over their caps are never read, the code sees no file but its interpreter's (private
@@ -32,7 +32,7 @@ import pytest
 from PIL import Image
 
 from mmrft import sandbox
-from mmrft.sandbox import SandboxJob, SandboxPool, run_python
+from mmrft.rewards.sandbox import SandboxJob, SandboxPool, run_python
 
 REPO = Path(__file__).resolve().parents[1]
 IS_ROOT = os.geteuid() == 0
@@ -456,7 +456,7 @@ ROOTLESS = """
 import json, os, sys
 sys.path.insert(0, {repo!r})
 from mmrft import sandbox as sb
-from mmrft.sandbox import SandboxPool
+from mmrft.rewards.sandbox import SandboxPool
 if os.geteuid() == 0:  # become nobody, with the interpreter reachable (it may live in /root)
     sb._unshare(sb._CLONE_NEWNS)
     sb._mount(None, "/", None, sb._MS_REC | sb._MS_PRIVATE)
@@ -623,7 +623,7 @@ def test_the_code_sees_no_file_but_its_interpreter(pool, tmp_path, disable):
 KILLED_CALLER = """
 import sys, threading, time
 sys.path.insert(0, {repo!r})
-from mmrft.sandbox import SandboxPool
+from mmrft.rewards.sandbox import SandboxPool
 pool = SandboxPool(2)
 pool.start()
 for code in {codes!r}:
@@ -676,7 +676,7 @@ def test_nothing_survives_a_killed_caller_and_its_directories_are_removed_later(
     mine = glob.glob(os.path.join(tempfile.gettempdir(), f"mmrft-sandbox-*{os.getpid()}.*"))
     subprocess.run(
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-         "from mmrft.sandbox import SandboxPool\nSandboxPool(1).close()"],
+         "from mmrft.rewards.sandbox import SandboxPool\nSandboxPool(1).close()"],
         check=True, timeout=60,
     )  # fmt: skip
     assert not [p for p in left if os.path.exists(p)]

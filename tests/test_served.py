@@ -24,10 +24,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmrft import distributed
 from mmrft.config import ServerConfig, VLLMConfig, load_config
-from mmrft.policy import load_policy, merged_weights
-from mmrft.rollout import ENGINES, Sampling, build_engine, served
+from mmrft.policy.model import load_policy, merged_weights
+from mmrft.rollout import served
+from mmrft.rollout.base import Sampling
+from mmrft.rollout.engine import ENGINES, build_engine
 from mmrft.rollout.served import (
     ServedEngine,
     ServerError,
@@ -39,6 +40,7 @@ from mmrft.rollout.served import (
     write_weights,
 )
 from mmrft.rollout.vllm import EngineParityError
+from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

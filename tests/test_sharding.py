@@ -106,17 +106,13 @@ SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
 def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, torch.Tensor]:
     """Two RL steps on a fixed global batch (this rank's groups of it); the full parameters
     and SGD momentum buffers (rank 0: all; other ranks: empty)."""
-    from mmrft import distributed
     from mmrft.config import load_config
-    from mmrft.policy import load_policy
-    from mmrft.rollout import HFEngine, Sampling
-    from mmrft.task import build_task
-    from mmrft.trainer import (
-        _update,
-        deepspeed_config,
-        group_advantages,
-        lr_lambda,
-    )
+    from mmrft.policy.model import load_policy
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.base import Sampling
+    from mmrft.rollout.hf import HFEngine
+    from mmrft.runtime import distributed
+    from mmrft.training.trainer import _update, deepspeed_config, group_advantages, lr_lambda
 
     torch.set_num_threads(1)
     if world == 1:
@@ -200,7 +196,7 @@ def _check_optimizer_state_round_trip(model, optimizer, saved: dict) -> None:
     """Wipe the engine's partitioned optimizer state, load the full state every rank got from
     rank 0, and read it back: equal, parameter by parameter (a wrong fragment offset or
     partition would move values between parameters or ranks)."""
-    from mmrft import distributed, zero
+    from mmrft.runtime import distributed, zero
 
     saved = distributed.broadcast_object(saved)
     inner = zero.engine_of(model).optimizer.optimizer
@@ -245,7 +241,7 @@ def assert_sharded_equals_single(
     the demo model's gradient norms exceed optim.max_grad_norm (the clip of sharded gradients
     is checked); other models' may not."""
     from mmrft.config import load_config
-    from mmrft.policy import load_policy
+    from mmrft.policy.model import load_policy
 
     run_ranks(_worker, overrides, str(tmp_path))
     sharded = torch.load(tmp_path / "rank0.pt")
@@ -323,7 +319,7 @@ def test_sharding_mode_is_validated():
     import typing
 
     from mmrft.config import TrainConfig, load_config
-    from mmrft.distributed import SHARDING
+    from mmrft.runtime.distributed import SHARDING
     from mmrft.typecheck import ConfigError
 
     hint = typing.get_type_hints(TrainConfig)["sharding"]
@@ -341,8 +337,8 @@ def test_shard_units_are_the_text_decoder_layers():
     """Media encoders run 0, 1 or 2 times per forward depending on the batch, so their blocks
     must not be units of their own (an all-gather per call would not pair up across ranks)."""
     from mmrft.config import load_config
-    from mmrft.distributed import shard_units
-    from mmrft.policy import load_policy
+    from mmrft.policy.model import load_policy
+    from mmrft.runtime.distributed import shard_units
 
     for name in ("tiny-qwen2_5_vl", "tiny-qwen2_audio", "tiny-qwen2_5_omni"):
         cfg = load_config(REPO / "configs/demo.yaml", [f"model.path=assets/models/{name}"])
@@ -499,7 +495,7 @@ def _accelerate_env(path: Path) -> dict[str, str]:
     ],
 )
 def test_shipped_accelerate_configs_set_the_sharding(name, sharding, monkeypatch):
-    from mmrft.distributed import sharding_from_launcher
+    from mmrft.runtime.distributed import sharding_from_launcher
 
     for key, value in _accelerate_env(REPO / "configs/accelerate" / f"{name}.yaml").items():
         monkeypatch.setenv(key, value)
@@ -507,7 +503,7 @@ def test_shipped_accelerate_configs_set_the_sharding(name, sharding, monkeypatch
 
 
 def test_accelerate_settings_translate_or_fail_by_name(monkeypatch, tmp_path):
-    from mmrft.distributed import sharding_from_launcher
+    from mmrft.runtime.distributed import sharding_from_launcher
     from mmrft.typecheck import ConfigError
 
     def launched(**env: str) -> None:
@@ -562,11 +558,11 @@ def test_accelerate_settings_translate_or_fail_by_name(monkeypatch, tmp_path):
 def _mixed_media_worker(rank: int, world: int, out_dir: str) -> None:
     """Rank 0 forwards an image prompt, rank 1 a text-only pass, under ZeRO: both must stop
     with the message that names the way out, instead of hanging."""
-    from mmrft import distributed
     from mmrft.config import load_config
-    from mmrft.policy import completion_logps, load_policy
-    from mmrft.task import build_task
-    from mmrft.trainer import deepspeed_config
+    from mmrft.policy.model import completion_logps, load_policy
+    from mmrft.rewards.task import build_task
+    from mmrft.runtime import distributed
+    from mmrft.training.trainer import deepspeed_config
 
     torch.set_num_threads(1)
     cfg = load_config(

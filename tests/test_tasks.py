@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 
 from mmrft.data import DataError, Sample
-from mmrft.family import MediaBudget
+from mmrft.models.family import MediaBudget
 from mmrft.plugins import MODEL_FAMILIES
-from mmrft.rewards import build_reward
-from mmrft.task import build_task
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -257,7 +257,7 @@ def test_counting_evaluate():
 
 def test_chance():
     """Chance = mean over samples of 1 / |the sample's options that are some sample's target|
-    (mmrft.task.uniform_target_chance); every value below is worked out by hand."""
+    (mmrft.rewards.task.uniform_target_chance); every value below is worked out by hand."""
     classification = build_task("classification")
     two = Sample("a", [], "x", {"choices": ["x", "y"]})
     four = Sample("b", [], "y", {"choices": ["x", "y", "z", "w"]})

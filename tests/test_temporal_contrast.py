@@ -1,4 +1,4 @@
-"""Video-R1's T-GRPO as the collector's auxiliary rollout stage (mmrft.collector.TemporalContrast
+"""Video-R1's T-GRPO as the collector's auxiliary rollout stage (mmrft.rollout.collector.TemporalContrast
 and its metrics), with a stub rollout engine: which prompts get shuffled-frame completions, how they are seeded, what
 the bonus adds to the reward, and how several ranks' counts combine. The 2-step training run is
 in tests/test_modalities_train.py; the pure bonus in tests/test_algorithms.py."""
@@ -10,14 +10,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from mmrft import collector, distributed, runlog
+from mmrft import collector, runlog
 from mmrft import video as V
 from mmrft.config import load_config
 from mmrft.data import Sample
 from mmrft.models.qwen_vl import Qwen25VL
-from mmrft.rewards import build_reward
-from mmrft.rollout import Rollouts, Sampling
-from mmrft.task import build_task
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.task import build_task
+from mmrft.rollout.base import Rollouts, Sampling
+from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,14 +16,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from mmrft.collector import build_tool_loop
 from mmrft.config import load_config
 from mmrft.data import Sample
-from mmrft.group import rollout_logps
-from mmrft.policy import load_policy
-from mmrft.rollout import HFEngine, Sampling
-from mmrft.tool import enabled_tools
-from mmrft.trajectory import LoopLimits, ToolLoop, joined_row
+from mmrft.policy.group import rollout_logps
+from mmrft.policy.model import load_policy
+from mmrft.policy.trajectory import joined_row
+from mmrft.rollout.base import Sampling
+from mmrft.rollout.collector import build_tool_loop
+from mmrft.rollout.hf import HFEngine
+from mmrft.rollout.tool import enabled_tools
+from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,7 +198,7 @@ def test_call_observation_call_answer_token_stream(policy):
 
 
 def _obs(trajectory, k):
-    from mmrft.tool import Observation
+    from mmrft.rollout.tool import Observation
 
     call = trajectory.calls[k]
     return Observation(ok=call["ok"], text=call["text"], images=[None] * call["images"])
@@ -375,7 +377,7 @@ def test_demonstration_call_crops_around_the_target_in_the_family_frame(policy):
     input-pixel frame; run through the loop's own code, it crops that region."""
     import json
 
-    from mmrft.trajectory import demonstration_call
+    from mmrft.rollout.tool_loop import demonstration_call
 
     s = sample(0)
     call = demonstration_call(s, policy.family, ["crop"])

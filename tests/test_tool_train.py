@@ -16,7 +16,7 @@ import pytest
 
 from mmrft.config import load_config
 from mmrft.rollout.hf import HFEngine
-from mmrft.trainer import train
+from mmrft.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -7,8 +7,8 @@ import pytest
 
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
-from mmrft.rewards import build_reward
-from mmrft.trajectory import Trajectory
+from mmrft.policy.trajectory import Trajectory
+from mmrft.rewards.reward import build_reward
 
 
 def sample(**meta) -> Sample:

@@ -1,4 +1,4 @@
-"""The tool API of multi-turn rollouts (mmrft.tool) and the built-in tools (tools/ →
+"""The tool API of multi-turn rollouts (mmrft.rollout.tool) and the built-in tools (tools/ →
 mmrft.tools): registration, schemas, box frames mapped to the original image, budgets, the
 video clip, and hostile calls that must all come back as failed observations with a reason."""
 
@@ -14,9 +14,10 @@ import pytest
 from PIL import Image
 
 from mmrft.data import Sample
+from mmrft.data.video import VideoBudget
 from mmrft.models.qwen_vl import Qwen2VL, Qwen25VL
 from mmrft.plugins import TOOLS, UnknownNameError, load_plugin
-from mmrft.tool import (
+from mmrft.rollout.tool import (
     MAX_CALL_BYTES,
     Observation,
     ParseError,
@@ -31,7 +32,6 @@ from mmrft.tool import (
     tool_schemas,
     tool_stats,
 )
-from mmrft.video import VideoBudget
 
 RED = (230, 20, 20)
 SQUARE = (800, 600, 1000, 800)  # the red square, pixels of the 1600 × 1200 original
@@ -105,7 +105,7 @@ def test_decorator_and_file_plugin_register_tools(tmp_path):
     plugin.write_text(
         textwrap.dedent(
             '''
-            from mmrft.tool import Observation, tool
+            from mmrft.rollout.tool import Observation, tool
 
             @tool("test_shout", aliases=("test_yell",), timeout_s=5, parameters={
                 "type": "object",
@@ -265,7 +265,7 @@ def square_x(frame: Image.Image) -> float:
 
 
 def test_video_frames_returns_a_clip_with_the_source_timestamps(video_context):
-    from mmrft.video import fetch_video
+    from mmrft.data.video import fetch_video
 
     obs = call(tool_call("video_frames", start_s=1.0, end_s=2.0, n=4), video_context)
     assert obs.ok and obs.images == [] and len(obs.videos) == 1, obs.text

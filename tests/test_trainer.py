@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from mmrft.config import load_config
-from mmrft.rewards import NonFiniteRewardError
-from mmrft.trainer import train
+from mmrft.rewards.verifier import NonFiniteRewardError
+from mmrft.training.trainer import train
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -276,7 +276,7 @@ def test_ctrl_c_checkpoints_the_finished_step_then_resumes(tmp_path):
 
 
 def test_non_finite_loss_writes_failure_and_keeps_checkpoints(tmp_path, monkeypatch):
-    import mmrft.trainer as trainer_module
+    import mmrft.training.trainer as trainer_module
 
     real = trainer_module.grpo_loss
     calls = {"n": 0}
@@ -370,7 +370,7 @@ def test_heartbeat_names_the_phase_it_waits_on(caplog):
     import logging
     import time
 
-    from mmrft.runlog import Heartbeat
+    from mmrft.evaluation.runlog import Heartbeat
 
     caplog.set_level(logging.WARNING, logger="mmrft")
     with Heartbeat(0.2) as heartbeat:
@@ -421,10 +421,10 @@ def test_evaluation_advances_a_progress_bar_batch_by_batch():
     from rich.console import Console
     from rich.progress import Progress
 
-    from mmrft.evaluate import evaluate
-    from mmrft.policy import load_policy, resolve_family
-    from mmrft.runlog import progress_bar
-    from mmrft.task import build_task, read_split
+    from mmrft.evaluation.evaluate import evaluate
+    from mmrft.evaluation.runlog import progress_bar
+    from mmrft.policy.model import load_policy, resolve_family
+    from mmrft.rewards.task import build_task, read_split
 
     cfg = load_config("demo")
     family = resolve_family(cfg.model)

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from mmrft import Sample
-from mmrft.rewards import VerifierError, VerifierTimeoutError, build_reward, verifier
+from mmrft.rewards import verifier
+from mmrft.rewards.reward import build_reward
+from mmrft.rewards.verifier import VerifierError, VerifierTimeoutError
 
 TOWER = "<answer>$9^{9^{9^{9}}}$</answer>"  # 27 characters that stalled training for good
 BACKTRACK = "a" * 135 + "!"  # (a|aa)* tries every split of the a's before failing at '!'
@@ -29,7 +31,7 @@ PLUGIN = '''
 import ctypes, os, re
 from math_verify import parse, verify
 from mmrft import Score, verifier
-from mmrft.answers import extract_answer
+from mmrft.rewards.answers import extract_answer
 
 
 @verifier("test_budget_regex")
@@ -247,7 +249,7 @@ def test_cap_memory_sets_the_address_space_limit_above_what_is_mapped():
     import sys
 
     code = (
-        "import resource; from mmrft.verifier_pool import cap_memory; "
+        "import resource; from mmrft.rewards.pool import cap_memory; "
         "cap = cap_memory(64); print(cap, resource.getrlimit(resource.RLIMIT_AS)[0]); "
         "bytearray(128 << 20)"
     )
@@ -381,7 +383,7 @@ def test_accuracy_math_refuses_numbers_too_large_to_build():
     ],
 )
 def test_math_too_large_bounds(text, too_large):
-    from mmrft.answers import math_too_large
+    from mmrft.rewards.answers import math_too_large
 
     assert math_too_large(text) is too_large
 

@@ -10,7 +10,7 @@ import pytest
 
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
-from mmrft.rewards import build_reward
+from mmrft.rewards.reward import build_reward
 from mmrft.typecheck import ConfigError
 
 
@@ -30,8 +30,8 @@ def reasons(scores) -> list[str | None]:
 @pytest.mark.parametrize(
     "module",
     [
-        "mmrft.answers",
-        "mmrft.boxes",
+        "mmrft.rewards.answers",
+        "mmrft.rewards.boxes",
         "mmrft.verifiers.format",
         "mmrft.verifiers.accuracy",
         "mmrft.verifiers.iou",

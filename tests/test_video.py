@@ -1,4 +1,4 @@
-"""The video pipeline (mmrft.video): decoders, frame sampling, prompt budgets, the decoded-frame
+"""The video pipeline (mmrft.data.video): decoders, frame sampling, prompt budgets, the decoded-frame
 cache, errors naming the file, and what the Qwen-VL processor makes of the frames.
 
 Clips are written with PyAV into temp dirs: a red square moving right on black.
@@ -222,7 +222,7 @@ def test_long_video_fits_and_matches_the_processor(clips, fresh_cache, caplog) -
     ]:
         budget = V.VideoBudget(max_pixels=12544, max_prompt_tokens=limit)
         part = {"type": "video", "video": str(clips["long"])}
-        with caplog.at_level(logging.WARNING, logger="mmrft.video"):
+        with caplog.at_level(logging.WARNING, logger="mmrft.data.video"):
             _, videos, kwargs = V.process_vision_info(
                 [[{"role": "user", "content": [part]}]],
                 budget=budget,
@@ -412,7 +412,7 @@ def test_frame_list_is_a_video(tmp_path: Path, fresh_cache) -> None:
 def test_prepare_through_mmrft_video(clips, monkeypatch) -> None:
     """The hook in the Qwen2.5-VL family's prepare: a video file becomes grids, frames and a time
     step that survive split/collate, and the model runs on them (before the lead's patch this
-    routes qwen-vl-utils' process_vision_info to mmrft.video; after it, it is the real path)."""
+    routes qwen-vl-utils' process_vision_info to mmrft.data.video; after it, it is the real path)."""
     import qwen_vl_utils
 
     from mmrft.models import qwen_vl

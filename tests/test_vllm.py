@@ -25,10 +25,11 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 from mmrft.config import ServerConfig, VLLMConfig, load_config  # noqa: E402
-from mmrft.group import rollout_logps  # noqa: E402
-from mmrft.policy import load_policy, merged_weights  # noqa: E402
+from mmrft.policy.group import rollout_logps  # noqa: E402
+from mmrft.policy.model import load_policy, merged_weights  # noqa: E402
 from mmrft.rewards import Score, verifier  # noqa: E402
-from mmrft.rollout import HFEngine, Sampling  # noqa: E402
+from mmrft.rollout.base import Sampling  # noqa: E402
+from mmrft.rollout.hf import HFEngine  # noqa: E402
 from mmrft.rollout.served import ServedEngine, ServerError  # noqa: E402
 from mmrft.rollout.vllm import EngineParityError, VLLMEngine  # noqa: E402
 
@@ -186,8 +187,8 @@ def tool_rows(policy, kind: str, video: str | None = None):
     ``video``: another prompt video for the video case (the zoom video is 9 s at 20 fps,
     sampled to 4 frames: vLLM's log-probs on such a video differ from the trainer's already
     in a single turn, see test_sparsely_sampled_video_logprobs)."""
-    from mmrft.tool import enabled_tools
-    from mmrft.trajectory import LoopLimits, ToolLoop
+    from mmrft.rollout.tool import enabled_tools
+    from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
 
     bench, tool, call = {
         "image": (
@@ -226,8 +227,8 @@ def test_tool_trajectory_continues_exactly(setup, media, kind) -> None:
     """vLLM continues a trajectory (prompt, call, observation with a new image or clip) from
     its exact ids: its expanded prompt is the trainer's row, greedy equals the hf engine, and
     its log-probs of the new turn equal the training forward's over the whole trajectory."""
-    from mmrft.rollout import Rollouts
-    from mmrft.trajectory import joined_row
+    from mmrft.policy.trajectory import joined_row
+    from mmrft.rollout.base import Rollouts
 
     policy, engine = setup
     _, _, _, prompt, trajectory = tool_rows(policy, kind, media["video"][0])
@@ -378,7 +379,7 @@ def test_three_training_steps_and_an_evaluation(model_path, media, tmp_path, kin
     """Three steps through the colocated engine and an evaluation; ``image-ahead`` one step
     ahead (rollout.max_staleness=1: vLLM generates in the rollout thread from snapshots of
     the weights; steps 2 and 3 were sampled one update behind)."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     ahead = kind.endswith("-ahead")
     kind = kind.removesuffix("-ahead")
@@ -518,7 +519,7 @@ def test_a_killed_server_stops_the_run_and_resume_continues(
     continues from step 1 with a fresh server and finishes."""
     import signal
 
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     data = write_dataset(tmp_path, media, "image")
     overrides = [
@@ -621,7 +622,7 @@ def test_served_greedy_and_logprobs_equal_the_trainers(served, media, kind) -> N
 def test_served_tool_trajectory_continues_exactly(served, media) -> None:
     """continue_rows: the server expands a trajectory with a new image to the trainer's row,
     and its greedy turn equals the hf engine's."""
-    from mmrft.trajectory import joined_row
+    from mmrft.policy.trajectory import joined_row
 
     policy, engine = served
     _, _, _, prompt, trajectory = tool_rows(policy, "image")
@@ -695,7 +696,7 @@ def test_two_training_steps_pushing_the_adapter(model_path, media, tmp_path) -> 
     """mmrft train with rollout.server.push=lora: the trainer starts its server with LoRA on,
     pushes the adapter at start-up and after each step; the sampler's log-probs stay the
     trainer's."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     data = write_dataset(tmp_path, media, "image")
     cfg = load_config(
@@ -756,7 +757,7 @@ def served_run(engine, model_path, media, tmp_path, name: str, *extra: str):
 def test_two_training_steps_on_a_server_at_a_url(served, model_path, media, tmp_path) -> None:
     """mmrft train with rollout.server.url: the module's running server (its weights are the
     trainer's from the start-up push on), two steps and an evaluation."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     _, engine = served
     summary = train(served_run(engine, model_path, media, tmp_path, "run", "train.steps=2"))
@@ -775,7 +776,7 @@ def test_one_step_ahead_through_the_server(served, model_path, media, tmp_path) 
     Step 1 samples the start weights (lag 0: the sampler's log-probs are the trainer's); later
     steps were sampled one update behind (lag 1), so the gap is the update's, which the
     truncated importance weights correct."""
-    from mmrft.trainer import train
+    from mmrft.training.trainer import train
 
     _, engine = served
     ahead = ["rollout.max_staleness=1", "algorithm.tis_cap=2", "optim.lr=1e-2"]
@@ -808,7 +809,7 @@ def test_the_http_judge_through_vllms_own_server(served, tmp_path) -> None:
     import urllib.request
 
     import mmrft
-    from mmrft.judges import HTTPJudge, Request
+    from mmrft.rewards.judges import HTTPJudge, Request
 
     _, engine = served
     with urllib.request.urlopen(engine.url + "/v1/models", timeout=30) as reply:

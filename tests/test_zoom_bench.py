@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from mmrft.task import build_task
+from mmrft.rewards.task import build_task
 
 REPO = Path(__file__).resolve().parents[1]
 N_MARKS = 16  # images (4 per colour)

@@ -1,27 +1,27 @@
 """Image tools: ``crop`` (alias ``image_zoom_in``) and ``rotate``.
 
 Boxes arrive in the model family's own frame (``ToolContext.box_frame``) and are mapped to
-pixels of the ORIGINAL full-resolution image (:meth:`~mmrft.tool.ToolContext.to_image_pixels`)
+pixels of the ORIGINAL full-resolution image (:meth:`~mmrft.rollout.tool.ToolContext.to_image_pixels`)
 before anything is cut, so a zoom shows the original detail rather than the downscaled model
 input. Crop rules (DeepEyes' "refused below about 30 px or past aspect 100"):
 
 * a box reaching more than 5 % of the image side past an edge, or wholly outside the image, is
-  refused (``box_outside_image``, the verifiers' rule :func:`mmrft.boxes.outside_image`); one
+  refused (``box_outside_image``, the verifiers' rule :func:`mmrft.rewards.boxes.outside_image`); one
   within that tolerance is clamped to the image;
 * ``x1 < x2`` and ``y1 < y2`` in the frame, else ``bad_argument``;
 * after mapping and clamping, a side under :data:`MIN_SIDE` = 28 original pixels is refused
   (``box_too_small``), as is a long/short side ratio over :data:`MAX_ASPECT` = 100
   (``box_aspect_ratio``);
 * the crop is cut on whole pixels (``floor(x1), floor(y1), ceil(x2), ceil(y2)``) and downscaled
-  to at most ``ToolContext.max_pixels`` of area, aspect kept (:func:`mmrft.tool.fit_pixels`).
+  to at most ``ToolContext.max_pixels`` of area, aspect kept (:func:`mmrft.rollout.tool.fit_pixels`).
 """
 
 from __future__ import annotations
 
 import math
 
-from mmrft.boxes import clip_box, outside_image
-from mmrft.tool import Observation, ToolContext, ToolFailure, fit_pixels, tool
+from mmrft.rewards.boxes import clip_box, outside_image
+from mmrft.rollout.tool import Observation, ToolContext, ToolFailure, fit_pixels, tool
 
 MIN_SIDE = 28
 """Shortest side of a crop (pixels of the original image)."""

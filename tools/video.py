@@ -10,15 +10,15 @@ Frames (all times in seconds of the source video, ``fps`` its native rate in fra
   (``too_many_frames``, the text names the limit) rather than silently capped, so a policy
   learns the limit instead of being rewarded for ignoring it; an odd ``n`` is rounded up to
   the next even number (down when that passes the budget) because Qwen-VL towers merge frames
-  in pairs (:data:`mmrft.video.TEMPORAL_PATCH`);
+  in pairs (:data:`mmrft.data.video.TEMPORAL_PATCH`);
 * frame indices: ``i_first = ceil(start_s·fps)``, ``i_last = min(floor(end_s·fps), total − 1)``,
   ``indices = round(linspace(i_first, i_last, n))`` (repeats when the interval holds fewer
   than n frames), timestamps ``index / fps``;
-* frame size: qwen-vl-utils' ``smart_resize`` (:func:`mmrft.video.resize_dims`) with the
+* frame size: qwen-vl-utils' ``smart_resize`` (:func:`mmrft.data.video.resize_dims`) with the
   per-frame cap ``min(max_pixels, total_pixels·2/n, ⌊max_video_tokens / ⌈n/2⌉⌋·factor²)``;
   when not even one ``factor × factor`` patch group fits, ``too_many_frames``.
 
-The frames come back as a :class:`~mmrft.tool.VideoClip` (a frame-list video with its
+The frames come back as a :class:`~mmrft.rollout.tool.VideoClip` (a frame-list video with its
 timestamps), which the family renders as a video (video tokens), not as loose images.
 """
 
@@ -28,8 +28,8 @@ import math
 from typing import TYPE_CHECKING
 
 from mmrft.data import DataError
-from mmrft.tool import Observation, ToolContext, ToolFailure, VideoClip, tool
-from mmrft.video import TEMPORAL_PATCH, VideoInfo, frame_indices, probe_video, resize_dims
+from mmrft.data.video import TEMPORAL_PATCH, VideoInfo, frame_indices, probe_video, resize_dims
+from mmrft.rollout.tool import Observation, ToolContext, ToolFailure, VideoClip, tool
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -110,10 +110,10 @@ def video_frames(context: ToolContext, *, start_s: float, end_s: float, n: int) 
 
 def _decode(info: VideoInfo, indices: list[int], height: int, width: int) -> list[Image.Image]:
     """The frames at ``indices`` as RGB PIL images of ``width × height`` pixels, decoded by
-    :mod:`mmrft.video`'s decoder (only these frames, resized as they are decoded)."""
+    :mod:`mmrft.data.video`'s decoder (only these frames, resized as they are decoded)."""
     from PIL import Image
 
-    from mmrft.video import _decode as decode_frames  # the decoder read_video uses
+    from mmrft.data.video import _decode as decode_frames  # the decoder read_video uses
 
     tensor = decode_frames(info, indices, height, width)
     return [Image.fromarray(frame.permute(1, 2, 0).numpy()) for frame in tensor]

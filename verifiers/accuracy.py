@@ -6,7 +6,9 @@ import math
 import threading
 from typing import Any, Literal
 
-from mmrft.answers import (
+from mmrft.data import Sample
+from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import (
     choice_index,
     extract_answer,
     is_number_literal,
@@ -15,8 +17,6 @@ from mmrft.answers import (
     normalise_text,
     parse_number,
 )
-from mmrft.data import Sample
-from mmrft.rewards import Score, verifier
 
 Mode = Literal["auto", "exact", "choice", "number", "math"]
 
@@ -25,8 +25,8 @@ MATH_TIMEOUT_S = 3
 MATH_MAX_CHARS = 1000
 """Longer math answers score 0 (``answer too long``) without being parsed."""
 # Before sympy: answers over MATH_MAX_CHARS, and numbers too large to build
-# (mmrft.answers.math_too_large: 9^{9^{9}}, (10^{7})!) score 0 with a reason. A call that
-# still holds the GIL past reward.timeout_s is killed with its worker (mmrft.verifier_pool).
+# (mmrft.rewards.answers.math_too_large: 9^{9^{9}}, (10^{7})!) score 0 with a reason. A call that
+# still holds the GIL past reward.timeout_s is killed with its worker (mmrft.rewards.pool).
 
 
 def _score(ok: bool, reason: str) -> Score:
@@ -183,7 +183,7 @@ def accuracy(
       ``math_verify.verify(gold, answer)``; timeouts as in :func:`_check_math`. An answer
       over ``MATH_MAX_CHARS`` characters, or one whose powers, factorials or binomials of
       numbers would exceed ``MATH_MAX_DIGITS`` digits (``9^{9^{9}}``), is refused before
-      sympy sees it (:func:`mmrft.answers.math_too_large`).
+      sympy sees it (:func:`mmrft.rewards.answers.math_too_large`).
 
     Reasons at 0: those of :func:`extract_answer`, ``wrong option``, ``several options``,
     ``no option matched``, ``wrong number``, ``several numbers``, ``no number``,

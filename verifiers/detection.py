@@ -15,12 +15,12 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mmrft.answers import extract_answer, normalise_text
-from mmrft.boxes import _BOX as BOX_PATTERN
-from mmrft.boxes import clip_box, is_degenerate, outside_image, parse_boxes, to_pixels
 from mmrft.data import Sample
-from mmrft.metrics import coco_match, interpolated_precision, iou_matrix
 from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import extract_answer, normalise_text
+from mmrft.rewards.boxes import _BOX as BOX_PATTERN
+from mmrft.rewards.boxes import clip_box, is_degenerate, outside_image, parse_boxes, to_pixels
+from mmrft.rewards.metrics import coco_match, interpolated_precision, iou_matrix
 
 Frame = Literal["auto", "norm1000", "input_pixels", "norm1", "pixels"]
 
@@ -48,7 +48,7 @@ _LABEL = re.compile(
     _KEY.format("(?:label|category|class|name)") + r"""(?:"([^"]*)"|'([^']*)')""", re.IGNORECASE
 )
 # One JSON / Python object without nested braces ({"bbox_2d": [...], "label": "cat"}) or, outside
-# objects, a box (mmrft.boxes' box pattern), scanned left to right in one pass.
+# objects, a box (mmrft.rewards.boxes' box pattern), scanned left to right in one pass.
 _SCAN = re.compile(r"\{[^{}]*\}|" + BOX_PATTERN.pattern)
 # An explicit "no objects" answer: [] (optionally in a ```json fence), null, none, no objects.
 _EMPTY = re.compile(
@@ -81,7 +81,7 @@ def parse_detections(
 
     * Visual-RFT: ``[{'Position': [x1, y1, x2, y2], 'Confidence': 0.9}, ...]``;
     * Qwen2.5-VL: ``[{"bbox_2d": [x1, y1, x2, y2], "label": "cat"}, ...]``;
-    * plain boxes: ``[[x1, y1, x2, y2], ...]`` or any box form of :func:`mmrft.boxes.parse_boxes`
+    * plain boxes: ``[[x1, y1, x2, y2], ...]`` or any box form of :func:`mmrft.rewards.boxes.parse_boxes`
       (confidence and label ``None``);
     * "no objects": ``[]``, ``null``, ``none``, ``no objects`` → an empty list.
 
@@ -338,7 +338,7 @@ def detection(
 
     **ap** (VLM-R1 OVD). score = AP@``iou_threshold`` × min(1, G / P): AP of this image's
     predictions ranked by confidence, COCO matching (IoU ≥ threshold) and 101-point
-    interpolation (:func:`mmrft.metrics.interpolated_precision`), times VLM-R1's "odLength"
+    interpolation (:func:`mmrft.rewards.metrics.interpolated_precision`), times VLM-R1's "odLength"
     factor, which stops box spamming from buying recall.
 
     Both modes: a "no objects" target (``[]``) scores 1 for an explicit empty answer (``[]``)
@@ -347,7 +347,7 @@ def detection(
     spam is divided by max(G, P) (visual_rft) or min(1, G / P) (ap).
 
     With ``match_labels`` a prediction can only match a target box of the same label
-    (normalised equality, :func:`mmrft.answers.normalise_text`); unlabelled predictions match
+    (normalised equality, :func:`mmrft.rewards.answers.normalise_text`); unlabelled predictions match
     nothing and every target box needs a label. In ``ap`` mode AP is then averaged over the
     target's labels; predictions of other labels count only in P. Without it matching is
     class-agnostic (Visual-RFT prompts ask for one category at a time).
@@ -357,7 +357,7 @@ def detection(
     1000 + 200 · ``max_boxes`` characters (``answer too long``, :data:`MAX_CHARS_PER_BOX`).
     Boxes are read in ``frame`` (``auto``: ``meta["box_frame"]``), converted to original-image
     pixels with ``meta["image_size"]`` (and ``meta["input_size"]`` for ``input_pixels``), and
-    clipped to the image when it reaches at most :data:`mmrft.boxes.EDGE_TOLERANCE` (5 % of
+    clipped to the image when it reaches at most :data:`mmrft.rewards.boxes.EDGE_TOLERANCE` (5 % of
     the image side: 50 units of norm1000) past an edge; an answer with a box reaching further,
     or lying wholly outside the image, scores 0 (``box outside image``), as one with a
     degenerate box does. Target:

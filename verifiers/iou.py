@@ -4,10 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from mmrft.answers import extract_answer
-from mmrft.boxes import box_iou, clip_box, is_degenerate, outside_image, parse_one_box, to_pixels
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.boxes import (
+    box_iou,
+    clip_box,
+    is_degenerate,
+    outside_image,
+    parse_one_box,
+    to_pixels,
+)
 
 Frame = Literal["auto", "norm1000", "input_pixels", "norm1", "pixels"]
 
@@ -72,11 +79,11 @@ def iou(
     ``threshold`` else 0 (``threshold`` in (0, 1]). The raw IoU is logged as part ``iou``.
 
     Parse rules: the content of exactly one ``<answer_tag>`` block, holding exactly one box
-    (:func:`mmrft.boxes.parse_boxes`: ``{"bbox_2d": [...]}``, any key case, ints or floats,
+    (:func:`mmrft.rewards.boxes.parse_boxes`: ``{"bbox_2d": [...]}``, any key case, ints or floats,
     ``(x1,y1),(x2,y2)``, ...). The box is read in ``frame`` (``auto``: the model family's
     ``meta["box_frame"]``) and converted with ``meta["image_size"]`` (and ``meta["input_size"]``
     for ``input_pixels``) to the target's frame, original-image pixels, then clipped to the
-    image when it reaches at most :data:`mmrft.boxes.EDGE_TOLERANCE` (5 % of the image side:
+    image when it reaches at most :data:`mmrft.rewards.boxes.EDGE_TOLERANCE` (5 % of the image side:
     50 units of norm1000) past an edge; a box reaching further, or lying wholly outside the
     image, scores 0 (``box outside image``), never its clipped IoU. The target is
     ``[x1, y1, x2, y2]`` in original-image pixels.

@@ -1,4 +1,4 @@
-"""Rewards from a model (:mod:`mmrft.judges`: an HTTP endpoint or a local model).
+"""Rewards from a model (:mod:`mmrft.rewards.judges`: an HTTP endpoint or a local model).
 
 * ``judge``: a judge grades the answer against the question and the reference;
 * ``caption_qa``: CapRL's reward (CapRL, 2025): a text-only judge answers
@@ -11,9 +11,10 @@ import string
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from mmrft.answers import extract_answer, normalise_text, parse_number
 from mmrft.data import Sample
-from mmrft.judges import (
+from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import extract_answer, normalise_text, parse_number
+from mmrft.rewards.judges import (
     DEFAULT_TEMPLATE,
     HTTPJudge,
     JudgeUnavailable,
@@ -27,7 +28,6 @@ from mmrft.judges import (
     render,
     verdict_rule,
 )
-from mmrft.rewards import Score, verifier
 
 T = TypeVar("T")
 
@@ -120,7 +120,7 @@ def judge(
     completion), at most ``max_answer_chars`` characters (longer → 0, ``judge answer too long``,
     as DeepEyes caps answers against judge hacking), quoted as data into ``template``
     (``{question}``, ``{target}``, ``{answer}``), with the sample's images when ``media``.
-    ``verdict``: a verdict rule (mmrft.judges.VerdictRule) kind or mapping (``tag`` of 0–10 by
+    ``verdict``: a verdict rule (mmrft.rewards.judges.VerdictRule) kind or mapping (``tag`` of 0–10 by
     default; ``{kind: label, labels: {yes: 1, no: 0}}``; ``{kind: json, field: score, low: 1,
     high: 5}``; ``{kind: prob, labels: {yes: 1, no: 0}}`` for a local judge). ``backend: http``
     takes ``base_url`` (…/v1), ``model``, ``api_key_env`` (the *name* of the environment variable

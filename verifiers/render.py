@@ -1,6 +1,6 @@
 """Rendering-similarity verifiers: ``chart_code`` (matplotlib chart-to-code) and ``svg`` (RLRF).
 
-Both run model-written content only through :mod:`mmrft.sandbox`, on module-level pools that
+Both run model-written content only through :mod:`mmrft.rewards.sandbox`, on module-level pools that
 are created lazily at the first non-empty batch and shared by every call (one pool per kind,
 one warm fork server per CPU core). A whole batch goes through one ``pool.map``, so a GRPO
 group of 8 costs about ``ceil(8 / cores)`` renders of wall time.
@@ -90,10 +90,10 @@ from typing import Any
 
 import numpy as np
 
-from mmrft.answers import extract_answer
 from mmrft.data import Sample, local_media_path
 from mmrft.rewards import Score, verifier
-from mmrft.sandbox import SandboxJob, SandboxPool, SandboxResult
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.sandbox import SandboxJob, SandboxPool, SandboxResult
 
 __all__ = [
     "chart_code",

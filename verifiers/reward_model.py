@@ -1,13 +1,13 @@
-"""``reward_model``: a scalar reward model's score of (prompt, answer) (:mod:`mmrft.judges`)."""
+"""``reward_model``: a scalar reward model's score of (prompt, answer) (:mod:`mmrft.rewards.judges`)."""
 
 from __future__ import annotations
 
 import math
 
-from mmrft.answers import extract_answer
 from mmrft.data import Sample
-from mmrft.judges import LocalScorer
 from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.judges import LocalScorer
 
 
 @verifier("reward_model", low=0.0, high=1.0, isolate=False)

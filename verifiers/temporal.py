@@ -12,9 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mmrft.answers import extract_answer
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
+from mmrft.rewards.answers import extract_answer
 
 MAX_ANSWER_CHARS = 10_000
 """Longer answers score 0 (``answer too long``) unparsed; an interval takes a few dozen

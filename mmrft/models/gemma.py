@@ -13,7 +13,7 @@ to each other bidirectionally (``token_type_ids`` blocks), and 5 of every 6 laye
 only within a sliding window (1024 tokens for the released models) while the others attend
 globally. :meth:`Gemma3.prompt_attention` gives the prompt's own pattern and
 :meth:`Gemma3.attention_layers` each layer type's window, so the group-shared forward
-(:mod:`mmrft.group`) and the hf engine's prefill build the model's own masks, one per layer
+(:mod:`mmrft.policy.group`) and the hf engine's prefill build the model's own masks, one per layer
 type: a packed completion sees the same keys through the same windows as in its own
 sequence. Positions are 1-D (RoPE θ 10⁶ global, 10⁴ local).
 
@@ -29,7 +29,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample
-from mmrft.family import (
+from mmrft.data.video import VideoBudget
+from mmrft.models import qwen_vl
+from mmrft.models.family import (
     BoxFrame,
     MediaBudget,
     ModelFamily,
@@ -39,8 +41,6 @@ from mmrft.family import (
     model_family,
     submodule,
 )
-from mmrft.models import qwen_vl
-from mmrft.video import VideoBudget
 
 GEMMA3_MEDIA_TOKENS = ("<start_of_image>", "<end_of_image>", "<image_soft_token>")
 
@@ -249,7 +249,7 @@ class Gemma4(Gemma3):
         """The processor's media arguments: images (one list per conversation), videos (the
         sampled frames, their metadata) and audio clips at the feature extractor's rate, each
         in prompt order across the batch."""
-        from mmrft.audio import load_audio
+        from mmrft.data.audio import load_audio
         from mmrft.models.qwen_audio import _local_audio_path, audio_parts
 
         images, videos, metadata, audios = [], [], [], []

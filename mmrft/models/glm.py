@@ -17,7 +17,7 @@ differences:
 * boxes are ``norm1000``: "GLM-V outputs coordinates where x and y are relative coordinates
   normalized from pixel coordinates … using image width W and height H (range 0-1000),
   x = round(x_pixel / W · 1000)" (zai-org GLM-V grounding guide); the model writes them as
-  ``<|begin_of_box|>[x1, y1, x2, y2]<|end_of_box|>``, which :func:`mmrft.boxes.parse_boxes`
+  ``<|begin_of_box|>[x1, y1, x2, y2]<|end_of_box|>``, which :func:`mmrft.rewards.boxes.parse_boxes`
   reads like any ``[x1, y1, x2, y2]``; the prompt asks for Qwen2-VL's JSON
   ``{"bbox_2d": [x1, y1, x2, y2]}`` in that frame (the warm-start targets' layout).
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from mmrft.family import BoxFrame, model_family
+from mmrft.models.family import BoxFrame, model_family
 from mmrft.models.qwen_vl import Qwen2VL, QwenVLFamily
 
 GLM_MEDIA_TOKENS = (

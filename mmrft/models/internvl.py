@@ -11,17 +11,17 @@ frame. All tiles of a batch, images and frames in prompt order, are one ``pixel_
 ``[tiles, 3, S, S]``; a run of ``<IMG_CONTEXT>`` tokens of length ``n · image_seq_length`` owns
 the next ``n`` tiles, which is how :meth:`InternVL.split_rows` assigns tiles to prompts.
 Positions are 1-D (the language model is Qwen2.5 for InternVL3, Qwen3 for InternVL3.5), so
-:meth:`~mmrft.family.ModelFamily.rope_positions` keeps its default.
+:meth:`~mmrft.models.family.ModelFamily.rope_positions` keeps its default.
 
 Budgets. An image gets at most ``max(1, max_pixels // S²)`` tiles (the model card's default
 ``max_num = 12`` tiles of 448² is ``model.max_pixels = 2408448``); videos follow
-``model.video`` (:class:`~mmrft.video.VideoBudget`: frames and fps; each frame is one tile, the
+``model.video`` (:class:`~mmrft.data.video.VideoBudget`: frames and fps; each frame is one tile, the
 model card samples 8–32 frames).
 
 Boxes are ``norm1000``: InternVL's grounding format is
 ``<ref>expression</ref><box>[[x1, y1, x2, y2]]</box>`` with coordinates normalised to
 ``[0, 1000)`` relative to the image (InternVL chat-data documentation, "Grounding");
-:func:`mmrft.boxes.parse_boxes` reads the inner ``[x1, y1, x2, y2]``. The prompt asks for
+:func:`mmrft.rewards.boxes.parse_boxes` reads the inner ``[x1, y1, x2, y2]``. The prompt asks for
 Qwen2-VL's JSON ``{"bbox_2d": [x1, y1, x2, y2]}`` in that frame (the warm-start targets'
 layout).
 """
@@ -31,9 +31,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from mmrft.data import Sample
-from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
+from mmrft.data.video import VideoBudget
 from mmrft.models import qwen_vl
-from mmrft.video import VideoBudget
+from mmrft.models.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
 
 INTERNVL_MEDIA_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
 

@@ -14,7 +14,7 @@
 
 Audio parts are ``{"type": "audio", "audio": "/abs/path.wav"}`` (``audio_url`` is accepted as the
 key too; ``file://`` paths work; a numpy array is taken as a mono waveform already at the model's
-rate). Each file is read with :func:`mmrft.audio.load_audio` at the feature extractor's
+rate). Each file is read with :func:`mmrft.data.audio.load_audio` at the feature extractor's
 ``sampling_rate`` (16 000 Hz), mixed to mono, cached, and bounded by the family's
 :class:`AudioBudget` (seconds; "truncate" or "error"). The bound in effect is the smaller of the
 budget and the feature extractor's window (``chunk_length``: 30 s for the released models), since
@@ -28,7 +28,7 @@ Tensors of a prepared batch (:meth:`QwenAudioFamily.prepare`): ``input_ids`` /
 ``<|AUDIO|>`` token per 40 ms: ``((frames − 1) // 2 + 1 − 2) // 2 + 1`` tokens per clip.
 Omni adds ``pixel_values`` + ``image_grid_thw`` and ``pixel_values_videos`` + ``video_grid_thw`` +
 ``video_second_per_grid`` (seconds per temporal patch, one per video) as Qwen2.5-VL does; its
-videos follow ``model.video`` (:class:`~mmrft.video.VideoBudget`) like the VL families', with the
+videos follow ``model.video`` (:class:`~mmrft.data.video.VideoBudget`) like the VL families', with the
 audio tokens counted against ``max_prompt_tokens``. Videos' own audio tracks are not used (``use_audio_in_video`` stays off: it needs torchcodec's
 audio decoding); give the track as a separate audio part instead.
 
@@ -52,9 +52,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from mmrft.audio import LengthPolicy, decode_audio, load_audio
 from mmrft.data import DataError, Sample, media_file_key
-from mmrft.family import (
+from mmrft.data.audio import LengthPolicy, decode_audio, load_audio
+from mmrft.data.video import VideoBudget
+from mmrft.models import qwen_vl
+from mmrft.models.family import (
     BoxFrame,
     MediaBudget,
     ModelFamily,
@@ -63,9 +65,7 @@ from mmrft.family import (
     model_family,
     submodule,
 )
-from mmrft.models import qwen_vl
 from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily
-from mmrft.video import VideoBudget
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class AudioBudget:
         max_seconds: the longest clip the model gets, in seconds (``None``: the feature
             extractor's window, 30 s for the released Qwen2-Audio / Qwen2.5-Omni).
         policy: a longer clip is ``"truncate"``-d to its first ``max_seconds`` (counted in
-            ``mmrft.audio.AUDIO_STATS["truncated"]``, a warning per file) or is an ``"error"``
+            ``mmrft.data.audio.AUDIO_STATS["truncated"]``, a warning per file) or is an ``"error"``
             (DataError naming the file; :meth:`QwenAudioFamily.check_media` then rejects the
             sample when the dataset is read, under ``data.on_error``).
     """
@@ -485,14 +485,14 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
     ) -> Any:
         """Tokenise conversations with images, videos and audio (keys: see the module
         docstring). Images are resized once by qwen-vl-utils (and cached) as for Qwen2.5-VL;
-        videos go through :func:`mmrft.video.process_vision_info` with the family's
-        :class:`~mmrft.video.VideoBudget` (decoder order, frame cache, and with
+        videos go through :func:`mmrft.data.video.process_vision_info` with the family's
+        :class:`~mmrft.data.video.VideoBudget` (decoder order, frame cache, and with
         ``max_prompt_tokens`` the fps and pixels lowered until the prompt fits, counting the
         text, image and audio tokens); ``video_second_per_grid`` is each video's temporal patch
         over its sampled fps."""
         import torch
 
-        from mmrft.video import count_text_tokens, process_vision_info
+        from mmrft.data.video import count_text_tokens, process_vision_info
 
         texts = self.render(processor, conversations, add_generation_prompt)
         per_conversation = [self._audios(conv, processor) for conv in conversations]

@@ -6,7 +6,7 @@ the text (one ``<|vision_start|><|image_pad|><|vision_end|>`` per image part), t
 placeholders and patchifies. Prompts are left-padded and never truncated (truncation would cut
 image tokens and break the image-feature/token match).
 
-Coordinate frames (see ``mmrft.family``):
+Coordinate frames (see ``mmrft.models.family``):
 
 * Qwen2-VL: ``norm1000``, integers 0–1000 relative to the image (Qwen2-VL paper).
 * Qwen2.5-VL: ``input_pixels``, absolute pixels of the *resized* input image, whose sides are
@@ -20,7 +20,7 @@ URLs and PIL images also work). Each image is decoded and resized once and kept 
 process-wide LRU cache keyed by path, modification time, file size and the pixel budget, so the
 G copies of a prompt in a GRPO group (and later epochs) do not reread the file. A missing or
 corrupt file raises :class:`mmrft.data.DataError` naming it. Videos (files or lists of frames) go
-through :mod:`mmrft.video` with the family's :class:`~mmrft.video.VideoBudget` (the part's own
+through :mod:`mmrft.data.video` with the family's :class:`~mmrft.data.video.VideoBudget` (the part's own
 ``fps`` / ``nframes`` / ``min_frames`` / ``max_frames`` / ``min_pixels`` / ``max_pixels`` /
 ``total_pixels`` keys win): decoded once per group (decoded-frame cache), sampled and resized by
 qwen-vl-utils' rules, fitted to ``max_prompt_tokens`` by lowering fps then pixels, and handed to
@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample, local_media_path, media_file_key
-from mmrft.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
-from mmrft.video import VideoBudget
+from mmrft.data.video import VideoBudget
+from mmrft.models.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ _TRANSFORMERS_5 = _transformers_major() >= 5
 def require_video_reader() -> None:
     """Raise a clear RuntimeError when no video decoder can run here (video files need one of
     decord, torchcodec, PyAV; a video given as a list of frame images does not)."""
-    from mmrft.video import require_backend
+    from mmrft.data.video import require_backend
 
     require_backend()
 
@@ -162,9 +162,9 @@ def decoded_image(source: Any, tag: str) -> Any:
 
 def load_video(part: dict[str, Any], budget: VideoBudget, factor: int) -> tuple[Any, dict]:
     """A video part's sampled frames ``[T, 3, H, W]`` and metadata
-    (:func:`mmrft.video.fetch_video`), a decoding failure raised as DataError naming the
+    (:func:`mmrft.data.video.fetch_video`), a decoding failure raised as DataError naming the
     file."""
-    from mmrft.video import fetch_video
+    from mmrft.data.video import fetch_video
 
     try:
         frames, metadata, _ = fetch_video(part, budget, factor)
@@ -211,7 +211,7 @@ def check_media(sample: Sample) -> None:
             if path is None:
                 continue
             if kind == "video":  # headers only (memoised): a corrupt or empty file is named
-                from mmrft.video import probe_video
+                from mmrft.data.video import probe_video
 
                 probe_video(path)
                 continue
@@ -241,7 +241,7 @@ class QwenVLFamily(ModelFamily):
         merge_size: patches merged per side into one LLM token (2).
         video_metadata: whether the processor wants qwen-vl-utils' video metadata (Qwen3-VL; its
             prompts then carry frame timestamps, which the video token budget counts).
-        video (instance): the :class:`~mmrft.video.VideoBudget` (frames, fps, pixels, prompt
+        video (instance): the :class:`~mmrft.data.video.VideoBudget` (frames, fps, pixels, prompt
             tokens) of video parts.
         image_cache: the LRU cache of resized images shared by all instances.
     """
@@ -403,7 +403,7 @@ class QwenVLFamily(ModelFamily):
     ) -> tuple[list[Any] | None, list[Any] | None, dict[str, Any]]:
         """``(images, videos, processor kwargs)`` of ``conversations`` as :meth:`load_media`
         describes, for ``texts`` already rendered (the video budget counts their tokens)."""
-        from mmrft.video import count_text_tokens, process_vision_info, timestamp_step_tokens
+        from mmrft.data.video import count_text_tokens, process_vision_info, timestamp_step_tokens
 
         loaded = [self._with_loaded_media(conv) for conv in conversations]
         with_metadata = self.video_metadata or _TRANSFORMERS_5
@@ -490,7 +490,7 @@ class QwenVLFamily(ModelFamily):
         conversation with the same text and the same loaded media: images resized, video
         frames sampled and resized, each video with its metadata (sampled fps, frame indices)
         so the engine's processor writes the same placeholder counts and time steps."""
-        from mmrft.video import media_counts
+        from mmrft.data.video import media_counts
 
         texts, images, videos, kwargs = self.load_media(processor, conversations)
         rows = self.split_rows(self._process(processor, texts, images, videos, kwargs), processor)
@@ -547,7 +547,7 @@ class QwenVLFamily(ModelFamily):
         positions) and counting placeholder runs with :meth:`runs_per_item`."""
         import torch
 
-        from mmrft.family import count_runs
+        from mmrft.models.family import count_runs
 
         tokenizer = getattr(processor, "tokenizer", processor)
         unpadded = [
@@ -791,7 +791,7 @@ class Qwen35(Qwen3VL):
     decoder of Gated DeltaNet linear-attention layers and gated full-attention layers (3 : 1).
     The linear layers carry a recurrent state and a causal convolution along the sequence, so
     the group-shared forward continues each completion from the prompt's cache instead of
-    packing it behind a block mask (:func:`mmrft.group.packing`).
+    packing it behind a block mask (:func:`mmrft.policy.group.packing`).
 
     Boxes as Qwen3-VL: integers 0–1000 relative to the image (Qwen3.5 documents no box format
     of its own; it succeeds Qwen3-VL, whose cookbooks state "Qwen3-VL uses relative coordinates

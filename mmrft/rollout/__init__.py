@@ -1,63 +1,41 @@
-"""Rollout engines: prompts in, completions out, behind one small interface (:class:`Engine`).
+"""The rollout layer: how one step's completions are produced and scored.
 
-``hf`` (:class:`HFEngine`) samples with the policy itself; ``vllm``
-(:class:`mmrft.rollout.vllm.VLLMEngine`, imported only when chosen) runs vLLM in the same
-process with the policy's weights pushed after every optimizer step; ``vllm_server``
-(:class:`mmrft.rollout.served.ServedEngine`) talks HTTP to vLLM's own server process, started
-by mmrft or reached at ``rollout.server.url``, and pushes the weights through a safetensors
-directory. The collector (:mod:`mmrft.collector`) never looks past the protocol.
+What it is: the engines behind one protocol (:mod:`.base`: ``Engine``, ``Sampling``,
+``Rollouts``; :mod:`.hf`, :mod:`.vllm`, :mod:`.served`; :mod:`.engine` builds the one a config
+names), the tool API and the multi-turn tool loop (:mod:`.tool`, :mod:`.tool_loop`), which
+prompts a step sees (:mod:`.sampling`), rollout perturbation (:mod:`.perturb`, NoisyRollout),
+the collector that runs a step's rollouts end to end (:mod:`.collector`: prompts → engine →
+verifiers → group transforms → ``StepBatch``) and its asynchronous form (:mod:`.ahead`), and the
+set-up a run needs before its first rollout, shared by training and evaluation (:mod:`.setup`).
+
+May import: the base, :mod:`mmrft.runtime`, :mod:`mmrft.data`, :mod:`mmrft.models`,
+:mod:`mmrft.rewards`, :mod:`mmrft.policy`; nothing above (evaluation and training use it).
+
+Exports: the plugin API of tools and samplers (``from mmrft.rollout import tool, Sampler``); the
+engines and the collector are imported from their modules. Importing this package loads no
+engine: tool plugins stay light.
 """
 
-from __future__ import annotations
-
-import dataclasses
-from typing import Any
-
-from mmrft.policy import Policy
-from mmrft.rollout.base import Engine, Rollouts, Sampling, cut_at_stop, stop_token_ids
-from mmrft.rollout.hf import HFEngine
-
-ENGINES = ("hf", "vllm", "vllm_server")
+from mmrft.rollout.sampling import Sampler, SamplerView, sampler
+from mmrft.rollout.tool import (
+    Observation,
+    ToolContext,
+    ToolFailure,
+    ToolSpec,
+    VideoClip,
+    fit_pixels,
+    tool,
+)
 
 __all__ = [
-    "ENGINES",
-    "Engine",
-    "HFEngine",
-    "Rollouts",
-    "Sampling",
-    "build_engine",
-    "cut_at_stop",
-    "stop_token_ids",
+    "Observation",
+    "Sampler",
+    "SamplerView",
+    "ToolContext",
+    "ToolFailure",
+    "ToolSpec",
+    "VideoClip",
+    "fit_pixels",
+    "sampler",
+    "tool",
 ]
-
-
-def build_engine(
-    rollout: Any,
-    policy: Policy,
-    *,
-    model_path: str = "",
-    limits: dict[str, int] | None = None,
-    seed: int = 0,
-) -> Engine:
-    """The engine named by ``rollout.engine`` (``rollout``: :class:`mmrft.config.RolloutConfig`).
-
-    For ``vllm`` and ``vllm_server``: ``model_path`` is the checkpoint it loads first, ``limits``
-    the most media of each kind one prompt holds, ``seed`` its global seed when
-    ``rollout.vllm.seed`` is unset.
-    """
-    if rollout.engine == "hf":
-        return HFEngine(policy, rollout.batch_size, rollout.timeout_s, rollout.group_shared)
-    settings = rollout.vllm
-    if settings.seed is None:
-        settings = dataclasses.replace(settings, seed=seed)
-    if rollout.engine == "vllm":
-        from mmrft.rollout.vllm import VLLMEngine
-
-        return VLLMEngine(policy, settings, limits or {}, model_path)
-    if rollout.engine == "vllm_server":
-        from mmrft.rollout.served import ServedEngine
-
-        return ServedEngine(policy, settings, rollout.server, limits or {}, model_path)
-    raise ValueError(
-        f"rollout.engine: unknown engine '{rollout.engine}' (known: {', '.join(ENGINES)})"
-    )

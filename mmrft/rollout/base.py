@@ -3,7 +3,7 @@
 An engine runs *one turn*: conversations in, ``n`` sampled completions per conversation out,
 group-contiguous (the ``n`` completions of conversation ``k`` are rows ``k·n … k·n + n − 1``,
 the order the advantage functions expect). A multi-turn tool loop
-(:class:`mmrft.trajectory.ToolLoop`) is a collector stage: turn 1 is ``generate``, and every
+(:class:`mmrft.rollout.tool_loop.ToolLoop`) is a collector stage: turn 1 is ``generate``, and every
 later turn is ``continue_rows``, which continues each trajectory from its exact token ids and
 media (a prompt row plus everything appended since, never re-rendered or re-tokenised).
 """
@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from mmrft.policy import Policy
+from mmrft.policy.model import Policy
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,13 @@ class Rollouts:
         timings: a breakdown of ``seconds`` where the engine measures one
             (``encode_s`` media encoders, ``prefill_s`` prompt passes without the encoders,
             ``decode_s`` token-by-token decoding; tool rollouts add ``tool_s``).
-        trajectories: multi-turn tool rollouts only (:mod:`mmrft.trajectory`): per completion
-            its :class:`~mmrft.trajectory.Trajectory`, whose ``loss_mask`` marks the model's own
+        trajectories: multi-turn tool rollouts only (:mod:`mmrft.rollout.tool_loop`): per completion
+            its :class:`~mmrft.rollout.tool_loop.Trajectory`, whose ``loss_mask`` marks the model's own
             tokens among ``completion_ids`` (observations: 0) and whose ``media`` are the
             observations' media tensors, after the prompt's; ``texts`` then holds each
             trajectory's last turn. ``None`` for single-turn rollouts.
         token_versions: per completion, the version of the weights that sampled each of its
-            tokens (the number of RL updates they include, :mod:`mmrft.ahead`), where the
+            tokens (the number of RL updates they include, :mod:`mmrft.rollout.ahead`), where the
             engine records them; ``None`` otherwise.
     """
 
@@ -210,7 +210,7 @@ class Engine(Protocol):
     the weights (vLLM) reloads them from the policy there; one that samples from the policy
     itself (``hf``) has nothing to do. An engine with its own weights also has
     ``load_weights(weights)`` (checkpoint-format names and tensors, LoRA merged): the
-    asynchronous collector (:mod:`mmrft.ahead`) pushes its snapshots through it. ``close``
+    asynchronous collector (:mod:`mmrft.rollout.ahead`) pushes its snapshots through it. ``close``
     releases what the engine holds when the run ends (so another engine can start in the
     same process).
     """
@@ -227,7 +227,7 @@ class Engine(Protocol):
 
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
         """One more turn of each prepared row (a prompt and a trajectory so far,
-        :func:`mmrft.trajectory.joined_row`): one completion per row, in order, continued
+        :func:`mmrft.rollout.tool_loop.joined_row`): one completion per row, in order, continued
         from the row's exact ids and media (never re-tokenised)."""
         ...
 

@@ -6,14 +6,14 @@ Two paths, chosen by ``rollout.group_shared``:
   prompt is prefilled once (media encoder and prompt layers, left-padded batches of at most
   ``rollout.batch_size`` prompts) and its KV cache kept; the ``n`` completions of a prompt are
   then decoded from copies of that cache, in rounds of at most ``rollout.batch_size``
-  completions. Positions are the family's (:meth:`mmrft.family.ModelFamily.rope_positions`):
+  completions. Positions are the family's (:meth:`mmrft.models.family.ModelFamily.rope_positions`):
   completion token ``t`` sits at ``max(prompt positions) + 1 + t``, exactly as in the training
   forward. Sampling is ours (temperature, then top-k, then top-p, as transformers' warpers
   are ordered), so the sampler's log-probs come for free; rows that stop leave the batch.
   The prefill takes the family's own prompt attention and per-layer-type masks when it has
-  them (Gemma: bidirectional images, sliding windows; :func:`mmrft.group.attention_masks`)
+  them (Gemma: bidirectional images, sliding windows; :func:`mmrft.policy.group.attention_masks`)
   and keeps every key of every attention layer, sliding ones too, plus the conv and recurrent
-  states of linear-attention layers (Qwen3.5; :func:`mmrft.group.prefix_cache`); decoding
+  states of linear-attention layers (Qwen3.5; :func:`mmrft.policy.group.prefix_cache`); decoding
   steps get the model's own masks, whose windows count keys on the same left-padded rows.
 * **per-completion**: every conversation repeated ``n`` times and run through transformers
   ``generate`` in chunks of ``rollout.batch_size`` (the prompt and its media are processed
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from mmrft.group import (
+from mmrft.policy.group import (
     attention_masks,
     build_cache,
     cache_keyword,
@@ -47,7 +47,7 @@ from mmrft.group import (
     prompt_block,
     returned_cache,
 )
-from mmrft.policy import Policy
+from mmrft.policy.model import Policy
 from mmrft.rollout.base import (
     GroupsDone,
     Rollouts,
@@ -84,7 +84,7 @@ class HFEngine:
         # A model must never write a media placeholder: the training forward would then count
         # more image tokens than images ("Image features and image tokens do not match").
         self.suppress_ids = policy.family.suppress_token_ids(policy.processor)
-        # asynchronous rollouts (mmrft.ahead): the weights' version, recorded with every token,
+        # asynchronous rollouts (mmrft.rollout.ahead): the weights' version, recorded with every token,
         # and a hook run between two decode steps that may load newer weights (partial rollouts)
         self.version = 0
         self.between_tokens: Callable[[], None] | None = None
@@ -208,7 +208,7 @@ class HFEngine:
     ) -> tuple[list[torch.Tensor], list[list[Any]]]:
         """One left-padded forward of ``rows`` with their media; per prompt the logits of its
         next token (float32, ``[V]``) and its cache without padding (per layer
-        :func:`mmrft.group.cache_rows`' entry of that prompt: keys and values
+        :func:`mmrft.policy.group.cache_rows`' entry of that prompt: keys and values
         ``[heads, Lp, head_dim]``, or linear-attention states)."""
         policy, family = self.policy, self.policy.family
         collated = family.collate_rows(rows, policy.pad_token_id)

@@ -91,9 +91,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmrft import distributed
 from mmrft.errors import ServerError
-from mmrft.policy import Policy, is_lora, merged_weights
+from mmrft.policy.model import Policy, is_lora, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
 from mmrft.rollout.vllm import (
     EngineParityError,
@@ -102,6 +101,7 @@ from mmrft.rollout.vllm import (
     collapse_runs,
     sampling_fields,
 )
+from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
 log = logging.getLogger(__name__)

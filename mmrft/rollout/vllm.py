@@ -12,7 +12,7 @@ What the engine sees is what the trainer sees:
 * the prompt text of the same chat template, and the media *as the family loaded them*
   (images resized by the family's pixel budget, video frames sampled and resized by its video
   budget, audio decoded at the processor's rate and cut by its audio budget), with the
-  processor told not to resize again (:meth:`mmrft.family.ModelFamily.engine_inputs`);
+  processor told not to resize again (:meth:`mmrft.models.family.ModelFamily.engine_inputs`);
 * the trainer's own prepared prompt row of every group (one processor call), which the
   training forward uses;
 * a parity check (:meth:`VLLMEngine.check_parity`) run at start-up on a few training prompts:
@@ -45,9 +45,9 @@ from typing import Any
 
 import torch
 
-from mmrft import distributed
-from mmrft.policy import Policy, merged_weights
+from mmrft.policy.model import Policy, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
+from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
 log = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class VLLMEngine:
 
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
         """One completion per prepared row (a prompt and a tool trajectory so far,
-        :func:`mmrft.trajectory.joined_row`), from the row's exact token ids: each run of
+        :func:`mmrft.rollout.tool_loop.joined_row`), from the row's exact token ids: each run of
         media placeholders is sent as one placeholder with the row's ``engine_media`` (the
         media as the family loaded them), vLLM's processor expands them again, and the
         expanded prompt must be the row, token for token (else :class:`EngineParityError`:

@@ -1,0 +1,108 @@
+"""The data layer: samples, dataset readers, media decoding and budgets.
+
+What it is: :class:`Sample` and :class:`DataError` (:mod:`.sample`, the layer's base), the
+readers of JSON lines, JSON lists, parquet and ``datasets`` folders with field mappings and data
+budgets (:mod:`.readers`), video and audio decoding with their budgets and caches (:mod:`.video`,
+:mod:`.audio`), and seeded media distortions (:mod:`.distort`).
+
+May import: the base (:mod:`mmrft.config`, :mod:`mmrft.plugins`, :mod:`mmrft.typecheck`,
+:mod:`mmrft.errors`) and :mod:`mmrft.runtime`; nothing above. Inside the layer, ``sample`` imports
+no other module of it, and modules import each other by module path, never through this package.
+
+Exports: the names of :mod:`.sample` and :mod:`.readers` (``from mmrft.data import Sample``);
+the media modules are used as ``mmrft.data.video`` and ``mmrft.data.audio``.
+"""
+
+from mmrft.data.readers import (
+    CHARS_PER_TOKEN,
+    FIELD_ROLES,
+    LAYOUTS,
+    MAX_JSON_DEPTH,
+    STANDARD_FIELDS,
+    DataBudget,
+    ListItem,
+    RemoteMediaError,
+    answer_value,
+    check_fields,
+    collect_samples,
+    default_id,
+    from_conversations,
+    from_deepeyes,
+    item_id,
+    iter_json_list,
+    iter_jsonl,
+    iter_records,
+    json_too_deep,
+    map_fields,
+    media_cache_dir,
+    media_source,
+    normalise_messages,
+    parse_json,
+    parse_mmrft_record,
+    position,
+    read_mmrft_jsonl,
+    read_records,
+    reading_budget,
+    record_layout,
+    split_fields,
+    standard_fields,
+    standard_or_project,
+    utf8,
+)
+from mmrft.data.sample import (
+    MEDIA_TYPES,
+    DataError,
+    OnError,
+    ReadStats,
+    Sample,
+    count_skip,
+    local_media_path,
+    media_file_key,
+    skip_counts,
+)
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "FIELD_ROLES",
+    "LAYOUTS",
+    "MAX_JSON_DEPTH",
+    "MEDIA_TYPES",
+    "STANDARD_FIELDS",
+    "DataBudget",
+    "DataError",
+    "ListItem",
+    "OnError",
+    "ReadStats",
+    "RemoteMediaError",
+    "Sample",
+    "answer_value",
+    "check_fields",
+    "collect_samples",
+    "count_skip",
+    "default_id",
+    "from_conversations",
+    "from_deepeyes",
+    "item_id",
+    "iter_json_list",
+    "iter_jsonl",
+    "iter_records",
+    "json_too_deep",
+    "local_media_path",
+    "map_fields",
+    "media_cache_dir",
+    "media_file_key",
+    "media_source",
+    "normalise_messages",
+    "parse_json",
+    "parse_mmrft_record",
+    "position",
+    "read_mmrft_jsonl",
+    "read_records",
+    "reading_budget",
+    "record_layout",
+    "skip_counts",
+    "split_fields",
+    "standard_fields",
+    "standard_or_project",
+    "utf8",
+]

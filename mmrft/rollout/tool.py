@@ -1,0 +1,805 @@
+"""The tool API of multi-turn ("thinking with images") rollouts.
+
+A tool is a plain function registered with :func:`tool`, with a JSON schema of its arguments
+(the ``parameters`` of an OpenAI / Qwen function description)::
+
+    @tool("crop", aliases=("image_zoom_in",), timeout_s=10.0, parameters={
+        "type": "object",
+        "properties": {"bbox_2d": {"type": "array", "items": {"type": "number"},
+                                   "minItems": 4, "maxItems": 4}},
+        "required": ["bbox_2d"],
+    })
+    def crop(context: ToolContext, *, bbox_2d: list[float]) -> Observation:
+        \"\"\"Zoom into a region of an image.\"\"\"
+        ...
+
+Built-in tools live in the repository's ``tools/`` folder (shipped as ``mmrft.tools``) and
+register themselves exactly like a user's tool (a plugin file, a dotted module or an entry
+point, :mod:`mmrft.plugins`). An alias is one more registered name of the same tool; its
+schema (:func:`tool_schemas`) carries the alias, so a model is told the name it was trained on
+(DeepEyes' ``image_zoom_in``) and the call resolves to the same function.
+
+The model calls a tool in Qwen's hermes form, ``<tool_call>{"name": ..., "arguments": {...}}
+</tool_call>`` (:func:`parse_tool_calls`), and :func:`run_tool_call` turns the call into an
+:class:`Observation`. Contract: **nothing the model writes raises**. Unparsable calls, unknown
+tools, arguments that break the schema (a missing key, a wrong type, NaN/inf, a value out of
+range), a tool that refuses (:class:`ToolFailure`), raises or overruns its time budget, all
+come back as ``Observation(ok=False, reason=...)`` with a short text telling the model what
+went wrong. Reasons are machine-readable (counted by :func:`tool_stats`):
+
+==========================  ===================================================================
+reason                      when
+==========================  ===================================================================
+``bad_json``                the call is not a JSON object ``{"name": str, "arguments": object}``
+``payload_too_large``       one call's text is over ``max_call_bytes`` (checked before parsing)
+``unterminated_tag``        a ``<tool_call>`` without its ``</tool_call>``
+``too_many_calls``          more than ``max_calls`` calls in one turn (the rest are dropped)
+``unknown_tool``            no tool of that name is enabled
+``missing_argument``        a required argument is absent
+``bad_argument``            an argument of the wrong type, non-finite, out of range, or unknown
+``timeout``                 the tool ran past its ``timeout_s``
+``tool_error``              the tool raised, or returned something that is not an Observation
+tool-specific               a :class:`ToolFailure` raised by the tool (``box_outside_image``,
+                            ``box_too_small``, ``box_aspect_ratio``, ``too_many_frames``, ...)
+==========================  ===================================================================
+
+**Time budget.** A tool runs in a daemon worker thread; :func:`run_tool_call` waits at most
+``timeout_s`` seconds. A Python thread cannot be killed: a timed-out thread is *abandoned*, it
+keeps running until its function returns (or the process ends) and its result is dropped.
+:func:`tool_stats` counts ``timeout`` and reports ``abandoned_running`` (abandoned threads
+still alive). Tools that can hang for good (untrusted code) belong in the sandbox
+(:mod:`mmrft.rewards.sandbox`), which kills its processes.
+
+**Boxes.** A tool reads boxes in the model family's own frame (:mod:`mmrft.rewards.boxes`,
+``ToolContext.box_frame``) and maps them to pixels of the ORIGINAL full-resolution image with
+:meth:`ToolContext.to_image_pixels`: ``norm1000`` (Qwen2-VL, Qwen3-VL) scales by ``W / 1000,
+H / 1000``, ``input_pixels`` (Qwen2.5-VL) by ``W / w, H / h`` with ``(w, h)`` the processor's
+resized input size (``ModelFamily.input_size``: ``smart_resize`` with the family's
+``min_pixels`` / ``max_pixels``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mmrft.data.video import VideoBudget
+from mmrft.plugins import TOOLS, Registry, UnknownNameError, did_you_mean, first_paragraph
+from mmrft.rewards.boxes import to_pixels
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from mmrft.data import Sample
+    from mmrft.models.family import ModelFamily
+
+MAX_CALL_BYTES = 8192
+"""Largest text of one ``<tool_call>`` body (UTF-8 bytes) that is handed to the JSON parser."""
+
+MAX_CALLS = 8
+"""Most tool calls read from one model turn; further ones are one ``too_many_calls`` error."""
+
+OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+
+# JSON-schema keywords the argument validator implements; a schema using others is refused at
+# registration (rather than silently not enforced).
+_SCHEMA_KEYS = {
+    "type",
+    "description",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "maxItems",
+    "maxLength",
+    "enum",
+    "minimum",
+    "maximum",
+    "default",
+}
+_TYPES = ("object", "array", "number", "integer", "boolean", "string")
+
+
+# -- observations ---------------------------------------------------------------------------
+@dataclass
+class VideoClip:
+    """A video returned by a tool: frames to be rendered as a *video* (video tokens, temporal
+    positions), not as loose images.
+
+    Attributes:
+        frames: RGB PIL images in time order (a frame list, :mod:`mmrft.data.video`).
+        timestamps_s: the time of each frame in the source video (seconds from its start).
+        fps: the clip's sampling rate (frames/s): ``(T − 1) / (t_last − t_first)`` for T ≥ 2
+            frames, the source's native fps for one frame.
+        source: the video file the frames come from.
+    """
+
+    frames: list[Image.Image]
+    timestamps_s: list[float]
+    fps: float
+    source: str = ""
+
+    def part(self) -> dict[str, Any]:
+        """The chat content part: a frame-list video at ``sample_fps = fps`` with
+        ``nframes = T``, so a Qwen-VL family samples every frame once (:mod:`mmrft.data.video`).
+        The processor's own timestamps (Qwen3-VL) count from the clip's first frame; the
+        observation text states the times in the source video."""
+        return {
+            "type": "video",
+            "video": list(self.frames),
+            "sample_fps": self.fps,
+            "nframes": len(self.frames),
+        }
+
+
+@dataclass
+class Observation:
+    """What a tool call gives back to the model.
+
+    Attributes:
+        ok: whether the tool ran and produced its result.
+        text: what the model reads (a short description of the result, or of the failure and
+            how to call the tool correctly).
+        images: images to show the model (PIL, RGB), in order.
+        videos: video clips to show the model (:class:`VideoClip`), in order.
+        reason: ``None`` when ``ok``; else a short machine-readable reason (module docstring).
+        info: JSON-serialisable facts about the result for records and trajectory-aware
+            verifiers, not shown to the model (``crop``: ``box_px``, the region cut in pixels
+            of image ``image_index``).
+    """
+
+    ok: bool
+    text: str
+    images: list[Image.Image] = field(default_factory=list)
+    videos: list[VideoClip] = field(default_factory=list)
+    reason: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def fail(cls, reason: str, text: str) -> Observation:
+        return cls(ok=False, text=text, reason=reason)
+
+    def content(self) -> list[dict[str, Any]]:
+        """The observation as chat content parts: images, then videos, then the text."""
+        parts: list[dict[str, Any]] = [{"type": "image", "image": im} for im in self.images]
+        parts += [clip.part() for clip in self.videos]
+        parts.append({"type": "text", "text": self.text})
+        return parts
+
+
+class ToolFailure(Exception):
+    """Raised by a tool to refuse a call: becomes ``Observation(ok=False, reason=reason,
+    text=message)``. Use it for failures caused by the model's arguments."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# -- the context ----------------------------------------------------------------------------
+@dataclass
+class ToolContext:
+    """What a tool may use: the sample's ORIGINAL media, the family's box frame and budgets.
+
+    Attributes:
+        images: full-resolution RGB images, by index: the sample's images first (index 0 is
+            its first image); a rollout loop appends the images of observations with
+            :meth:`add_image`, so ``image_index`` can point at a returned crop too.
+        input_sizes: ``(w, h)`` in pixels of each image as the model saw it after the
+            processor's resize (``ModelFamily.input_size``); needed by the ``input_pixels``
+            frame. ``None`` entries where unknown.
+        box_frame: the frame the model writes boxes in (``ModelFamily.box_frame``:
+            ``norm1000``, ``input_pixels``, ``norm1`` or ``pixels``).
+        video: path of the sample's original video file, if any.
+        video_duration_s: its duration (seconds); read from the file's header when ``None``.
+        max_pixels: bound on the area (pixels, W·H) of an image a tool returns; larger results
+            are downscaled keeping the aspect ratio.
+        video_budget: frame bounds of a returned clip: ``max_frames`` (frames) and
+            ``max_pixels`` / ``min_pixels`` per frame (pixels).
+        max_video_tokens: bound on the visual tokens of one returned clip (``T/2 ·
+            (H/factor)·(W/factor)``, :func:`mmrft.data.video.visual_tokens`); ``None``: no bound.
+        factor: side multiple of the family's resized frames (``patch_size × merge_size``,
+            pixels: 28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
+    """
+
+    images: list[Image.Image] = field(default_factory=list)
+    input_sizes: list[tuple[int, int] | None] = field(default_factory=list)
+    box_frame: str = "pixels"
+    video: str | None = None
+    video_duration_s: float | None = None
+    max_pixels: int = 401408
+    video_budget: VideoBudget = field(default_factory=VideoBudget)
+    max_video_tokens: int | None = None
+    factor: int = 28
+
+    @classmethod
+    def from_sample(
+        cls,
+        sample: Sample,
+        family: ModelFamily,
+        *,
+        max_pixels: int | None = None,
+        video_budget: VideoBudget | None = None,
+        max_video_tokens: int | None = None,
+    ) -> ToolContext:
+        """The context of ``sample`` for a model of ``family``: the sample's images opened at
+        full resolution (local files), their input sizes by ``family.input_size``, the family's
+        box frame, its first video. ``max_pixels`` defaults to the family's image budget
+        (``family.media.max_pixels``), ``video_budget`` to the family's when it has one."""
+        from PIL import Image
+
+        from mmrft.data import local_media_path
+
+        images, sizes = [], []
+        for source in sample.media("image"):
+            if isinstance(source, Image.Image):
+                image = source.convert("RGB")
+            else:
+                with Image.open(local_media_path(str(source)) or str(source)) as opened:
+                    image = opened.convert("RGB")
+            images.append(image)
+            try:
+                sizes.append(tuple(family.input_size(*image.size)))
+            except NotImplementedError:
+                sizes.append(None)
+        videos = sample.media("video")
+        video = videos[0] if videos and isinstance(videos[0], (str, Path)) else None
+        return cls(
+            images=images,
+            input_sizes=sizes,
+            box_frame=family.box_frame,
+            video=str(video) if video is not None else None,
+            max_pixels=max_pixels or family.media.max_pixels,
+            video_budget=video_budget or getattr(family, "video", None) or VideoBudget(),
+            max_video_tokens=max_video_tokens,
+            factor=int(getattr(family, "factor", 28)),
+        )
+
+    def add_image(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> int:
+        """Append an image the model was shown (an observation's); returns its index."""
+        self.images.append(image)
+        self.input_sizes.append(input_size)
+        return len(self.images) - 1
+
+    def image(self, index: int) -> Image.Image:
+        """Image ``index``; :class:`ToolFailure` ``bad_argument`` when there is none."""
+        if not self.images:
+            raise ToolFailure("bad_argument", "this conversation has no image")
+        if not 0 <= index < len(self.images):
+            raise ToolFailure(
+                "bad_argument",
+                f"image_index {index} does not exist; images are 0 to {len(self.images) - 1}",
+            )
+        return self.images[index]
+
+    def to_image_pixels(self, box: Sequence[float], index: int = 0) -> list[float]:
+        """``box`` ``[x1, y1, x2, y2]`` in :attr:`box_frame` → pixels of image ``index`` at full
+        resolution (:func:`mmrft.rewards.boxes.to_pixels`): ``norm1000`` × ``(W/1000, H/1000)``,
+        ``norm1`` × ``(W, H)``, ``input_pixels`` × ``(W/w, H/h)`` with ``(w, h) =
+        input_sizes[index]``, ``pixels`` unchanged. No clamping here."""
+        width, height = self.image(index).size
+        meta: dict[str, Any] = {"image_size": [width, height]}
+        size = self.input_sizes[index] if index < len(self.input_sizes) else None
+        if size is not None:
+            meta["input_size"] = list(size)
+        elif self.box_frame == "input_pixels":
+            raise RuntimeError(f"image {index} has no input size for the input_pixels frame")
+        return to_pixels(box, self.box_frame, meta)
+
+    def duration_s(self) -> float:
+        """The video's duration (seconds): :attr:`video_duration_s` or its header's."""
+        if self.video is None:
+            raise ToolFailure("bad_argument", "this conversation has no video")
+        if self.video_duration_s is None:
+            from mmrft.data.video import probe_video
+
+            self.video_duration_s = probe_video(self.video).duration_s
+        return self.video_duration_s
+
+
+def fit_pixels(image: Image.Image, max_pixels: int) -> Image.Image:
+    """``image`` downscaled to at most ``max_pixels`` pixels of area, aspect ratio kept:
+    scale ``s = sqrt(max_pixels / (W·H))``, new sides ``max(1, floor(W·s))``,
+    ``max(1, floor(H·s))`` (bicubic). Images within the budget are returned as they are (no
+    upscaling: the processor's ``min_pixels`` does that)."""
+    from PIL import Image
+
+    width, height = image.size
+    if width * height <= max_pixels:
+        return image
+    scale = math.sqrt(max_pixels / (width * height))
+    size = (max(1, math.floor(width * scale)), max(1, math.floor(height * scale)))
+    return image.resize(size, Image.Resampling.BICUBIC)
+
+
+# -- registration ---------------------------------------------------------------------------
+ToolFn = Callable[..., Observation]
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A registered tool.
+
+    Attributes:
+        name: its registry name.
+        fn: ``fn(context, **arguments) -> Observation``.
+        description: one line for the model (the schema's ``description``).
+        parameters: JSON schema of the arguments (an object schema).
+        aliases: further registered names of the same tool.
+        timeout_s: time budget of one call (seconds; 0 = no limit).
+    """
+
+    name: str
+    fn: ToolFn
+    description: str
+    parameters: dict[str, Any]
+    aliases: tuple[str, ...] = ()
+    timeout_s: float = 10.0
+
+    def schema(self, name: str | None = None) -> dict[str, Any]:
+        """The function description for a chat template's ``tools=``:
+        ``{"type": "function", "function": {"name", "description", "parameters"}}``, named
+        ``name`` (an alias) when given."""
+        return {
+            "type": "function",
+            "function": {
+                "name": name or self.name,
+                "description": self.description,
+                "parameters": json.loads(json.dumps(self.parameters)),
+            },
+        }
+
+
+def check_schema(schema: Any, where: str = "parameters") -> None:
+    """Raise ``ValueError`` unless ``schema`` is a JSON schema the validator fully implements:
+    keywords of :data:`_SCHEMA_KEYS` only, ``type`` one of object/array/number/integer/
+    boolean/string, ``required`` naming properties, and JSON-serialisable."""
+    if not isinstance(schema, dict):
+        raise ValueError(f"{where}: a schema is a dict, got {type(schema).__name__}")
+    unknown = set(schema) - _SCHEMA_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unsupported schema keywords {sorted(unknown)}")
+    kind = schema.get("type")
+    if kind not in _TYPES:
+        raise ValueError(f"{where}: 'type' must be one of {', '.join(_TYPES)}, got {kind!r}")
+    if kind == "object":
+        props = schema.get("properties", {})
+        if not isinstance(props, dict):
+            raise ValueError(f"{where}: 'properties' must be a dict")
+        for key, sub in props.items():
+            check_schema(sub, f"{where}.{key}")
+        missing = [k for k in schema.get("required", []) if k not in props]
+        if missing:
+            raise ValueError(f"{where}: required {missing} are not properties")
+    if kind == "array":
+        check_schema(schema.get("items"), f"{where}[]")
+    if "enum" in schema and not isinstance(schema["enum"], list):
+        raise ValueError(f"{where}: 'enum' must be a list")
+    json.dumps(schema, allow_nan=False)
+
+
+def _check_signature(fn: ToolFn, parameters: dict[str, Any], name: str) -> None:
+    """The function takes the context first, then every schema property as a keyword, and
+    needs no argument the schema does not require."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if not params or params[0].kind not in (
+        params[0].POSITIONAL_ONLY,
+        params[0].POSITIONAL_OR_KEYWORD,
+    ):
+        raise TypeError(f"tool '{name}': the function's first parameter must be the context")
+    rest = {p.name: p for p in params[1:]}
+    has_kwargs = any(p.kind is p.VAR_KEYWORD for p in rest.values())
+    props = parameters.get("properties", {})
+    required = set(parameters.get("required", []))
+    for key in props:
+        if key not in rest and not has_kwargs:
+            raise TypeError(f"tool '{name}': schema property '{key}' is not a parameter of fn")
+    for p in rest.values():
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if p.name not in props:
+            raise TypeError(f"tool '{name}': parameter '{p.name}' is not in the schema")
+        if p.default is p.empty and p.name not in required:
+            raise TypeError(f"tool '{name}': parameter '{p.name}' has no default; require it")
+
+
+def tool(
+    name: str,
+    *,
+    parameters: dict[str, Any],
+    aliases: Iterable[str] = (),
+    timeout_s: float = 10.0,
+    description: str | None = None,
+) -> Callable[[ToolFn], ToolFn]:
+    """Register ``fn(context, **arguments) -> Observation`` as tool ``name`` (and ``aliases``).
+
+    Args:
+        name: the registry name, the function name a model calls.
+        parameters: JSON schema of the arguments (``{"type": "object", "properties": ...,
+            "required": [...]}``); checked here (:func:`check_schema`), and against the
+            function's keyword parameters.
+        aliases: further names of the same tool.
+        timeout_s: time budget of one call (seconds; 0 = no limit).
+        description: one line for the model; default the docstring's first paragraph.
+    """
+    check_schema(parameters, f"tool '{name}' parameters")
+    if parameters.get("type") != "object":
+        raise ValueError(f"tool '{name}': parameters must be an object schema")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s >= 0):
+        raise ValueError(f"tool '{name}': timeout_s must be a finite number ≥ 0")
+    aliases = tuple(aliases)
+
+    def register(fn: ToolFn) -> ToolFn:
+        if not callable(fn):
+            raise TypeError(f"@tool('{name}') decorates a function, got {fn!r}")
+        _check_signature(fn, parameters, name)
+        spec = ToolSpec(
+            name=name,
+            fn=fn,
+            description=description or first_paragraph(fn.__doc__) or name,
+            parameters=parameters,
+            aliases=aliases,
+            timeout_s=float(timeout_s),
+        )
+        for key in (name, *aliases):
+            TOOLS.add(key, spec)
+        fn.tool_spec = spec  # type: ignore[attr-defined]
+        return fn
+
+    return register
+
+
+ToolRegistry = Registry[Any] | Mapping[str, ToolSpec]
+
+
+def _lookup(name: str, registry: ToolRegistry) -> ToolSpec:
+    """The tool ``name`` of ``registry``; UnknownNameError with the closest names."""
+    if isinstance(registry, Registry):
+        return registry.get(name)
+    if name not in registry:
+        raise UnknownNameError(f"unknown tool '{name}'; {did_you_mean(name, registry)}")
+    return registry[name]
+
+
+def enabled_tools(names: Iterable[str], registry: ToolRegistry = TOOLS) -> dict[str, ToolSpec]:
+    """``{name: spec}`` of the tools a rollout offers (aliases kept as given); an unknown name
+    raises :class:`~mmrft.plugins.UnknownNameError` (a start-up error, never a model error)."""
+    return {name: _lookup(name, registry) for name in names}
+
+
+def tool_schemas(names: Iterable[str], registry: ToolRegistry = TOOLS) -> list[dict[str, Any]]:
+    """The function descriptions of tools ``names``, in order, for a chat template's
+    ``tools=`` argument; each named as asked (an alias keeps the alias)."""
+    return [spec.schema(name) for name, spec in enabled_tools(names, registry).items()]
+
+
+# -- parsing --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed call: the tool ``name`` and its ``arguments`` (a dict, not yet validated)."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ParseError:
+    """A ``<tool_call>`` that could not be read.
+
+    Attributes:
+        reason: ``bad_json``, ``payload_too_large``, ``unterminated_tag``, ``too_many_calls``.
+        message: a short explanation for the model.
+        raw: the start of the offending text (at most 200 characters).
+    """
+
+    reason: str
+    message: str
+    raw: str = ""
+
+
+CALL_FORMAT = (
+    '<tool_call>{"name": <tool name>, "arguments": {<argument>: <value>, ...}}</tool_call>'
+)
+
+
+def _short(text: str, n: int = 60) -> str:
+    """``text`` on one line, cut to ``n`` characters (for messages quoting model output)."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _parse_body(body: str, max_call_bytes: int) -> ToolCall | ParseError:
+    raw = body[:200]
+    size = len(body.encode("utf-8", errors="replace")) if len(body) <= max_call_bytes else None
+    if size is None or size > max_call_bytes:
+        return ParseError(
+            "payload_too_large",
+            f"a tool call may hold at most {max_call_bytes} bytes; this one is longer",
+            raw,
+        )
+    try:
+        data = json.loads(body.strip())
+    except (ValueError, RecursionError) as exc:
+        return ParseError("bad_json", f"the tool call is not valid JSON ({_short(exc, 80)})", raw)
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return ParseError("bad_json", f"a tool call is written {CALL_FORMAT}", raw)
+    arguments = data.get("arguments", {})
+    if isinstance(arguments, str):  # arguments serialised as a JSON string
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError) as exc:
+            return ParseError("bad_json", f"'arguments' is not valid JSON ({_short(exc, 80)})", raw)
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return ParseError("bad_json", f"'arguments' must be a JSON object: {CALL_FORMAT}", raw)
+    return ToolCall(data["name"], arguments)
+
+
+def parse_tool_calls(
+    text: str,
+    *,
+    max_call_bytes: int = MAX_CALL_BYTES,
+    max_calls: int = MAX_CALLS,
+    closed_by_stop: bool = False,
+) -> list[ToolCall | ParseError]:
+    """The tool calls in a model turn, in order: ``<tool_call>{"name": ..., "arguments":
+    {...}}</tool_call>`` (``arguments`` may be an object or a JSON string of one).
+
+    Robust to hostile text, never raises: a body longer than ``max_call_bytes`` (UTF-8 bytes)
+    is refused *before* JSON parsing; a ``<tool_call>`` followed by another ``<tool_call>``
+    before its ``</tool_call>``, or never closed, is ``unterminated_tag``; at most
+    ``max_calls`` calls are read, then one ``too_many_calls``; NaN / Infinity literals parse to
+    floats that the argument check (:func:`run_tool_call`) refuses. ``closed_by_stop``: the
+    generation stopped at ``</tool_call>`` and the stop string was cut off, so a final
+    unclosed call is read as if it were closed. Text outside the tags is ignored.
+    """
+    out: list[ToolCall | ParseError] = []
+    pos = 0
+    while True:
+        start = text.find(OPEN_TAG, pos)
+        if start < 0:
+            return out
+        if len(out) >= max_calls:
+            out.append(
+                ParseError("too_many_calls", f"at most {max_calls} tool calls are read per turn")
+            )
+            return out
+        body_start = start + len(OPEN_TAG)
+        end = text.find(CLOSE_TAG, body_start)
+        reopen = text.find(OPEN_TAG, body_start)
+        if reopen >= 0 and (end < 0 or reopen < end):
+            out.append(
+                ParseError(
+                    "unterminated_tag", f"close each call: {CALL_FORMAT}", text[start : start + 200]
+                )
+            )
+            pos = reopen
+            continue
+        if end < 0:
+            if closed_by_stop:
+                out.append(_parse_body(text[body_start:], max_call_bytes))
+            else:
+                out.append(
+                    ParseError(
+                        "unterminated_tag",
+                        f"the tool call has no </tool_call>: {CALL_FORMAT}",
+                        text[start : start + 200],
+                    )
+                )
+            return out
+        out.append(_parse_body(text[body_start:end], max_call_bytes))
+        pos = end + len(CLOSE_TAG)
+
+
+# -- argument validation --------------------------------------------------------------------
+class _ArgumentError(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _check_value(value: Any, schema: Mapping[str, Any], where: str) -> Any:
+    """``value`` checked against ``schema`` (the subset of :data:`_SCHEMA_KEYS`); returns it
+    with integral floats of ``integer`` schemas made ints. Raises :class:`_ArgumentError`."""
+    kind = schema.get("type")
+
+    def bad(message: str) -> _ArgumentError:
+        return _ArgumentError("bad_argument", f"{where}: {message}")
+
+    if kind in ("number", "integer"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(f"expected a number, got {_type_name(value)}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(f"expected a finite number, got {value}")
+        if kind == "integer" and isinstance(value, float):
+            if not value.is_integer():
+                raise bad(f"expected an integer, got {value}")
+            value = int(value)
+        if "minimum" in schema and value < schema["minimum"]:
+            raise bad(f"must be ≥ {schema['minimum']}, got {_short(repr(value), 30)}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise bad(f"must be ≤ {schema['maximum']}, got {_short(repr(value), 30)}")
+    elif kind == "boolean":
+        if not isinstance(value, bool):
+            raise bad(f"expected true or false, got {_type_name(value)}")
+    elif kind == "string":
+        if not isinstance(value, str):
+            raise bad(f"expected a string, got {_type_name(value)}")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise bad(f"expected at most {schema['maxLength']} characters, got {len(value)}")
+    elif kind == "array":
+        if not isinstance(value, list):
+            raise bad(f"expected an array, got {_type_name(value)}")
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            raise bad(f"expected at least {schema['minItems']} items, got {len(value)}")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise bad(f"expected at most {schema['maxItems']} items, got {len(value)}")
+        value = [_check_value(v, schema["items"], f"{where}[{i}]") for i, v in enumerate(value)]
+    elif kind == "object":
+        if not isinstance(value, dict):
+            raise bad(f"expected an object, got {_type_name(value)}")
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            if key not in value:
+                raise _ArgumentError("missing_argument", f"missing required argument '{key}'")
+        if schema.get("additionalProperties", False) is False:
+            extra = [k for k in value if k not in props]
+            if extra:
+                hint = did_you_mean(str(extra[0]), props)
+                raise _ArgumentError(
+                    "bad_argument", f"unknown argument '{_short(extra[0], 40)}'; {hint}"
+                )
+        value = {
+            k: _check_value(v, props[k], f"{where}.{k}" if where else k) if k in props else v
+            for k, v in value.items()
+        }
+    if "enum" in schema and value not in schema["enum"]:
+        choices = ", ".join(json.dumps(c) for c in schema["enum"])
+        raise bad(f"must be one of {choices}, got {_short(json.dumps(value), 30)}")
+    return value
+
+
+def validate_arguments(arguments: Any, parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """``arguments`` checked against the object schema ``parameters``: required keys present,
+    no unknown keys (unless ``additionalProperties``), types (a boolean is not a number; an
+    integral float passes as an integer), finite numbers, ``minimum`` / ``maximum``, array
+    lengths, ``enum``. Raises :class:`ToolFailure` (``missing_argument`` / ``bad_argument``)."""
+    try:
+        return _check_value(arguments, parameters, "")
+    except _ArgumentError as exc:
+        raise ToolFailure(exc.reason, exc.message.lstrip(": ")) from None
+
+
+# -- running --------------------------------------------------------------------------------
+_STATS: Counter[str] = Counter()
+_STATS_LOCK = threading.Lock()
+_ABANDONED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+
+
+def _count(key: str) -> None:
+    with _STATS_LOCK:
+        _STATS[key] += 1
+
+
+def tool_stats() -> dict[str, int]:
+    """Counters since start-up: ``calls``, ``ok``, ``failed/<reason>`` per failure reason
+    (``failed/timeout`` = threads abandoned), and ``abandoned_running``: abandoned worker
+    threads still running now."""
+    with _STATS_LOCK:
+        out = dict(_STATS)
+        out["abandoned_running"] = sum(t.is_alive() for t in list(_ABANDONED))
+    return out
+
+
+def _usage(spec: ToolSpec, name: str) -> str:
+    """``name(arg: type, [optional: type])`` for failure texts."""
+    props = spec.parameters.get("properties", {})
+    required = set(spec.parameters.get("required", []))
+    args = [
+        f"{k}: {s.get('type', 'any')}" if k in required else f"[{k}: {s.get('type', 'any')}]"
+        for k, s in props.items()
+    ]
+    return f"{name}({', '.join(args)})"
+
+
+def _finish(obs: Observation) -> Observation:
+    _count("ok" if obs.ok else f"failed/{obs.reason}")
+    return obs
+
+
+def run_tool_call(
+    call: ToolCall | ParseError,
+    context: ToolContext,
+    registry: ToolRegistry = TOOLS,
+    *,
+    timeout_s: float | None = None,
+) -> Observation:
+    """Run one parsed call and return its :class:`Observation`; never raises on model output.
+
+    Steps: a :class:`ParseError` becomes a failed observation with its reason; the tool is
+    looked up in ``registry`` (the global :data:`~mmrft.plugins.TOOLS` or the mapping of
+    :func:`enabled_tools`, ``unknown_tool`` with the closest names otherwise); the arguments are
+    checked against its schema (:func:`validate_arguments`); then the tool runs in a daemon
+    worker thread for at most ``timeout_s`` seconds (default the tool's own; 0 = no limit). A
+    timed-out thread is abandoned, not killed (module docstring). Returned images over
+    ``context.max_pixels`` are downscaled (:func:`fit_pixels`); a clip over
+    ``context.video_budget.max_frames`` frames is a ``tool_error``.
+    """
+    _count("calls")
+    if isinstance(call, ParseError):
+        return _finish(Observation.fail(call.reason, f"Tool call refused: {call.message}."))
+    try:
+        spec = _lookup(call.name, registry)
+    except KeyError as exc:
+        return _finish(Observation.fail("unknown_tool", f"{_short(exc, 200)}."))
+    try:
+        arguments = validate_arguments(call.arguments, spec.parameters)
+    except ToolFailure as exc:
+        return _finish(
+            Observation.fail(exc.reason, f"{exc.message}. Usage: {_usage(spec, call.name)}.")
+        )
+    budget = spec.timeout_s if timeout_s is None else timeout_s
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            box["value"] = spec.fn(context, **arguments)
+        except BaseException as exc:  # handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name=f"mmrft-tool:{spec.name}", daemon=True)
+    thread.start()
+    thread.join(budget or None)
+    if thread.is_alive():
+        with _STATS_LOCK:
+            _ABANDONED.add(thread)
+        return _finish(
+            Observation.fail(
+                "timeout", f"Tool '{call.name}' ran past its {budget:g} s budget and was stopped."
+            )
+        )
+    error = box.get("error")
+    if isinstance(error, ToolFailure):
+        return _finish(Observation.fail(error.reason, error.message))
+    if error is not None:
+        text = f"Tool '{call.name}' failed: {type(error).__name__}: {_short(error, 160)}"
+        return _finish(Observation.fail("tool_error", text))
+    obs = box.get("value")
+    if not isinstance(obs, Observation):
+        text = f"Tool '{call.name}' failed: it returned {type(obs).__name__}, not an Observation"
+        return _finish(Observation.fail("tool_error", text))
+    max_frames = context.video_budget.max_frames
+    if any(len(clip.frames) > max_frames for clip in obs.videos):
+        text = f"Tool '{call.name}' failed: it returned a clip over {max_frames} frames"
+        return _finish(Observation.fail("tool_error", text))
+    obs.images = [fit_pixels(im, context.max_pixels) for im in obs.images]
+    return _finish(obs)

@@ -1,0 +1,600 @@
+"""Multi-turn tool rollouts ("thinking with images"): trajectories and the tool loop.
+
+A trajectory is what follows the prompt when the model may call tools between turns::
+
+    prompt row │ turn 1 (model) │ observation 1 │ turn 2 (model) │ … │ last turn (model)
+               └──────────────── completion_ids: one token stream ──────────────────┘
+    loss mask                1 1 1 … 1        0 0 … 0        1 1 … 1          1 1 … 1
+
+Rules that keep sampler and trainer on the same tokens (the faults other frameworks' users
+report: drifting separators, image-count mismatches, unseen late images):
+
+* **Append-only.** The model's tokens are kept exactly as sampled; history is never decoded
+  and re-tokenised. The training forward sees the very ids the engine continued from.
+* **Observations are the chat template's delta** (:class:`ObservationTemplate`): what the
+  template writes after an assistant turn (its close, e.g. ``<|im_end|>\\n``, less the part the
+  model sampled itself) then the tool turn with one placeholder block per returned image or
+  clip, then the next assistant header. It is tokenised alone with its media by the family
+  (:meth:`mmrft.models.family.ModelFamily.observation_row`: the family's own resizing and video
+  budget) and appended with loss mask 0 (and token types 1/2 on its placeholders).
+* **Budgets before media.** An observation joins a trajectory only after the token budget
+  (``rollout.tools.max_tokens``) and the media budgets (``max_media``,
+  ``max_visual_tokens``) passed; a trajectory they cut ends without it, so no image is ever
+  appended to a turn that does not get its placeholders.
+* **Positions over the final sequence.** The engine continues a trajectory from its whole
+  row (:func:`joined_row`) with the family's position function (mRoPE for Qwen-VL), and the
+  training forward computes them over the same whole sequence, so turn-k tokens sit where the
+  sampler put them.
+
+The loop (:class:`ToolLoop`) is a collector stage: turn 1 is the engine's ordinary
+group-shared ``generate`` (one encoding of the original media per group); every later turn
+continues all trajectories that called a tool in one batch (:meth:`Engine.continue_rows`).
+A trajectory ends (``Trajectory.stop``) with:
+
+==================  ===========================================================================
+``answer``          a turn ended without a tool call
+``length``          a turn hit its token limit without ending (its call, if any, is not run)
+``max_turns``       the last allowed turn still called a tool
+``max_tokens``      the next observation would pass ``max_tokens``
+``max_media``       the next observation would pass ``max_media`` images and clips
+``max_visual_tokens`` … or ``max_visual_tokens``
+==================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from mmrft.data import Sample
+from mmrft.policy.trajectory import Trajectory, _short, joined_row
+from mmrft.rollout.tool import (
+    Observation,
+    ParseError,
+    ToolContext,
+    ToolSpec,
+    parse_tool_calls,
+    run_tool_call,
+    tool_schemas,
+)
+
+log = logging.getLogger(__name__)
+
+STOPS = ("answer", "length", "max_turns", "max_tokens", "max_media", "max_visual_tokens")
+
+
+# ---------------------------------------------------------------------------------------------
+# Observations as the chat template's delta
+
+
+def template_source(processor: Any) -> str:
+    """The chat template text of a processor (or its tokenizer); ``""`` when it has none."""
+    for owner in (processor, getattr(processor, "tokenizer", None)):
+        template = getattr(owner, "chat_template", None)
+        if isinstance(template, str):
+            return template
+        if isinstance(template, dict):  # named templates
+            return "\n".join(str(t) for t in template.values())
+    return ""
+
+
+def tools_system_text(schemas: list[dict[str, Any]]) -> str:
+    """Qwen's function-calling instructions (the ``# Tools`` block its chat templates write
+    from ``tools=``) for a template that has none."""
+    lines = "\n".join(json.dumps(s, ensure_ascii=False) for s in schemas)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{lines}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>'
+    )
+
+
+class ObservationTemplate:
+    """The chat template's rendering of tool observations, as text to append (module
+    docstring). The observation turn is the template's ``tool`` role when the template knows
+    tool responses (Qwen3-VL, Qwen3.5), else a ``user`` turn whose content wraps each response
+    in ``<tool_response>`` … ``</tool_response>`` (the Qwen form; DeepEyes' prompts), media
+    first. Checked at construction: the rendered history must be a prefix of the history with
+    the observation, and the delta must hold one placeholder block per medium.
+
+    Raises :class:`~mmrft.typecheck.ConfigError` when the family's template cannot render an
+    observation that way.
+    """
+
+    MARK = "MMRFT-ASSISTANT-TURN"
+
+    def __init__(self, family: Any, processor: Any) -> None:
+        from mmrft.typecheck import ConfigError
+
+        self.family, self.processor = family, processor
+        self.history = [
+            {"role": "user", "content": [{"type": "text", "text": "question"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": self.MARK}]},
+        ]
+        self.before = self._render(self.history, False)
+        self.close = self.before[self.before.rindex(self.MARK) + len(self.MARK) :]
+        source = template_source(processor)
+        roles = ["tool", "user"] if "tool_response" in source else ["user"]
+        tokenizer = getattr(processor, "tokenizer", processor)
+        image_token = family.media_tokens.get("image_grid_thw", "")
+        problems = []
+        for role in roles:
+            self.role = role
+            probe = Observation(ok=True, text="probe", images=[None, None])  # type: ignore[list-item]
+            try:
+                text = self.render([probe])
+            except Exception as exc:  # a template that cannot render the role
+                problems.append(f"role '{role}': {type(exc).__name__}: {exc}")
+                continue
+            if image_token and text.count(image_token) != 2:
+                problems.append(f"role '{role}': 2 images gave {text.count(image_token)} blocks")
+                continue
+            return
+        raise ConfigError(
+            f"rollout.tools: the chat template of model family '{family.name}' cannot render a "
+            f"tool observation ({'; '.join(problems)}); tokenizer {type(tokenizer).__name__}"
+        )
+
+    def _render(self, conversation: list[dict[str, Any]], generation_prompt: bool) -> str:
+        return self.family.render(self.processor, [conversation], generation_prompt)[0]
+
+    def messages(self, observations: list[Observation]) -> list[dict[str, Any]]:
+        """The observation turn(s) as chat messages with placeholder media parts."""
+
+        def media(obs: Observation) -> list[dict[str, Any]]:
+            return [{"type": "image"} for _ in obs.images] + [{"type": "video"} for _ in obs.videos]
+
+        if self.role == "tool":
+            return [
+                {"role": "tool", "content": [*media(o), {"type": "text", "text": o.text}]}
+                for o in observations
+            ]
+        content: list[dict[str, Any]] = []
+        for i, obs in enumerate(observations):
+            opening = ("\n" if i else "") + "<tool_response>\n"
+            content += [{"type": "text", "text": opening}, *media(obs)]
+            content.append({"type": "text", "text": obs.text + "\n</tool_response>"})
+        return [{"role": "user", "content": content}]
+
+    def render(self, observations: list[Observation]) -> str:
+        """The text that follows the assistant turn's *close*: the observation turn(s) and the
+        next assistant header."""
+        full = self._render(self.history + self.messages(observations), True)
+        if not full.startswith(self.before):
+            raise ValueError("the chat template re-renders earlier turns when a tool turn is added")
+        return full[len(self.before) :]
+
+    def delta(self, observations: list[Observation], sampled_close: str) -> str:
+        """The whole text to append after a turn: the template's close less ``sampled_close``
+        (what the model already wrote of it: its end-of-turn token), then :meth:`render`."""
+        close = self.close
+        if sampled_close and close.startswith(sampled_close):
+            close = close[len(sampled_close) :]
+        return close + self.render(observations)
+
+    @staticmethod
+    def media_parts(observations: list[Observation]) -> list[dict[str, Any]]:
+        """The observations' media as content parts, in placeholder order."""
+        parts: list[dict[str, Any]] = []
+        for obs in observations:
+            parts += [{"type": "image", "image": im} for im in obs.images]
+            parts += [clip.part() for clip in obs.videos]
+        return parts
+
+
+# ---------------------------------------------------------------------------------------------
+# The loop
+
+
+@dataclass
+class LoopLimits:
+    """Per-trajectory budgets (``rollout.tools``): turns, tokens after the prompt, images and
+    clips added, visual tokens added (0 = unbounded)."""
+
+    max_turns: int = 5
+    max_tokens: int = 0
+    max_media: int = 4
+    max_visual_tokens: int = 0
+
+
+class ToolLoop:
+    """Multi-turn rollouts with tools, as a collector stage (module docstring).
+
+    Args:
+        family / processor: the policy's, for observation rendering and tokenising.
+        tools: the enabled tools by name (:func:`mmrft.rollout.tool.enabled_tools`, aliases included).
+        limits: the budgets.
+        context_kwargs: extra :meth:`ToolContext.from_sample` arguments.
+        describe: describe the tools in a system message (:meth:`with_tools`).
+
+    Attributes:
+        schemas: the tools' descriptions :meth:`with_tools` prepends (none when ``describe``
+            is off).
+        tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may also end
+            there); ``None`` otherwise (turns end at end-of-turn).
+        counts: what :meth:`metrics` reports, since its last call.
+    """
+
+    def __init__(
+        self,
+        family: Any,
+        processor: Any,
+        tools: dict[str, ToolSpec],
+        limits: LoopLimits,
+        context_kwargs: dict[str, Any] | None = None,
+        describe: bool = True,
+    ) -> None:
+        self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
+        self.schemas = tool_descriptions(tools, describe)
+        self.template = ObservationTemplate(family, processor)
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
+        self.tool_call_token = (
+            close_id
+            if isinstance(close_id, int) and close_id != self.tokenizer.unk_token_id
+            else None
+        )
+        self.token_key = family.token_keys[0] if family.token_keys else None
+        self.context_kwargs = context_kwargs or {}
+        self.counts: Counter = Counter()
+
+    # -- prompts -------------------------------------------------------------------------------
+    def with_tools(
+        self, conversation: list[dict[str, Any]], sample: Sample | None = None
+    ) -> list[dict[str, Any]]:
+        """``conversation`` with the tools described in a system message (prepended to the
+        system message it has): Qwen's function-calling form from the tools' schemas. Unchanged
+        when ``describe`` is off or the sample switches tools off (``meta.tools: false``)."""
+        return with_tool_descriptions(conversation, sample, self.schemas)
+
+    # -- one rollout ---------------------------------------------------------------------------
+    def run(
+        self,
+        engine: Any,
+        conversations: list[list[dict[str, Any]]],
+        samples: list[Sample],
+        n: int,
+        sampling: Any,
+    ) -> Any:
+        """``len(conversations) × n`` trajectories, group-contiguous, as
+        :class:`~mmrft.rollout.Rollouts` whose ``completion_ids`` are the whole token streams,
+        ``texts`` the last turns' texts and ``trajectories`` the :class:`Trajectory` records."""
+        import dataclasses
+        import time
+
+        from mmrft.rollout.base import Rollouts
+
+        start = time.perf_counter()
+        stops = tuple(sampling.stop_token_ids) + (
+            (self.tool_call_token,) if self.tool_call_token is not None else ()
+        )
+        sampling = dataclasses.replace(sampling, stop_token_ids=stops)
+        first = engine.generate(conversations, n, sampling)
+        G = len(first.completion_ids)
+        trajectories = [Trajectory() for _ in range(G)]
+        if first.logprobs is None:
+            for t in trajectories:
+                t.logprobs = None
+        base = [ToolContext.from_sample(s, self.family, **self.context_kwargs) for s in samples]
+        contexts: list[ToolContext | None] = [_copy_context(base[i // n]) for i in range(G)]
+        for i in range(G):  # a sample without tools: its calls are text, the turn an answer
+            if not offers_tools(samples[i // n]):
+                contexts[i] = None
+        budget = self.limits.max_tokens or self.limits.max_turns * sampling.max_new_tokens + 4096
+        tool_seconds = 0.0
+        texts = [""] * G
+        truncated = [False] * G
+        # turn 1's results, then each later turn's, as (trajectory, ids, logprobs, truncated)
+        results = [
+            (
+                i,
+                first.completion_ids[i],
+                None if first.logprobs is None else first.logprobs[i],
+                first.truncated[i],
+            )
+            for i in range(G)
+        ]
+        timings = Counter(first.timings)
+        while results:  # every trajectory ends by max_turns at the latest
+            continuing = []
+            for i, ids, logprobs, cut in results:
+                seconds = time.perf_counter()
+                if self.step(trajectories[i], contexts[i], ids, logprobs, cut, budget):
+                    continuing.append(i)
+                tool_seconds += time.perf_counter() - seconds
+                texts[i], truncated[i] = trajectories[i].turns[-1].text, cut
+            if not continuing:
+                break
+            rows = [
+                joined_row(
+                    first.prompts[first.prompt_index[i]], trajectories[i], self.family.token_keys
+                )
+                for i in continuing
+            ]
+            remaining = min(budget - len(trajectories[i].ids) for i in continuing)
+            step = dataclasses.replace(
+                sampling, max_new_tokens=max(1, min(sampling.max_new_tokens, remaining))
+            )
+            more = engine.continue_rows(rows, step)
+            for key, value in more.timings.items():
+                timings[key] += value
+            results = [
+                (
+                    i,
+                    more.completion_ids[k],
+                    None if more.logprobs is None else more.logprobs[k],
+                    more.truncated[k],
+                )
+                for k, i in enumerate(continuing)
+            ]
+        out = Rollouts(prompts=first.prompts, prompt_index=list(first.prompt_index))
+        out.completion_ids = [t.ids for t in trajectories]
+        out.texts = texts
+        out.truncated = truncated
+        out.logprobs = (
+            None
+            if any(t.logprobs is None for t in trajectories)
+            else [t.logprobs for t in trajectories]  # type: ignore[misc]
+        )
+        out.trajectories = trajectories
+        # tool_s: the tools and the observations' rendering and tokenising (outside the model)
+        out.timings = {**timings, "tool_s": tool_seconds}
+        out.seconds = time.perf_counter() - start
+        self._count(trajectories)
+        return out
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def step(
+        self,
+        t: Trajectory,
+        context: ToolContext | None,
+        ids: list[int],
+        logprobs: list[float] | None,
+        cut: bool,
+        budget: int,
+    ) -> bool:
+        """Append one model turn to ``t``, then run its tool calls and append their
+        observation; True when the trajectory continues (else ``t.stop`` says why). A ``None``
+        context (the sample has no tools) runs no call."""
+        text = self._decode(ids)
+        record = t.add_turn(list(ids), None if logprobs is None else list(logprobs), text, cut)
+        if cut:
+            t.stop = "length"
+            return False
+        ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
+        calls = parse_tool_calls(text, closed_by_stop=ended_on_call) if context else []
+        if not calls:
+            t.stop = "answer"
+            return False
+        if len(t.turns) >= self.limits.max_turns:
+            t.stop = "max_turns"
+            return False
+        observations = [run_tool_call(c, context, self.tools) for c in calls]
+        record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
+        t.stop = self._append(t, context, observations, ids, budget)
+        return not t.stop
+
+    def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
+        """The trajectory of scripted turn texts (a warm start's demonstration: e.g. a crop of
+        the target, then the answer), built exactly as the loop builds a sampled one: each
+        text tokenised, ``</tool_call>`` or end-of-turn closing it, its calls run and their
+        observations appended. No sampler log-probs."""
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        t = Trajectory(logprobs=None)
+        context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
+        budget = self.limits.max_tokens or 1 << 30
+        for text in turns:
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            if self.tool_call_token is None or not ids or ids[-1] != self.tool_call_token:
+                ids.append(end)
+            if not self.step(t, context, ids, None, False, budget):
+                break
+        return t
+
+    def _append(
+        self,
+        t: Trajectory,
+        context: ToolContext,
+        observations: list[Observation],
+        ids: list[int],
+        budget: int,
+    ) -> str:
+        """Render, tokenise and budget-check the observations; append them to ``t`` and their
+        images to ``context``. Returns the stop reason when a budget refuses them, ``""``."""
+        last = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
+        text = self.template.delta(observations, last)
+        parts = self.template.media_parts(observations)
+        row = self.family.observation_row(self.processor, text, parts)
+        n_images = sum(len(o.images) for o in observations)
+        n_videos = sum(len(o.videos) for o in observations)
+        types = row.get(self.token_key) if self.token_key else None
+        visual = int((types != 0).sum()) if types is not None else 0
+        limits = self.limits
+        if len(t.ids) + len(row["input_ids"]) + 1 > budget:
+            return "max_tokens"
+        if t.images + t.videos + n_images + n_videos > limits.max_media:
+            return "max_media"
+        if limits.max_visual_tokens and t.visual_tokens + visual > limits.max_visual_tokens:
+            return "max_visual_tokens"
+        t.add_observation(row, self.token_key)
+        t.images += n_images
+        t.videos += n_videos
+        t.visual_tokens += visual
+        grids = row.get("image_grid_thw")  # (t, h, w) in patches: the input size of each
+        image_at = 0
+        for obs in observations:
+            for image in obs.images:
+                size = None
+                if grids is not None and image_at < len(grids):
+                    _, h, w = (int(v) for v in grids[image_at])
+                    patch = getattr(self.family, "patch_size", 14)
+                    size = (w * patch, h * patch)
+                context.add_image(image, size)
+                image_at += 1
+        return ""
+
+    # -- metrics -------------------------------------------------------------------------------
+    def _count(self, trajectories: list[Trajectory]) -> None:
+        c = self.counts
+        for t in trajectories:
+            c["trajectories"] += 1
+            c["turns"] += len(t.turns)
+            c["used_tool"] += int(t.used_tool)
+            c[f"stop/{t.stop}"] += 1
+            for call in t.calls:
+                c["calls"] += 1
+                c["calls_ok"] += int(call["ok"])
+                c[f"calls/{call['name'] or '(unparsed)'}"] += 1
+                if not call["ok"]:
+                    c[f"failed/{call['reason']}"] += 1
+
+    def metrics(self, prefix: str = "rollout/tools") -> dict[str, float]:
+        """Since the last call, and resets: ``turns_mean`` (model turns per trajectory),
+        ``use_rate`` (share of trajectories with a successful call), ``call_success``
+        (successful / all calls), ``calls_per_trajectory``, and per trajectory
+        ``calls/<tool>`` (calls of each tool), ``failed/<reason>`` (failed calls by reason)
+        and ``stop/<reason>`` (the share that ended so)."""
+        c, self.counts = self.counts, Counter()
+        n = c["trajectories"]
+        if not n:
+            return {}
+        out = {
+            f"{prefix}/turns_mean": c["turns"] / n,
+            f"{prefix}/use_rate": c["used_tool"] / n,
+            f"{prefix}/calls_per_trajectory": c["calls"] / n,
+        }
+        if c["calls"]:
+            out[f"{prefix}/call_success"] = c["calls_ok"] / c["calls"]
+        for key, value in c.items():
+            if key.startswith(("calls/", "failed/", "stop/")):
+                out[f"{prefix}/{key}"] = value / n
+        return out
+
+
+DEMO_CROP_SCALE = 2.0
+"""A demonstration crop's side over the target box's longer side (at least)."""
+
+DEMO_CROP_SHARE = 0.25
+"""A demonstration crop's side over the image's shorter side (at least): a 4× zoom, so the
+crop only has to land within a quarter of the image of the target, a precision a policy that
+sees the image at a small pixel budget can reach."""
+
+
+def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | None:
+    """The tool call of a scripted "look closer" policy on ``sample``, or ``None`` when it
+    has no target to look at with the enabled ``tools``:
+
+    * ``meta.target_box`` (pixels of the original image) and ``crop`` or ``image_zoom_in``
+      enabled: the square around its centre of side max(``DEMO_CROP_SCALE`` × the box's
+      longer side, ``DEMO_CROP_SHARE`` × the image's shorter side, 28 px), shifted inside the
+      image, written in the family's box frame (:func:`mmrft.rewards.boxes.from_pixels`, rounded to
+      integers);
+    * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
+      on each side (within ``meta.duration``), 8 frames.
+    """
+    from mmrft.rewards.boxes import from_pixels
+
+    meta = dict(sample.meta)
+    if meta.get("image_size") and not meta.get("input_size"):  # a sample no family annotated
+        meta["input_size"] = list(family.input_size(*(int(v) for v in meta["image_size"])))
+    crop = next((n for n in ("crop", "image_zoom_in") if n in tools), None)
+    if crop and meta.get("target_box") and meta.get("image_size"):
+        x1, y1, x2, y2 = (float(v) for v in meta["target_box"])
+        width, height = (float(v) for v in meta["image_size"])
+        side = max(
+            DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), DEMO_CROP_SHARE * min(width, height), 28.0
+        )
+        side = min(side, width, height)
+        cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
+        cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
+        box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
+        framed = [round(v) for v in from_pixels(box, family.box_frame, meta)]
+        arguments: dict[str, Any] = {"bbox_2d": framed}
+        return f'<tool_call>{{"name": "{crop}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    if "video_frames" in tools and meta.get("target_span"):
+        start, end = (float(v) for v in meta["target_span"])
+        duration = float(meta.get("duration") or end + 0.25)
+        arguments = {
+            "start_s": round(max(0.0, start - 0.25), 2),
+            "end_s": round(min(duration, end + 0.25), 2),
+            "n": 8,
+        }
+        return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    return None
+
+
+def describe_tools(
+    conversation: list[dict[str, Any]], schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conversation`` with the tools of ``schemas`` described in a system message
+    (:func:`tools_system_text`, appended to the system message it has, else a new one)."""
+    text = tools_system_text(schemas)
+    if conversation and conversation[0].get("role") == "system":
+        first = conversation[0]
+        content = first["content"]
+        if isinstance(content, str):
+            merged: Any = f"{content}\n\n{text}"
+        else:
+            merged = [*content, {"type": "text", "text": "\n\n" + text}]
+        return [{**first, "content": merged}, *conversation[1:]]
+    return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
+
+
+def tool_descriptions(tools: dict[str, ToolSpec], describe: bool) -> list[dict[str, Any]]:
+    """The schemas a prompt describes the enabled ``tools`` with, sorted by name; none when
+    ``describe`` is off (the data's prompts describe the tools themselves)."""
+    return tool_schemas(sorted(tools), tools) if describe else []
+
+
+def with_tool_descriptions(
+    conversation: list[dict[str, Any]], sample: Sample | None, schemas: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``conversation`` with ``schemas`` described (:func:`describe_tools`); unchanged when there
+    are none or ``sample`` switches tools off (:func:`offers_tools`)."""
+    if not schemas or not offers_tools(sample):
+        return conversation
+    return describe_tools(conversation, schemas)
+
+
+def offers_tools(sample: Sample | None) -> bool:
+    """Whether the tools are offered for ``sample``: unless its ``meta.tools`` is false (a
+    per-row switch, e.g. DeepEyes' no-tool subset)."""
+    return sample is None or sample.meta.get("tools", True) is not False
+
+
+def _copy_context(context: ToolContext) -> ToolContext:
+    """A trajectory's own context: the sample's images shared, its own list to append to."""
+    import dataclasses
+
+    return dataclasses.replace(
+        context, images=list(context.images), input_sizes=list(context.input_sizes)
+    )
+
+
+def _call_record(call: Any, obs: Observation) -> dict[str, Any]:
+    if isinstance(call, ParseError):
+        name, arguments = "", call.raw
+    else:
+        name = call.name
+        try:
+            arguments = json.dumps(call.arguments, ensure_ascii=False, allow_nan=True)
+        except (TypeError, ValueError):
+            arguments = repr(call.arguments)
+    return {
+        "name": name,
+        "arguments": _short(arguments),
+        "ok": obs.ok,
+        "reason": obs.reason,
+        "text": _short(obs.text),
+        "images": len(obs.images),
+        "videos": len(obs.videos),
+        "info": obs.info,
+    }
