@@ -21,7 +21,7 @@ from mmrft.models.qwen_audio import (
     audio_token_count,
     check_media,
 )
-from mmrft.models.tiny import tiny
+from mmrft.models import tiny
 from mmrft.plugins import MODEL_FAMILIES
 from mmrft.policy.model import Policy, completion_logps
 from mmrft.rollout.base import Sampling, cut_at_stop, stop_token_ids

@@ -11,7 +11,7 @@ from PIL import Image
 from mmrft.data import DataError, Sample
 from mmrft.models.family import MediaBudget, family_for_model_type
 from mmrft.models.qwen_vl import IMAGE_CACHE, Qwen2VL, Qwen3VL, Qwen25VL, check_media
-from mmrft.models.tiny import tiny
+from mmrft.models import tiny
 from mmrft.plugins import MODEL_FAMILIES
 from mmrft.typecheck import ConfigError
 
