@@ -1,6 +1,7 @@
 # Two commands on a fresh machine with nothing but Python (>= 3.10):
 #   make demo   create .venv, install, run the CPU demo (train + before/after evaluation)
-#   make test   create .venv, install, run the test suite (slow, GPU and vLLM tests excluded)
+#   make test   create .venv, install, check the layers (lint-imports), run the test suite
+#               (slow, GPU and vLLM tests excluded)
 # and one for the vLLM engine, one for a GPU machine:
 #   make test-vllm  create .venv-vllm (vLLM's CPU build), run the tests marked vllm
 #   make gpu-check  benchmarks/gpu.py with the machine's own Python (docs/gpu.md)
@@ -23,6 +24,7 @@ demo: $(STAMP)
 	$(BIN)/mmrft train demo
 
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q
 
 test-slow: $(STAMP)
