@@ -63,56 +63,39 @@ from mmrft.tasks.video_qa import user_turn
 
 from mmrft.data import (
     DataError,
-    ListItem,
     OnError,
     ReadStats,
     Sample,
-    collect_samples,
-    iter_json_list,
+    read_json_list,
     read_records,
+    require_fields,
+    string_field,
 )
-from mmrft.rewards.answers import choice_index, extract_answer, match_choice
-from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.answers import choice_index
+from mmrft.rewards.task import (
+    ChoiceTask,
+    ExampleData,
+    ThinkMode,
+    check_choice_target,
+    check_choices,
+    task,
+)
 
 MMAU_META = ("task", "category", "sub-category", "difficulty", "split", "dataset")
 """MMAU fields kept in ``meta`` (for per-category breakdowns)."""
 
 
-def _check_choices(choices: Any, where: str, field: str) -> list[str]:
-    if not (
-        isinstance(choices, list)
-        and len(choices) >= 2
-        and all(isinstance(c, str) and c.strip() for c in choices)
-    ):
-        raise DataError(f"{where}: '{field}' must list at least 2 option strings")
-    return choices
-
-
-def _text(record: dict[str, Any], key: str, where: str) -> str:
-    value = record[key]
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _object(record: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object")
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
-    return record
-
-
 @task("audio_qa")
-class AudioQATask(Task):
+class AudioQATask(ChoiceTask):
     """Pick one option of ``meta["choices"]`` about an audio clip; the target is the option text.
 
     Template fields: ``{question}`` (the question followed by "Please choose the answer from the
     following options: [...]." as in R1-AQA) and ``{format_instruction}``. Reward: format +
     accuracy in choice mode (weights 1, 1; exact option text or letter, several options 0).
     Metric: ``accuracy`` (0/1 per sample, primary); chance = uniform guessing
-    over the options that occur as targets (:func:`mmrft.rewards.task.uniform_target_chance`).
+    over the options that occur as targets (:func:`mmrft.rewards.task.uniform_target_chance`:
+    0.5 on the bundled pitch benchmark, whose four options hold only two correct answers).
+    The reference answer is the correct option's text (R1-AQA's ``<answer>`` content).
     """
 
     template = "{question}\n{format_instruction}"
@@ -167,28 +150,27 @@ class AudioQATask(Task):
             return read_records(path, parse_line, on_error=on_error, check=check)
         if fmt == "mmau":
 
-            def parse_item(item: ListItem, where: str) -> Sample:
-                return self._parse_mmau(item.value, root, where)
+            def parse_item(record: Any, where: str, sample_id: str) -> Sample:
+                return self._parse_mmau(record, root, where)
 
-            return collect_samples(path, iter_json_list(path), parse_item, on_error, check)
+            return read_json_list(path, parse_item, on_error, check)
         return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)
         if not sample.media("audio"):
             raise DataError(f"{where}: an audio QA sample needs an audio part")
-        choices = _check_choices(sample.meta.get("choices"), where, "meta.choices")
-        if not isinstance(sample.target, str) or choice_index(sample.target, choices) is None:
-            raise DataError(f"{where}: target {sample.target!r} is not one of meta.choices")
+        choices = check_choices(sample.meta.get("choices"), where, "'meta.choices'")
+        check_choice_target(sample.target, choices, where)
         return sample
 
     def _parse_r1_aqa(self, record: Any, root: Path, where: str) -> Sample:
-        record = _object(
+        record = require_fields(
             record, ("id", "question_text", "multi_choice", "answer", "audio_path"), where
         )
-        question = _text(record, "question_text", where)
-        audio = _text(record, "audio_path", where)
-        choices = _check_choices(record["multi_choice"], where, "multi_choice")
+        question = string_field(record, "question_text", where)
+        audio = string_field(record, "audio_path", where)
+        choices = check_choices(record["multi_choice"], where, "'multi_choice'")
         answer = record["answer"]
         if not (
             isinstance(answer, int) and not isinstance(answer, bool) and 0 <= answer < len(choices)
@@ -206,15 +188,15 @@ class AudioQATask(Task):
         return Sample(str(record["id"]), messages, target=choices[answer], meta=meta)
 
     def _parse_mmau(self, record: Any, root: Path, where: str) -> Sample:
-        record = _object(record, ("id", "audio_id", "question", "choices"), where)
+        record = require_fields(record, ("id", "audio_id", "question", "choices"), where)
         if "answer" not in record:
             raise DataError(
                 f"{where}: missing field 'answer' (MMAU's test split is scored by its server; "
                 "use test-mini)"
             )
-        question = _text(record, "question", where)
-        audio = _text(record, "audio_id", where)
-        choices = _check_choices(record["choices"], where, "choices")
+        question = string_field(record, "question", where)
+        audio = string_field(record, "audio_id", where)
+        choices = check_choices(record["choices"], where, "'choices'")
         answer = record["answer"]
         if not isinstance(answer, str) or choice_index(answer, choices) is None:
             raise DataError(f"{where}: answer {answer!r} is not one of 'choices'")
@@ -229,43 +211,3 @@ class AudioQATask(Task):
         options: ['a', 'b', ...].`` (the options as a Python list, in the data's order)."""
         options = str([str(c) for c in sample.meta["choices"]])
         return f"{sample.text()} Please choose the answer from the following options: {options}."
-
-    # -- rewards and metrics --------------------------------------------------------------------
-    def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": "choice"}},
-        ]
-
-    def reference_answer(self, sample: Sample) -> str:
-        """The correct option's text (R1-AQA's ``<answer>`` content)."""
-        index = choice_index(sample.target, sample.meta["choices"])
-        if index is None:
-            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
-        return sample.meta["choices"][index]
-
-    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
-        """Strict parse: exactly one answer block naming exactly one option (text or letter).
-
-        Value ``accuracy`` = 1 for the correct option, else 0. Reasons when no single option was
-        named: the answer-tag reasons, ``no option matched``, ``several options``; a wrong
-        option has none. ``parsed`` is the named option's text.
-        """
-        choices = sample.meta["choices"]
-        answer, reason = extract_answer(completion)
-        picked = None
-        if answer is not None:
-            picked, reason = match_choice(answer, choices)
-        if picked is None:
-            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
-        correct = float(picked == choice_index(sample.target, choices))
-        return EvalRecord(
-            sample.id, completion, choices[picked], correct, None, {"accuracy": correct}
-        )
-
-    def chance(self, samples: list[Sample]) -> float | None:
-        """Uniform guessing among each sample's options that are the target of some sample
-        of the split (:func:`mmrft.rewards.task.uniform_target_chance`: 0.5 on the bundled pitch
-        benchmark, whose four options hold only two correct answers); ``None`` for no
-        samples."""
-        return choice_chance(samples)

@@ -41,23 +41,24 @@ from mmrft.tasks.video_qa import user_turn
 
 from mmrft.data import (
     DataError,
-    ListItem,
     OnError,
     ReadStats,
     Sample,
-    collect_samples,
-    item_id,
-    iter_json_list,
+    read_json_list,
+    require_fields,
 )
-from mmrft.rewards.answers import (
-    choice_index,
-    extract_answer,
-    is_number_literal,
-    match_choice,
-    normalise_text,
-    parse_number,
+from mmrft.rewards.answers import extract_answer, is_number_literal, normalise_text, parse_number
+from mmrft.rewards.task import (
+    EvalRecord,
+    ExampleData,
+    Task,
+    ThinkMode,
+    check_choice_target,
+    check_choices,
+    choice_chance,
+    evaluate_choice,
+    task,
 )
-from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 from mmrft.typecheck import ConfigError
 
 REL_TOL = 0.05
@@ -132,23 +133,16 @@ class ChartQATask(Task):
         if fmt == "chartqa":
             root = Path(self.image_root).expanduser() if self.image_root else path.parent / "png"
 
-            def parse(item: ListItem, where: str) -> Sample:
-                return self._parse_chartqa(item.value, root, where, item_id(path, item))
+            def parse(record: Any, where: str, sample_id: str) -> Sample:
+                return self._parse_chartqa(record, root, where, sample_id)
 
-            return collect_samples(path, iter_json_list(path), parse, on_error, check)
+            return read_json_list(path, parse, on_error, check)
         return super().read_format(path, fmt, on_error, check)
 
     def _check_target(self, sample: Sample, where: str) -> Sample:
         target, choices = sample.target, sample.meta.get("choices")
         if choices is not None:
-            if not (
-                isinstance(choices, list)
-                and len(choices) >= 2
-                and all(isinstance(c, str) and c.strip() for c in choices)
-            ):
-                raise DataError(f"{where}: meta.choices must list at least 2 option strings")
-            if choice_index(target, choices) is None or not isinstance(target, str):
-                raise DataError(f"{where}: target {target!r} is not one of meta.choices")
+            check_choice_target(target, check_choices(choices, where), where)
         elif isinstance(target, bool) or not (
             isinstance(target, (int, float)) or (isinstance(target, str) and target.strip())
         ):
@@ -164,11 +158,7 @@ class ChartQATask(Task):
         return self._check_target(sample, where)
 
     def _parse_chartqa(self, record: Any, root: Path, where: str, sample_id: str) -> Sample:
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object")
-        missing = [k for k in ("imgname", "query", "label") if k not in record]
-        if missing:
-            raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+        record = require_fields(record, ("imgname", "query", "label"), where)
         for key in ("imgname", "query"):
             if not isinstance(record[key], str) or not record[key].strip():
                 raise DataError(f"{where}: '{key}' must be a non-empty string")
@@ -212,15 +202,11 @@ class ChartQATask(Task):
                 sample.id, completion, parsed, correct, reason, {"relaxed_accuracy": correct}
             )
 
+        if sample.meta.get("choices"):
+            return evaluate_choice(completion, sample, metric="relaxed_accuracy")
         answer, reason = extract_answer(completion)
         if answer is None:
             return record(None, 0.0, reason)
-        choices = sample.meta.get("choices")
-        if choices:
-            picked, reason = match_choice(answer, choices)
-            if picked is None:
-                return record(None, 0.0, reason)
-            return record(choices[picked], float(picked == choice_index(sample.target, choices)))
         expected = _target_number(sample.target)
         if expected is not None:
             value, reason = parse_number(answer)

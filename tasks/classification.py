@@ -21,20 +21,25 @@ by "Answer with the option letter only.". Answers are matched strictly
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample
-from mmrft.rewards.answers import choice_index, extract_answer, match_choice
-from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
+from mmrft.rewards.task import (
+    LETTERS,
+    ChoiceTask,
+    ExampleData,
+    ThinkMode,
+    check_choice_target,
+    check_choices,
+    lettered_choices,
+    task,
+)
 from mmrft.typecheck import ConfigError
-
-LETTERS = string.ascii_uppercase
 
 
 @task("classification")
-class ClassificationTask(Task):
+class ClassificationTask(ChoiceTask):
     """Pick one option of ``meta["choices"]``; the target is the option text.
 
     Template fields: ``{question}`` (the sample's question, with the options appended when
@@ -76,17 +81,10 @@ class ClassificationTask(Task):
     # -- data ---------------------------------------------------------------------------------
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)
-        choices = sample.meta.get("choices")
-        if not (
-            isinstance(choices, list)
-            and len(choices) >= 2
-            and all(isinstance(c, str) and c.strip() for c in choices)
-        ):
-            raise DataError(f"{where}: meta.choices must list at least 2 option strings")
+        choices = check_choices(sample.meta.get("choices"), where)
         if self.lettered and len(choices) > len(LETTERS):
             raise DataError(f"{where}: {len(choices)} options are too many to letter A–Z")
-        if not isinstance(sample.target, str) or choice_index(sample.target, choices) is None:
-            raise DataError(f"{where}: target {sample.target!r} is not one of meta.choices")
+        check_choice_target(sample.target, choices, where)
         return sample
 
     # -- prompts ------------------------------------------------------------------------------
@@ -97,48 +95,6 @@ class ClassificationTask(Task):
             return text
         choices = sample.meta["choices"]
         if self.lettered:
-            listed = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
+            listed = lettered_choices(choices)
             return f"{text}\nOptions:\n{listed}\nAnswer with the option letter only."
         return f"{text}\nOptions: {', '.join(choices)}"
-
-    # -- rewards and metrics --------------------------------------------------------------------
-    def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": "choice"}},
-        ]
-
-    def _correct(self, sample: Sample) -> int:
-        index = choice_index(sample.target, sample.meta["choices"])
-        if index is None:
-            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
-        return index
-
-    def reference_answer(self, sample: Sample) -> str:
-        """The correct option's text, or its letter when ``lettered``."""
-        index = self._correct(sample)
-        return LETTERS[index] if self.lettered else sample.meta["choices"][index]
-
-    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
-        """Strict parse: exactly one answer block naming exactly one option (letter or text).
-
-        Value ``accuracy`` = 1 for the correct option, else 0. An answer that names no option
-        or several has a reason (``no option matched``, ``several options``, or an answer-tag
-        reason); a wrong option has none. ``parsed`` is the named option's text.
-        """
-        choices = sample.meta["choices"]
-        answer, reason = extract_answer(completion)
-        picked = None
-        if answer is not None:
-            picked, reason = match_choice(answer, choices)
-        if picked is None:
-            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
-        correct = float(picked == self._correct(sample))
-        return EvalRecord(
-            sample.id, completion, choices[picked], correct, None, {"accuracy": correct}
-        )
-
-    def chance(self, samples: list[Sample]) -> float | None:
-        """Uniform guessing among each sample's options that are the target of some sample
-        of the split (:func:`mmrft.rewards.task.uniform_target_chance`); ``None`` for no samples."""
-        return choice_chance(samples)

@@ -21,8 +21,14 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample
-from mmrft.rewards.answers import extract_answer, parse_number
-from mmrft.rewards.task import EvalRecord, ExampleData, Task, task, uniform_target_chance
+from mmrft.rewards.task import (
+    EvalRecord,
+    ExampleData,
+    Task,
+    evaluate_number,
+    task,
+    uniform_target_chance,
+)
 
 
 def _is_count(value: Any) -> bool:
@@ -82,15 +88,7 @@ class CountingTask(Task):
         the answer-tag reasons, ``no number``, ``several numbers``; a wrong count has none.
         ``parsed`` is the number (an int when whole).
         """
-        answer, reason = extract_answer(completion)
-        value = None
-        if answer is not None:
-            value, reason = parse_number(answer)
-        if value is None:
-            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
-        parsed = int(value) if value.is_integer() else value
-        correct = float(value == sample.target)
-        return EvalRecord(sample.id, completion, parsed, correct, None, {"accuracy": correct})
+        return evaluate_number(completion, sample, sample.target)
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among the counts of each sample's ``count_range`` that are the

@@ -51,32 +51,36 @@ share; the JSON-list reader and the raise / skip-and-count loop they use are
 from __future__ import annotations
 
 import re
-import string
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import (
     DataError,
-    ListItem,
     OnError,
     ReadStats,
     Sample,
-    collect_samples,
-    item_id,
-    iter_json_list,
     normalise_messages,
+    read_json_list,
+    require_fields,
+    string_field,
 )
-from mmrft.rewards.answers import (
-    choice_index,
-    extract_answer,
-    is_number_literal,
-    match_choice,
-    parse_number,
+from mmrft.rewards.answers import choice_index, extract_answer, is_number_literal, parse_number
+from mmrft.rewards.task import (
+    LETTERS,
+    EvalRecord,
+    ExampleData,
+    Task,
+    ThinkMode,
+    check_choices,
+    choice_chance,
+    correct_choice,
+    evaluate_choice,
+    evaluate_number,
+    lettered_choices,
+    task,
 )
-from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, choice_chance, task
 
-LETTERS = string.ascii_uppercase
 PROBLEM_TYPES = ("multiple choice", "numerical")
 """The problem types this task scores (Video-R1's names)."""
 
@@ -95,30 +99,6 @@ def user_turn(kind: str, source: str, text: str, root: Path, where: str) -> list
         ],
         root,
         where,
-    )
-
-
-def _string(record: dict[str, Any], key: str, where: str) -> str:
-    value = record.get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise DataError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
-    return value.strip()
-
-
-def _require(record: Any, keys: tuple[str, ...], where: str) -> dict[str, Any]:
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object")
-    missing = [k for k in keys if k not in record]
-    if missing:
-        raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
-    return record
-
-
-def _choices_ok(choices: Any) -> bool:
-    return (
-        isinstance(choices, list)
-        and 2 <= len(choices) <= len(LETTERS)
-        and all(isinstance(c, str) and c.strip() for c in choices)
     )
 
 
@@ -193,10 +173,10 @@ class VideoQATask(Task):
         if fmt == "video_r1":
             root = Path(self.media_root).expanduser() if self.media_root else path.parent
 
-            def parse(item: ListItem, where: str) -> Sample:
-                return self._parse_video_r1(item.value, root, where, item_id(path, item))
+            def parse(record: Any, where: str, sample_id: str) -> Sample:
+                return self._parse_video_r1(record, root, where, sample_id)
 
-            return collect_samples(path, iter_json_list(path), parse, on_error, check)
+            return read_json_list(path, parse, on_error, check)
         return super().read_format(path, fmt, on_error, check)
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
@@ -210,8 +190,7 @@ class VideoQATask(Task):
                 f"{where}: meta.problem_type {kind!r} is not one of {', '.join(PROBLEM_TYPES)}"
             )
         if kind == "multiple choice":
-            if not _choices_ok(choices):
-                raise DataError(f"{where}: meta.choices must list 2 to 26 option strings")
+            check_choices(choices, where, most=len(LETTERS))
             if choice_index(sample.target, choices) is None:
                 raise DataError(f"{where}: target {sample.target!r} is not one of meta.choices")
         else:
@@ -223,15 +202,15 @@ class VideoQATask(Task):
         return sample
 
     def _parse_video_r1(self, record: Any, root: Path, where: str, sample_id: str) -> Sample:
-        record = _require(record, ("problem", "problem_type", "solution", "path"), where)
+        record = require_fields(record, ("problem", "problem_type", "solution", "path"), where)
         kind = record["problem_type"]
         if kind not in PROBLEM_TYPES:
             raise DataError(
                 f"{where}: problem_type {kind!r} is not supported "
                 f"(video_qa reads {' and '.join(repr(t) for t in PROBLEM_TYPES)})"
             )
-        problem = _string(record, "problem", where)
-        source = _string(record, "path", where)
+        problem = string_field(record, "problem", where)
+        source = string_field(record, "path", where)
         data_type = record.get("data_type", "video")
         if data_type not in ("video", "image"):
             raise DataError(f"{where}: data_type must be 'video' or 'image', got {data_type!r}")
@@ -273,7 +252,7 @@ class VideoQATask(Task):
         text = sample.text()
         if problem_type(sample) == "numerical":
             return f"{text}\nAnswer with a number (e.g., 42 or 3.14)."
-        listed = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(sample.meta["choices"]))
+        listed = lettered_choices(sample.meta["choices"])
         return (
             f"{text}\nOptions:\n{listed}\nAnswer with the option's letter from the given choices."
         )
@@ -289,10 +268,7 @@ class VideoQATask(Task):
         """The correct option's letter (multiple choice) or the number (numerical)."""
         if problem_type(sample) == "numerical":
             return str(_number(sample.target))
-        index = choice_index(sample.target, sample.meta["choices"])
-        if index is None:
-            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
-        return LETTERS[index]
+        return LETTERS[correct_choice(sample)]
 
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """Strict parse by the sample's type: exactly one answer block naming exactly one option
@@ -303,27 +279,9 @@ class VideoQATask(Task):
         answer-tag reasons, ``no option matched``, ``several options``, ``no number``,
         ``several numbers``; a wrong answer has none.
         """
-        answer, reason = extract_answer(completion)
-        if problem_type(sample) == "numerical":
-            value = None
-            if answer is not None:
-                value, reason = parse_number(answer)
-            if value is None:
-                return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
-            expected = _number(sample.target)
-            correct = float(value == expected)
-            parsed = int(value) if value.is_integer() else value
-            return EvalRecord(sample.id, completion, parsed, correct, None, {"accuracy": correct})
-        choices = sample.meta["choices"]
-        picked = None
-        if answer is not None:
-            picked, reason = match_choice(answer, choices)
-        if picked is None:
-            return EvalRecord(sample.id, completion, None, 0.0, reason, {"accuracy": 0.0})
-        correct = float(picked == choice_index(sample.target, choices))
-        return EvalRecord(
-            sample.id, completion, choices[picked], correct, None, {"accuracy": correct}
-        )
+        if problem_type(sample) != "numerical":
+            return evaluate_choice(completion, sample)
+        return evaluate_number(completion, sample, _number(sample.target))
 
     def chance(self, samples: list[Sample]) -> float | None:
         """Uniform guessing among each sample's options that are the target of some sample

@@ -623,6 +623,22 @@ def read_records(
     )
 
 
+def read_json_list(
+    path: str | Path,
+    parse: Callable[[Any, str, str], Sample],
+    on_error: OnError = "raise",
+    check: Callable[[Sample], None] | None = None,
+) -> tuple[list[Sample], ReadStats]:
+    """Read a file holding one JSON list (:func:`iter_json_list`) with
+    ``parse(value, where, item_id) -> Sample``, through :func:`collect_samples`; ``item_id``
+    is ``<file stem>-<index>`` (:func:`item_id`), the id of an item that has none."""
+
+    def parse_item(item: ListItem, where: str) -> Sample:
+        return parse(item.value, where, item_id(path, item))
+
+    return collect_samples(path, iter_json_list(path), parse_item, on_error, check)
+
+
 def position(where: str) -> str:
     """The line, item or row number that ends a ``where`` (the id of a record without one)."""
     found = re.search(r"(\d+)\D*$", where)
@@ -633,6 +649,25 @@ def default_id(where: str) -> str:
     """``<file stem>-<line, item or row number>``: the id of a record that has none."""
     file = re.sub(r"(:\d+( \(item \d+\))?| row \d+)$", "", where)
     return f"{Path(file).stem}-{position(where)}"
+
+
+def require_fields(record: Any, keys: Iterable[str], where: str) -> dict[str, Any]:
+    """``record`` when it is a JSON object holding every one of ``keys``, else a DataError
+    naming ``where`` and the missing fields (for a task's own dataset formats)."""
+    if not isinstance(record, dict):
+        raise DataError(f"{where}: expected a JSON object")
+    missing = [k for k in keys if k not in record]
+    if missing:
+        raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+    return record
+
+
+def string_field(record: dict[str, Any], key: str, where: str) -> str:
+    """``record[key]`` stripped, when it is a non-empty string, else a DataError."""
+    value = record.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{where}: '{key}' must be a non-empty string, got {value!r}")
+    return value.strip()
 
 
 def parse_mmrft_record(record: Any, base: Path, where: str) -> Sample:

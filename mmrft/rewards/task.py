@@ -19,6 +19,7 @@ box tasks, ``{box_instruction}`` (the model family's coordinate convention).
 from __future__ import annotations
 
 import logging
+import string
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,13 @@ from mmrft.data import (
     record_layout,
 )
 from mmrft.plugins import TASKS
-from mmrft.rewards.answers import choice_index, normalise_text
+from mmrft.rewards.answers import (
+    choice_index,
+    extract_answer,
+    match_choice,
+    normalise_text,
+    parse_number,
+)
 from mmrft.typecheck import ConfigError, bind_keyword_params
 
 if TYPE_CHECKING:
@@ -347,12 +354,131 @@ def choice_chance(samples: list[Sample]) -> float | None:
 
     def options(sample: Sample) -> tuple[list[str], str]:
         choices = [normalise_text(c) for c in sample.meta["choices"]]
-        index = choice_index(sample.target, sample.meta["choices"])
-        if index is None:
-            raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
-        return choices, choices[index]
+        return choices, choices[correct_choice(sample)]
 
     return uniform_target_chance(samples, options)
+
+
+# -- multiple choice: what the choice-QA tasks share ----------------------------------------------
+LETTERS = string.ascii_uppercase
+"""The option letters, ``A`` for the first option (at most 26 options can be lettered)."""
+
+
+def check_choices(
+    choices: Any, where: str, what: str = "meta.choices", most: int | None = None
+) -> list[str]:
+    """``choices`` if it lists at least 2 (and at most ``most``) non-empty option strings, else
+    a DataError ``"<where>: <what> must list at least 2 option strings"`` (``2 to <most>``)."""
+    if not (
+        isinstance(choices, list)
+        and len(choices) >= 2
+        and (most is None or len(choices) <= most)
+        and all(isinstance(c, str) and c.strip() for c in choices)
+    ):
+        count = "at least 2" if most is None else f"2 to {most}"
+        raise DataError(f"{where}: {what} must list {count} option strings")
+    return choices
+
+
+def check_choice_target(target: Any, choices: list[str], where: str) -> None:
+    """A DataError unless ``target`` is a string naming one of ``choices``
+    (:func:`~mmrft.rewards.answers.choice_index`: the option's text, or its letter)."""
+    if not isinstance(target, str) or choice_index(target, choices) is None:
+        raise DataError(f"{where}: target {target!r} is not one of meta.choices")
+
+
+def lettered_choices(choices: list[str]) -> str:
+    """The options one a line, lettered: ``A. red\nB. green``."""
+    return "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(choices))
+
+
+def correct_choice(sample: Sample) -> int:
+    """The 0-based index of the sample's correct option in ``meta["choices"]``; ValueError when
+    its target names none."""
+    index = choice_index(sample.target, sample.meta["choices"])
+    if index is None:
+        raise ValueError(f"sample '{sample.id}': target {sample.target!r} is not an option")
+    return index
+
+
+def evaluate_choice(completion: str, sample: Sample, metric: str = "accuracy") -> EvalRecord:
+    """Strict parse of a multiple-choice answer: exactly one answer block naming exactly one
+    option of ``meta["choices"]`` (its letter or its text,
+    :func:`~mmrft.rewards.answers.match_choice`).
+
+    Value ``metric`` = 1 for the correct option, else 0. Reasons when no single option was
+    named: the answer-tag reasons, ``no option matched``, ``several options``; a wrong option
+    has none. ``parsed`` is the named option's text.
+    """
+    choices = sample.meta["choices"]
+    answer, reason = extract_answer(completion)
+    picked = None
+    if answer is not None:
+        picked, reason = match_choice(answer, choices)
+    if picked is None:
+        return EvalRecord(sample.id, completion, None, 0.0, reason, {metric: 0.0})
+    correct = float(picked == choice_index(sample.target, choices))
+    return EvalRecord(sample.id, completion, choices[picked], correct, None, {metric: correct})
+
+
+def evaluate_number(
+    completion: str, sample: Sample, expected: float, metric: str = "accuracy"
+) -> EvalRecord:
+    """Strict parse of a numeric answer: exactly one answer block stating exactly one number
+    (:func:`~mmrft.rewards.answers.parse_number`).
+
+    Value ``metric`` = 1 if that number equals ``expected``, else 0. Reasons for no number: the
+    answer-tag reasons, ``no number``, ``several numbers``; a wrong number has none.
+    ``parsed`` is the number (an int when whole).
+    """
+    answer, reason = extract_answer(completion)
+    value = None
+    if answer is not None:
+        value, reason = parse_number(answer)
+    if value is None:
+        return EvalRecord(sample.id, completion, None, 0.0, reason, {metric: 0.0})
+    parsed = int(value) if value.is_integer() else value
+    correct = float(value == expected)
+    return EvalRecord(sample.id, completion, parsed, correct, None, {metric: correct})
+
+
+class ChoiceTask(Task):
+    """Base of the tasks whose every sample picks one option of ``meta["choices"]`` (the target
+    is the option's text, or its letter); subclasses check their samples and write the prompt.
+
+    Reward: format + accuracy in choice mode (weights 1, 1). Evaluation:
+    :func:`evaluate_choice` into :attr:`primary_metric`. Reference answer: the correct option's
+    text, or its letter when :attr:`lettered`. Chance: :func:`choice_chance`.
+    """
+
+    lettered: bool = False
+    """Whether the prompt letters the options and asks for the letter."""
+
+    def default_verifiers(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
+            {"name": "accuracy", "weight": 1.0, "params": {"mode": "choice"}},
+        ]
+
+    def reference_answer(self, sample: Sample) -> str:
+        """The correct option's text, or its letter when :attr:`lettered`."""
+        index = correct_choice(sample)
+        return LETTERS[index] if self.lettered else sample.meta["choices"][index]
+
+    def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
+        """Strict parse: exactly one answer block naming exactly one option (letter or text),
+        :func:`evaluate_choice`.
+
+        Value :attr:`primary_metric` = 1 for the correct option, else 0. Reasons when no single
+        option was named: the answer-tag reasons, ``no option matched``, ``several options``; a
+        wrong option has none. ``parsed`` is the named option's text.
+        """
+        return evaluate_choice(completion, sample, self.primary_metric)
+
+    def chance(self, samples: list[Sample]) -> float | None:
+        """Uniform guessing among each sample's options that are the target of some sample
+        of the split (:func:`choice_chance`); ``None`` for no samples."""
+        return choice_chance(samples)
 
 
 def task(name: str) -> Callable[[type[Task]], type[Task]]:
