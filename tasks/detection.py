@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.tasks.grounding import _check_box, _check_size, _read_image_size
+from mmrft.tasks.grounding import _check_box, box_frame, image_size_of
 from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, parse_detections
 from mmrft.verifiers.detection import detection as detection_reward
 
@@ -103,16 +103,6 @@ class DetectionRecord(EvalRecord):
         return {**super().to_json(), "target": self.target}
 
 
-def _box_frame(sample: Sample) -> str:
-    frame = sample.meta.get("box_frame")
-    if frame is None:
-        raise ValueError(
-            f"sample '{sample.id}' has no meta['box_frame']; annotate it with the model family "
-            "first (ModelFamily.annotate)"
-        )
-    return frame
-
-
 def _format_value(value: float, frame: str) -> str:
     return f"{value:.3f}" if frame == "norm1" else str(round(value))
 
@@ -158,14 +148,7 @@ class DetectionTask(Task):
     # -- data ---------------------------------------------------------------------------------
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)
-        images = sample.media("image")
-        if not images:
-            raise DataError(f"{where}: a detection sample needs an image")
-        if "image_size" in sample.meta:
-            size = _check_size(sample.meta["image_size"], where)
-        else:
-            size = _read_image_size(images[0], where)
-        sample.meta["image_size"] = size
+        size = image_size_of(sample, where, "detection")
         if not isinstance(sample.target, list):
             raise DataError(
                 f"{where}: target must be a list of boxes [x1, y1, x2, y2] in pixels ([] for "
@@ -207,7 +190,7 @@ class DetectionTask(Task):
         """The target boxes in ``meta["box_frame"]`` (rounded as the families write them) with
         confidence 1, e.g. ``[{"bbox_2d": [33, 93, 47, 107], "confidence": 1.0}]``; ``[]`` for
         none."""
-        frame = _box_frame(sample)
+        frame = box_frame(sample)
         items = []
         for box in sample.target:
             values = ", ".join(
@@ -231,7 +214,7 @@ class DetectionTask(Task):
         boxes``, ``bad confidence``, ``degenerate box``, ``box outside image``, ...) and counts as no detections in
         the split's AP. Raises ``ValueError`` for a sample without ``box_frame`` (a setup error).
         """
-        frame = _box_frame(sample)
+        frame = box_frame(sample)
         target = [list(map(float, box)) for box in sample.target]
         reward = detection_reward([completion], [sample], max_boxes=self.max_boxes)[0].value
 

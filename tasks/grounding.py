@@ -40,6 +40,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, ClassVar
 
+from mmrft.tasks.video_qa import user_turn
 from PIL import Image, UnidentifiedImageError
 
 from mmrft.data import (
@@ -48,8 +49,8 @@ from mmrft.data import (
     ReadStats,
     Sample,
     default_id,
-    normalise_messages,
     read_records,
+    require_fields,
 )
 from mmrft.rewards.answers import extract_answer
 from mmrft.rewards.boxes import (
@@ -115,7 +116,24 @@ def _check_size(size: Any, where: str) -> list[int]:
     return size
 
 
-def _box_frame(sample: Sample) -> str:
+def image_size_of(sample: Sample, where: str, kind: str) -> list[int]:
+    """The sample's ``meta["image_size"]`` ``[W, H]`` checked, or read from its first image's
+    header when absent, and stored there; a DataError naming ``where`` when the ``kind`` sample
+    has no image or a bad size."""
+    images = sample.media("image")
+    if not images:
+        raise DataError(f"{where}: a {kind} sample needs an image")
+    if "image_size" in sample.meta:
+        size = _check_size(sample.meta["image_size"], where)
+    else:
+        size = _read_image_size(images[0], where)
+    sample.meta["image_size"] = size
+    return size
+
+
+def box_frame(sample: Sample) -> str:
+    """The sample's ``meta["box_frame"]``; ValueError when the model family has not annotated
+    it (a setup error, not the model's)."""
     frame = sample.meta.get("box_frame")
     if frame is None:
         raise ValueError(
@@ -180,41 +198,18 @@ class GroundingTask(Task):
 
     def parse_record(self, record: Any, base: Path, where: str) -> Sample:
         sample = super().parse_record(record, base, where)
-        images = sample.media("image")
-        if not images:
-            raise DataError(f"{where}: a grounding sample needs an image")
-        if "image_size" in sample.meta:
-            size = _check_size(sample.meta["image_size"], where)
-        else:
-            size = _read_image_size(images[0], where)
-        sample.meta["image_size"] = size
+        size = image_size_of(sample, where, "grounding")
         sample.target = _check_box(sample.target, size, where)
         return sample
 
     def _parse_refcoco(self, record: Any, root: Path, where: str) -> Sample:
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object")
-        missing = [k for k in ("image", "normal_caption", "solution") if k not in record]
-        if missing:
-            raise DataError(f"{where}: missing field {', '.join(repr(k) for k in missing)}")
+        record = require_fields(record, ("image", "normal_caption", "solution"), where)
         image, caption = record["image"], record["normal_caption"]
         if not isinstance(image, str) or not image:
             raise DataError(f"{where}: 'image' must be a path string, got {image!r}")
         if not isinstance(caption, str) or not caption.strip():
             raise DataError(f"{where}: 'normal_caption' must be a non-empty string")
-        messages = normalise_messages(
-            [
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "image", "image": image},
-                        {"type": "text", "text": caption.strip()},
-                    ],
-                }
-            ],
-            root,
-            where,
-        )
+        messages = user_turn("image", image, caption.strip(), root, where)
         image_path = messages[0]["content"][0]["image"]
         size = _read_image_size(image_path, where)
         target = _check_box(record["solution"], size, where, field="solution")
@@ -241,7 +236,7 @@ class GroundingTask(Task):
     def reference_answer(self, sample: Sample) -> str:
         """The target box written in the sample's ``meta["box_frame"]`` (rounded as the
         family writes it), e.g. ``{"bbox_2d": [55, 58, 88, 91]}``."""
-        return format_box(sample.target, _box_frame(sample), sample.meta)
+        return format_box(sample.target, box_frame(sample), sample.meta)
 
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """Strict parse: exactly one answer block holding exactly one box, read in
@@ -254,7 +249,7 @@ class GroundingTask(Task):
         ``degenerate box``, ``box outside image``); ``parsed`` is the predicted box in original pixels.
         Raises ``ValueError`` for a sample without ``box_frame`` (a setup error, not the model's).
         """
-        frame = _box_frame(sample)
+        frame = box_frame(sample)
 
         def failed(reason: str | None) -> EvalRecord:
             values = {"acc@0.5": 0.0, "iou": 0.0}
