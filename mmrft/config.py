@@ -590,7 +590,7 @@ class TrainConfig:
     sharding: Literal["none", "fsdp_full", "fsdp_grad_op", "deepspeed_zero2", "deepspeed_zero3"] = (
         _f(
             "none",
-            "How several processes hold the model: 'none' replicates parameters and optimizer states on every process; 'fsdp_full' shards parameters, gradients and optimizer states with FSDP2 and frees gathered parameters after each layer's forward (ZeRO-3); 'fsdp_grad_op' shards the same but keeps a layer's gathered parameters from forward to backward (ZeRO-2's traffic, more memory); 'deepspeed_zero2' / 'deepspeed_zero3' use DeepSpeed's ZeRO engine (pip install mmrft[deepspeed]; every process must run the same media kinds in each pass). An accelerate config of distributed_type FSDP or DEEPSPEED sets it. One process: ignored. See mmrft/distributed.py and mmrft/zero.py.",
+            "How several processes hold the model: 'none' replicates parameters and optimizer states on every process; 'fsdp_full' shards parameters, gradients and optimizer states with FSDP2 and frees gathered parameters after each layer's forward (ZeRO-3); 'fsdp_grad_op' shards the same but keeps a layer's gathered parameters from forward to backward (ZeRO-2's traffic, more memory); 'deepspeed_zero2' / 'deepspeed_zero3' use DeepSpeed's ZeRO engine (pip install mmrft[deepspeed]; every process must run the same media kinds in each pass). An accelerate config of distributed_type FSDP or DEEPSPEED sets it. One process: ignored. See mmrft/runtime/distributed.py and mmrft/runtime/zero.py.",
         )
     )
     deepspeed: dict[str, Any] = _f(

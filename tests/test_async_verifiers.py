@@ -1,6 +1,6 @@
-"""Asynchronous verifiers (mmrft/rewards.py): ``async def`` verifiers under the same contract as
+"""Asynchronous verifiers (mmrft/rewards/verifier.py): ``async def`` verifiers under the same contract as
 sync ones, run concurrently on the reward's event loop under ``reward.timeout_s``, and scored
-while the hf engine decodes the next round (mmrft/collector.py) without changing what is
+while the hf engine decodes the next round (mmrft/rollout/collector.py) without changing what is
 sampled."""
 
 from __future__ import annotations

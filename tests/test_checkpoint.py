@@ -1,4 +1,4 @@
-"""Checkpoint files (mmrft/checkpoint.py): a kill at any moment of a save, or of the deletion of
+"""Checkpoint files (mmrft/runtime/checkpoint.py): a kill at any moment of a save, or of the deletion of
 an old checkpoint, never leaves a ``step-NNNNNN`` directory without its trainer state."""
 
 from __future__ import annotations

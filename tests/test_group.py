@@ -1,4 +1,4 @@
-"""Group-shared compute (mmrft/group.py, the group-shared hf engine): exact against the
+"""Group-shared compute (mmrft/policy/group.py, the group-shared hf engine): exact against the
 per-completion path, for every family with a tiny model and every modality it takes.
 
 Training forward: log-probs within 1e-5 and parameter gradients within 1e-4 (relative to the

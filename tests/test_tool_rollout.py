@@ -1,4 +1,4 @@
-"""Multi-turn tool rollouts (mmrft/trajectory.py) through the hf engine, scripted.
+"""Multi-turn tool rollouts (mmrft/rollout/tool_loop.py) through the hf engine, scripted.
 
 A scripted engine forces whole trajectories (call → observation → another call → answer) while
 the log-probs stay the model's, so every check is exact: the token stream equals the chat

@@ -65,7 +65,7 @@ images, so the embedding output is made to require grad (``shard_model``). Check
 the full state on rank 0 and merge the adapters there (``policy.merged_weights``).
 
 ``deepspeed_zero2`` / ``deepspeed_zero3``: DeepSpeed's ZeRO engine holds the partitions, reduces
-and clips the gradients and steps the optimizer, inside mmrft's loop (``mmrft/zero.py``). It
+and clips the gradients and steps the optimizer, inside mmrft's loop (``mmrft/runtime/zero.py``). It
 needs every rank to run the same modules in each pass (checked), which FSDP2 here does not.
 
 The functions below that take a model dispatch on how it is held (replicated, FSDP2, ZeRO), so
@@ -491,7 +491,7 @@ def passes_must_match(model: torch.nn.Module) -> bool:
 
 
 def same_graph_required(model: torch.nn.Module) -> bool:
-    """Every rank's pass must also run the same modules (ZeRO's hooks; see mmrft/zero.py), so a
+    """Every rank's pass must also run the same modules (ZeRO's hooks; see mmrft/runtime/zero.py), so a
     padding pass repeats one of the rank's own inputs rather than a text-only one."""
     return zero.engine_of(model) is not None
 
