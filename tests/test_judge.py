@@ -1,4 +1,4 @@
-"""Judges (mmrft/judges.py, verifiers/judge.py) against a real HTTP server on 127.0.0.1 that grades
+"""Judges (mmrft/rewards/judges.py, verifiers/judge.py) against a real HTTP server on 127.0.0.1 that grades
 like a judge and injects the faults a served judge shows (stalls, 5xx, 429, garbage, half a
 response), and a local judge on the committed tiny model."""
 
