@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer, normalise_text, parse_number
+from mmrft.rewards.answers import normalise_text, parse_number, tagged_answer
 from mmrft.rewards.judges import (
     DEFAULT_TEMPLATE,
     HTTPJudge,
@@ -88,6 +88,29 @@ async def _then(replies: Awaitable[dict[str, Reply]], finish: Callable[[dict], T
     return finish(await replies)
 
 
+def _finish(
+    client: Any,
+    requests: dict[str, Request],
+    finish: Callable[[dict[str, Reply]], T],
+    labels: list[str] | None = None,
+) -> T | Awaitable[T]:
+    """``finish(replies)`` of the requests: an awaitable for an HTTP judge (an async verifier,
+    awaited on the reward's event loop), the result itself for a local one."""
+    if isinstance(client, HTTPJudge):
+        return _then(_ask_http(client, requests), finish)
+    return finish(_ask(client, requests, labels))
+
+
+def _judged_text(completion: str, answer_tag: str, max_chars: int) -> tuple[str | None, str | None]:
+    """What the judge reads of a completion: its ``<answer_tag>`` content (without a tag, the
+    whole completion); ``(None, reason)`` when it has none or when that text is over
+    ``max_chars`` (``judge answer too long``)."""
+    text, reason = tagged_answer(completion, answer_tag)
+    if text is not None and len(text) > max_chars:
+        return None, "judge answer too long"
+    return text, reason
+
+
 @verifier("judge", low=0.0, high=1.0, isolate=False)
 def judge(
     completions: list[str],
@@ -142,14 +165,9 @@ def judge(
     store = current_cache() if cache else None
     identity = f"judge:{backend}:{base_url or path}:{model}:{rule}"
     for i, (completion, sample) in enumerate(zip(completions, samples)):
-        answer, reason = (
-            extract_answer(completion, answer_tag) if answer_tag else (completion, None)
-        )
+        answer, reason = _judged_text(completion, answer_tag, max_answer_chars)
         if answer is None:
             scores[i] = Score(0.0, reason=reason)
-            continue
-        if len(answer) > max_answer_chars:
-            scores[i] = Score(0.0, reason="judge answer too long")
             continue
         text = render(template, sample.text(), sample.target, answer)
         images = sample.media("image") if media else []
@@ -180,9 +198,7 @@ def judge(
             store.put(fresh)
         return [s if s is not None else Score(0.0, reason="judge no verdict") for s in scores]
 
-    if isinstance(client, HTTPJudge):
-        return _then(_ask_http(client, requests), finish)
-    return finish(_ask(client, requests, list(rule.labels) if rule.kind == "prob" else None))
+    return _finish(client, requests, finish, list(rule.labels) if rule.kind == "prob" else None)
 
 
 def questions_of(sample: Sample) -> list[dict[str, Any]]:
@@ -270,14 +286,9 @@ def caption_qa(
     requests: dict[str, Request] = {}
     probabilities: dict[str, list[str]] = {}
     for i, (completion, sample) in enumerate(zip(completions, samples)):
-        caption, reason = (
-            extract_answer(completion, answer_tag) if answer_tag else (completion, None)
-        )
+        caption, reason = _judged_text(completion, answer_tag, max_answer_chars)
         if caption is None:
             scores[i] = Score(0.0, reason=reason)
-            continue
-        if len(caption) > max_answer_chars:
-            scores[i] = Score(0.0, reason="judge answer too long")
             continue
         plans[i] = []
         for question in questions_of(sample):
@@ -321,6 +332,4 @@ def caption_qa(
             store.put(fresh)
         return [s if s is not None else Score(0.0, reason="no questions") for s in scores]
 
-    if isinstance(client, HTTPJudge):
-        return _then(_ask_http(client, asked), finish)
-    return finish(_ask(client, asked, None))
+    return _finish(client, asked, finish)

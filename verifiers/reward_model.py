@@ -6,7 +6,7 @@ import math
 
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.answers import tagged_answer
 from mmrft.rewards.judges import LocalScorer
 
 
@@ -43,9 +43,7 @@ def reward_model(
     scores: list[Score | None] = [None] * len(completions)
     pairs, where = [], []
     for i, (completion, sample) in enumerate(zip(completions, samples)):
-        answer, reason = (
-            extract_answer(completion, answer_tag) if answer_tag else (completion, None)
-        )
+        answer, reason = tagged_answer(completion, answer_tag)
         if answer is None:
             scores[i] = Score(0.0, reason=reason)
             continue

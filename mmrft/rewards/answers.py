@@ -80,6 +80,15 @@ def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, str | No
     return content, None
 
 
+def tagged_answer(text: str, tag: str) -> tuple[str | None, str | None]:
+    """:func:`extract_answer` of ``tag``; with no tag (``""``) the whole ``text``, unstripped.
+
+    >>> tagged_answer("<answer>A</answer>", "answer"), tagged_answer(" a cat ", "")
+    (('A', None), (' a cat ', None))
+    """
+    return extract_answer(text, tag) if tag else (text, None)
+
+
 def normalise_text(text: str) -> str:
     """Lower case, surrounding punctuation and quotes stripped, articles dropped, spaces collapsed.
 
