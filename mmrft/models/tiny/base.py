@@ -135,14 +135,9 @@ QWEN2_AUDIO_SPECIAL = (
 # Special tokens of the real Qwen2.5-Omni tokenizer (151643 … 151656): Qwen2.5-VL's layout with
 # <|object_ref_start|>, <|object_ref_end|>, <|box_start|> renamed to the audio tokens and the
 # vision tokens renamed (<|vision_bos|>, <|IMAGE|>, <|VIDEO|>, ...). The Qwen2.5 extras
-# (QWEN2_5_VL_EXTRA) follow as non-special added tokens.
+# (QWEN2_5_VL_EXTRA) follow as non-special added tokens. The first six are Qwen2-Audio's.
 QWEN2_5_OMNI_SPECIAL = (
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|AUDIO|>",
-    "<|audio_bos|>",
-    "<|audio_eos|>",
+    *QWEN2_AUDIO_SPECIAL,
     "<|box_end|>",
     "<|quad_start|>",
     "<|quad_end|>",
@@ -253,14 +248,18 @@ TINY_MAX_PIXELS = 112 * 112
 # Text part of the tiny Qwen2-VL, Qwen2.5-VL, Qwen2-Audio and Qwen2.5-Omni models.
 # head_dim = 64 / 2 = 32, the smallest head vLLM's CPU attention accepts (so `rollout.engine:
 # vllm` runs on these models), and the mRoPE sections (temporal, height, width) sum to
-# head_dim / 2 = 16. One KV head: grouped-query attention stays in the path.
-TEXT = {
+# head_dim / 2 = 16. One KV head: grouped-query attention stays in the path. DECODER: the
+# sizes alone (GLM-4.1V's tiny decoder has them too).
+DECODER = {
     "hidden_size": 64,
     "intermediate_size": 128,
     "num_hidden_layers": 2,
     "num_attention_heads": 2,
     "num_key_value_heads": 1,
     "max_position_embeddings": 4096,
+}
+TEXT = {
+    **DECODER,
     "rms_norm_eps": 1e-6,
     "rope_parameters": {
         "rope_type": "default",
@@ -269,6 +268,21 @@ TEXT = {
     },
     "hidden_act": "silu",
     "use_cache": True,
+}
+# Vision tower of the tiny Qwen2.5-VL, Qwen2.5-Omni, Qwen3 and GLM-4.1V models (the Qwen2-VL
+# style encoder's names): 2 blocks 32 wide with 2 heads.
+VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2}
+# The same tower in the ViT names of the tiny Gemma and InternVL models.
+VIT = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2}
+# Tiny Qwen2.5-VL / Qwen2.5-Omni vision: VISION, windowed attention but for the last block.
+QWEN2_5_VISION = {
+    **VISION,
+    "out_hidden_size": TEXT["hidden_size"],
+    "fullatt_block_indexes": [1],
+    "window_size": 112,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
 }
 
 COLOURS = ("red", "green", "blue", "yellow", "purple", "orange", "cyan", "white", "black", "gray")
@@ -588,12 +602,7 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
     from transformers import Qwen2_5OmniThinkerConfig, Qwen2AudioConfig
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS[family]}
-    token_ids = {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "pad_token_id": ids["<|endoftext|>"],
-    }
+    token_ids = qwen_token_ids(tokenizer)
     if family == "qwen2_audio":
         text = {
             **{k: v for k, v in TEXT.items() if k != "rope_parameters"},
@@ -615,18 +624,7 @@ def build_audio_config(family: str, tokenizer: Any) -> Any:
         return config
     text = {**TEXT, "rope_parameters": dict(TEXT["rope_parameters"]), **token_ids}
     text["tie_word_embeddings"] = True
-    vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "out_hidden_size": TEXT["hidden_size"],
-        "fullatt_block_indexes": [1],
-        "window_size": 112,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-    }
+    vision = dict(QWEN2_5_VISION)
     audio = {**AUDIO_ENCODER, "n_window": 50, "output_dim": TEXT["hidden_size"]}
     user = tokenizer.encode("user", add_special_tokens=False)
     config = Qwen2_5OmniThinkerConfig(
@@ -680,35 +678,17 @@ def build_config(family: str, tokenizer: Any, bench: bool = False) -> Any:
     if bench and family != "qwen2_5_vl":
         raise ValueError("the bench size exists for qwen2_5_vl only")
     sizes = BENCH_TEXT if bench else TEXT
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in QWEN2_VL_SPECIAL}
     text = {
         **sizes,
         "rope_parameters": dict(sizes["rope_parameters"]),
-        "vocab_size": len(tokenizer),
-        "bos_token_id": ids["<|endoftext|>"],
-        "eos_token_id": ids["<|im_end|>"],
-        "pad_token_id": ids["<|endoftext|>"],
+        **qwen_token_ids(tokenizer),
     }
-    common = {
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "tie_word_embeddings": True,
-    }
+    common = qwen_vision_ids(tokenizer)
     if family == "qwen2_5_vl":
         vision = {
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
+            **QWEN2_5_VISION,
             "out_hidden_size": sizes["hidden_size"],
-            "fullatt_block_indexes": [1],
-            "window_size": 112,
             "tokens_per_second": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
             **(BENCH_VISION if bench else {}),
         }
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
@@ -751,6 +731,30 @@ def instantiate(cls: Any, config: Any, seed: int, **generation: Any) -> Any:
     reinit_fan_in(model, seed)
     model.generation_config = GenerationConfig(**generation)
     return model
+
+
+def qwen_token_ids(tokenizer: Any) -> dict[str, int]:
+    """Token-id fields of a Qwen text config (pad = bos = ``<|endoftext|>``, eos = ``<|im_end|>``)."""
+    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    return {
+        "vocab_size": len(tokenizer),
+        "bos_token_id": pad,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+    }
+
+
+def qwen_vision_ids(tokenizer: Any) -> dict[str, Any]:
+    """The media-token fields of a Qwen-VL config (the ``<|vision_start|>`` …
+    ``<|video_pad|>`` ids of :data:`QWEN2_VL_SPECIAL`), with tied embeddings."""
+    fields = {
+        "image_token_id": "<|image_pad|>",
+        "video_token_id": "<|video_pad|>",
+        "vision_start_token_id": "<|vision_start|>",
+        "vision_end_token_id": "<|vision_end|>",
+    }
+    ids = {field: tokenizer.convert_tokens_to_ids(token) for field, token in fields.items()}
+    return {**ids, "tie_word_embeddings": True}
 
 
 def qwen_generation(tokenizer: Any) -> dict[str, Any]:

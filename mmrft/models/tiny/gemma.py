@@ -142,6 +142,28 @@ def train_gemma_tokenizer(
     return tokenizer
 
 
+def token_ids(ids: dict[str, int]) -> dict[str, int]:
+    """The pad, eos and bos fields of a Gemma text config (``ids``: token → id)."""
+    return {
+        "pad_token_id": ids["<pad>"],
+        "eos_token_id": ids["<eos>"],
+        "bos_token_id": ids["<bos>"],
+    }
+
+
+def instantiate(cls: Any, config: Any, seed: int, ids: dict[str, int], end_of_turn: str) -> Any:
+    """:func:`tiny.instantiate` with Gemma's generation config: ``<bos>``, ``<pad>``, and
+    generation stops on ``<eos>`` or ``end_of_turn``."""
+    return tiny.instantiate(
+        cls,
+        config,
+        seed,
+        bos_token_id=ids["<bos>"],
+        pad_token_id=ids["<pad>"],
+        eos_token_id=[ids["<eos>"], ids[end_of_turn]],
+    )
+
+
 def build(family: str, seed: int) -> tuple[Any, Any]:
     """``(model, processor)`` of the tiny Gemma 3 (see the module docstring)."""
     from transformers import (
@@ -181,15 +203,10 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
             "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
-        "pad_token_id": ids["<pad>"],
-        "eos_token_id": ids["<eos>"],
-        "bos_token_id": ids["<bos>"],
+        **token_ids(ids),
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
+        **tiny.VIT,
         "image_size": IMAGE_SIDE,
         "patch_size": 14,
         "vision_use_head": False,
@@ -203,14 +220,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         image_token_index=tokenizer.convert_tokens_to_ids("<image_soft_token>"),
         tie_word_embeddings=True,
     )
-    model = tiny.instantiate(
-        Gemma3ForConditionalGeneration,
-        config,
-        seed,
-        bos_token_id=ids["<bos>"],
-        pad_token_id=ids["<pad>"],
-        eos_token_id=[ids["<eos>"], ids["<end_of_turn>"]],
-    )
+    model = instantiate(Gemma3ForConditionalGeneration, config, seed, ids, "<end_of_turn>")
     return model, processor
 
 
@@ -259,15 +269,10 @@ def build_gemma4(seed: int) -> tuple[Any, Any]:
         "hidden_size_per_layer_input": 8,
         "num_kv_shared_layers": 2,
         "use_bidirectional_attention": "vision",
-        "pad_token_id": ids["<pad>"],
-        "eos_token_id": ids["<eos>"],
-        "bos_token_id": ids["<bos>"],
+        **token_ids(ids),
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
+        **tiny.VIT,
         "num_key_value_heads": 2,
         "head_dim": 16,
         "patch_size": 8,
@@ -294,12 +299,5 @@ def build_gemma4(seed: int) -> tuple[Any, Any]:
         audio_token_id=ids["<|audio|>"],
         tie_word_embeddings=True,
     )
-    model = tiny.instantiate(
-        Gemma4ForConditionalGeneration,
-        config,
-        seed,
-        bos_token_id=ids["<bos>"],
-        pad_token_id=ids["<pad>"],
-        eos_token_id=[ids["<eos>"], ids["<turn|>"]],
-    )
+    model = instantiate(Gemma4ForConditionalGeneration, config, seed, ids, "<turn|>")
     return model, processor

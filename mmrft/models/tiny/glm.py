@@ -107,12 +107,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GLM4V_SPECIAL}
     pad = ids["<|endoftext|>"]
     text = {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "max_position_embeddings": 4096,
+        **tiny.DECODER,
         "rms_norm_eps": 1e-5,
         "rope_parameters": {
             "rope_type": "default",
@@ -125,10 +120,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         "eos_token_id": [pad, ids["<|user|>"], ids["<|observation|>"]],
     }
     vision = {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
+        **tiny.VISION,
         "image_size": 112,  # an 8 × 8 position table, interpolated to each image's grid
         "patch_size": 14,
         "spatial_merge_size": 2,

@@ -101,10 +101,7 @@ def build(family: str, seed: int) -> tuple[Any, Any]:
         "tie_word_embeddings": True,
     }
     vision = {
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
+        **tiny.VIT,
         "image_size": [TILE, TILE],
         "patch_size": [14, 14],
     }

@@ -75,10 +75,7 @@ QWEN3_TEXT = {
     },
 }
 QWEN3_VISION = {
-    "depth": 2,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_heads": 2,
+    **tiny.VISION,
     "out_hidden_size": tiny.TEXT["hidden_size"],
     "num_position_embeddings": 64,  # an 8 × 8 table, interpolated to each image's grid
     "patch_size": 16,
@@ -103,38 +100,48 @@ def train_qwen3_tokenizer(chat_template: str) -> Any:
     return tiny.qwen_tokenizer(raw, list(special[1:]), 262144, chat_template)
 
 
+HALF = [0.5, 0.5, 0.5]  # Qwen3-VL's image mean and std
+
+
 def vision_processors(patch_size: int = 16) -> tuple[Any, Any]:
     """The Qwen2-VL image processor and Qwen3-VL video processor with the tiny budget and the
     Qwen3-VL normalisation (mean = std = 0.5)."""
     from transformers import Qwen2VLImageProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    half = [0.5, 0.5, 0.5]
-    image = Qwen2VLImageProcessor(
-        patch_size=patch_size,
-        min_pixels=tiny.TINY_MIN_PIXELS,
-        max_pixels=tiny.TINY_MAX_PIXELS,
-        image_mean=half,
-        image_std=half,
-    )
+    image = Qwen2VLImageProcessor(**pixel_budget(patch_size))
     video = Qwen3VLVideoProcessor(
         patch_size=patch_size,
         size={"shortest_edge": tiny.TINY_MIN_PIXELS, "longest_edge": tiny.TINY_MAX_PIXELS * 8},
-        image_mean=half,
-        image_std=half,
+        image_mean=HALF,
+        image_std=HALF,
     )
     return image, video
 
 
-def qwen_token_ids(tokenizer: Any) -> dict[str, int]:
-    """Token-id fields of a Qwen text config (pad = bos = ``<|endoftext|>``, eos = ``<|im_end|>``)."""
-    pad, eos = tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+def pixel_budget(patch_size: int = 16) -> dict[str, Any]:
+    """Keyword arguments of a Qwen2-VL image or video processor: ``patch_size``, the tiny pixel
+    budget and Qwen3-VL's normalisation."""
     return {
-        "vocab_size": len(tokenizer),
-        "bos_token_id": pad,
-        "eos_token_id": eos,
-        "pad_token_id": pad,
+        "patch_size": patch_size,
+        "min_pixels": tiny.TINY_MIN_PIXELS,
+        "max_pixels": tiny.TINY_MAX_PIXELS,
+        "image_mean": HALF,
+        "image_std": HALF,
     }
+
+
+def vl_processor(tokenizer: Any, chat_template: str) -> Any:
+    """``Qwen3VLProcessor`` of ``tokenizer`` with :func:`vision_processors`."""
+    from transformers import Qwen3VLProcessor
+
+    image, video = vision_processors()
+    return Qwen3VLProcessor(
+        image_processor=image,
+        tokenizer=tokenizer,
+        video_processor=video,
+        chat_template=chat_template,
+    )
 
 
 def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
@@ -143,20 +150,12 @@ def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
         Qwen3VLForConditionalGeneration,
         Qwen3VLMoeConfig,
         Qwen3VLMoeForConditionalGeneration,
-        Qwen3VLProcessor,
     )
 
     tokenizer = train_qwen3_tokenizer(QWEN3_VL_CHAT_TEMPLATE)
-    image, video = vision_processors()
-    processor = Qwen3VLProcessor(
-        image_processor=image,
-        tokenizer=tokenizer,
-        video_processor=video,
-        chat_template=QWEN3_VL_CHAT_TEMPLATE,
-    )
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in tiny.QWEN2_VL_SPECIAL}
+    processor = vl_processor(tokenizer, QWEN3_VL_CHAT_TEMPLATE)
     text = {**QWEN3_TEXT, "rope_parameters": dict(QWEN3_TEXT["rope_parameters"])}
-    text |= qwen_token_ids(tokenizer)
+    text |= tiny.qwen_token_ids(tokenizer)
     moe = family == "qwen3_vl_moe"
     if moe:
         text |= MOE
@@ -164,11 +163,7 @@ def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
     config = config_cls(
         text_config=text,
         vision_config=dict(QWEN3_VISION),
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
+        **tiny.qwen_vision_ids(tokenizer),
     )
     model_cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
     return tiny.instantiate(model_cls, config, seed, **tiny.qwen_generation(tokenizer)), processor
@@ -225,14 +220,7 @@ def build_qwen3_omni(seed: int) -> tuple[Any, Any]:
     )
     tokenizer = tiny.qwen_tokenizer(raw, {**QWEN3_OMNI_NAMED}, 65536, QWEN3_OMNI_CHAT_TEMPLATE)
     image, _ = vision_processors()
-    half = [0.5, 0.5, 0.5]
-    video = Qwen2VLVideoProcessor(
-        patch_size=16,
-        min_pixels=tiny.TINY_MIN_PIXELS,
-        max_pixels=tiny.TINY_MAX_PIXELS,
-        image_mean=half,
-        image_std=half,
-    )
+    video = Qwen2VLVideoProcessor(**pixel_budget())
     processor = Qwen3OmniMoeProcessor(
         image_processor=image,
         video_processor=video,
@@ -242,7 +230,7 @@ def build_qwen3_omni(seed: int) -> tuple[Any, Any]:
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*special, *QWEN3_OMNI_AUDIO)}
     text = {**QWEN3_TEXT, "rope_parameters": dict(QWEN3_TEXT["rope_parameters"])}
-    text |= qwen_token_ids(tokenizer) | MOE
+    text |= tiny.qwen_token_ids(tokenizer) | MOE
     audio = {
         **tiny.AUDIO_ENCODER,
         "n_window": 50,
@@ -295,7 +283,6 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
         Qwen3_5Config,
         Qwen3_5ForConditionalGeneration,
         Qwen3_5Tokenizer,
-        Qwen3VLProcessor,
     )
 
     special = tiny.QWEN2_VL_SPECIAL
@@ -303,14 +290,7 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
     tokenizer = tiny.qwen_tokenizer(
         raw, list(special[1:]), 262144, QWEN3_5_CHAT_TEMPLATE, cls=Qwen3_5Tokenizer
     )
-    image, video = vision_processors()
-    processor = Qwen3VLProcessor(
-        image_processor=image,
-        tokenizer=tokenizer,
-        video_processor=video,
-        chat_template=QWEN3_5_CHAT_TEMPLATE,
-    )
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in special}
+    processor = vl_processor(tokenizer, QWEN3_5_CHAT_TEMPLATE)
     text = {
         **{k: v for k, v in QWEN3_TEXT.items() if k != "rope_parameters"},
         "num_attention_heads": 2,
@@ -329,17 +309,13 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
             "mrope_interleaved": True,
             "partial_rotary_factor": 0.5,
         },
-        **qwen_token_ids(tokenizer),
+        **tiny.qwen_token_ids(tokenizer),
     }
     vision = {k: v for k, v in QWEN3_VISION.items() if k != "deepstack_visual_indexes"}
     config = Qwen3_5Config(
         text_config=text,
         vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=True,
+        **tiny.qwen_vision_ids(tokenizer),
     )
     model = tiny.instantiate(
         Qwen3_5ForConditionalGeneration, config, seed, **tiny.qwen_generation(tokenizer)
