@@ -30,6 +30,9 @@ from mmrft.data import Sample
 from mmrft.plugins import MODEL_FAMILIES
 
 BoxFrame = Literal["norm1000", "input_pixels", "norm1", "pixels"]
+Conversation = list[dict[str, Any]]
+"""One chat: its messages, each ``{"role", "content"}`` with the content a string or a list of
+text and media parts."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -124,17 +127,14 @@ class ModelFamily:
         return getattr(transformers, class_name).from_pretrained(path, **kwargs)
 
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise a batch of conversations with their media: a ``BatchFeature`` with
         ``input_ids`` and ``attention_mask`` left-padded, plus the family's media tensors."""
         raise NotImplementedError
 
     def render(
-        self, processor: Any, conversations: list[list[dict[str, Any]]], add_generation_prompt: bool
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool
     ) -> list[str]:
         """The prompt texts of ``conversations`` from the processor's chat template, with the
         family's :attr:`chat_template_kwargs`."""
@@ -177,7 +177,7 @@ class ModelFamily:
         return {}
 
     def engine_inputs(
-        self, processor: Any, conversations: list[list[dict[str, Any]]]
+        self, processor: Any, conversations: list[Conversation]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``(rows, requests)``: the trainer's prepared prompt rows (:meth:`split_rows` of
         :meth:`prepare`) and one engine request per conversation (``{"prompt": text,

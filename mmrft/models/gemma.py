@@ -32,7 +32,7 @@ from mmrft.data import DataError, Sample
 from mmrft.data.video import VideoBudget
 from mmrft.models import qwen_vl
 from mmrft.models.family import (
-    BoxFrame,
+    Conversation,
     MediaBudget,
     ModelFamily,
     base_model,
@@ -58,32 +58,20 @@ def bidirectional_runs(vision: Any) -> Any:
 
 
 @model_family("gemma3")
-class Gemma3(ModelFamily):
+class Gemma3(qwen_vl.RelativeBoxFamily):
     """Gemma 3: images at a fixed size, bidirectional attention within each image, sliding
     window layers (see the module docstring). :meth:`vision_tower` is SigLIP
     (``model.vision_tower``); the projector stays trainable."""
 
     model_types = ("gemma3",)
     processor_class = "Gemma3Processor"
-    box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ("token_type_ids",)
     media_keys: ClassVar[dict[str, str]] = {"pixel_values": "images"}
     media_tokens: ClassVar[dict[str, str]] = {"images": "<image_soft_token>"}
     image_type: ClassVar[int] = 1  # token_type_ids value of the soft tokens
 
-    def input_size(self, width: int, height: int) -> tuple[int, int]:
-        """The image's own size: boxes are 0–1000 relative."""
-        return int(width), int(height)
-
-    def check_media(self, sample: Sample) -> None:
-        qwen_vl.check_media(sample)
-
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """``input_ids`` / ``attention_mask`` / ``token_type_ids`` ``[B, L]`` left-padded and
         the processor's media tensors (Gemma 3: ``pixel_values`` ``[#images, 3, S, S]``), media
@@ -97,7 +85,7 @@ class Gemma3(ModelFamily):
             **self.media_inputs(processor, conversations),
         )
 
-    def media_inputs(self, processor: Any, conversations: list[list[dict[str, Any]]]) -> dict:
+    def media_inputs(self, processor: Any, conversations: list[Conversation]) -> dict:
         """The processor's media arguments: ``images``, one list per conversation (a video or
         audio part raises DataError: Gemma 3 takes images and text)."""
         for conv in conversations:
@@ -245,7 +233,7 @@ class Gemma4(Gemma3):
         self.video = video or VideoBudget()
         self.audio = audio or AudioBudget()
 
-    def media_inputs(self, processor: Any, conversations: list[list[dict[str, Any]]]) -> dict:
+    def media_inputs(self, processor: Any, conversations: list[Conversation]) -> dict:
         """The processor's media arguments: images (one list per conversation), videos (the
         sampled frames, their metadata) and audio clips at the feature extractor's rate, each
         in prompt order across the batch."""

@@ -30,16 +30,20 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from mmrft.data import Sample
 from mmrft.data.video import VideoBudget
 from mmrft.models import qwen_vl
-from mmrft.models.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
+from mmrft.models.family import (
+    Conversation,
+    MediaBudget,
+    model_family,
+    submodule,
+)
 
 INTERNVL_MEDIA_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
 
 
 @model_family("internvl")
-class InternVL(ModelFamily):
+class InternVL(qwen_vl.RelativeBoxFamily):
     """InternVL 3.x (images as dynamic tiles, videos as one tile per frame; 1-D RoPE).
 
     :meth:`vision_tower` is InternViT (``model.vision_tower``); the MLP projector stays
@@ -48,8 +52,6 @@ class InternVL(ModelFamily):
 
     model_types = ("internvl",)
     processor_class = "InternVLProcessor"
-    box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = qwen_vl.Qwen2VL.box_instruction
     token_keys: ClassVar[tuple[str, ...]] = ()
     media_keys: ClassVar[dict[str, str]] = {"pixel_values": "tiles"}
     media_tokens: ClassVar[dict[str, str]] = {"tiles": "<IMG_CONTEXT>"}
@@ -64,18 +66,8 @@ class InternVL(ModelFamily):
         return max(1, self.media.max_pixels // (side * side))
 
     # -- inputs ------------------------------------------------------------------------------
-    def input_size(self, width: int, height: int) -> tuple[int, int]:
-        """The image's own size: boxes are 0–1000 relative, whatever the tiling."""
-        return int(width), int(height)
-
-    def check_media(self, sample: Sample) -> None:
-        qwen_vl.check_media(sample)
-
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise conversations with their images and videos: ``input_ids`` /
         ``attention_mask`` ``[B, L]`` left-padded and, with media, ``pixel_values``

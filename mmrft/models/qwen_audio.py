@@ -58,6 +58,7 @@ from mmrft.data.video import VideoBudget
 from mmrft.models import qwen_vl
 from mmrft.models.family import (
     BoxFrame,
+    Conversation,
     MediaBudget,
     ModelFamily,
     count_runs,
@@ -387,10 +388,7 @@ class Qwen2Audio(QwenAudioFamily):
     box_instruction = ""
 
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise conversations with their audio: ``input_ids``, ``attention_mask``
         (left-padded) and, when there is audio, ``input_features`` + ``feature_attention_mask``
@@ -416,7 +414,7 @@ class Qwen2Audio(QwenAudioFamily):
         )
 
     def engine_inputs(
-        self, processor: Any, conversations: list[list[dict[str, Any]]]
+        self, processor: Any, conversations: list[Conversation]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The trainer's prompt rows and one vLLM request per conversation: the same text and
         each clip as the trainer's processor got it (decoded at its rate, cut by the audio
@@ -478,10 +476,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         self.video = video or VideoBudget()
 
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise conversations with images, videos and audio (keys: see the module
         docstring). Images are resized once by qwen-vl-utils (and cached) as for Qwen2.5-VL;
@@ -492,12 +487,11 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         over its sampled fps."""
         import torch
 
-        from mmrft.data.video import count_text_tokens, process_vision_info
+        from mmrft.data.video import count_text_tokens
 
         texts = self.render(processor, conversations, add_generation_prompt)
         per_conversation = [self._audios(conv, processor) for conv in conversations]
         audios = [a for conv_audios in per_conversation for a in conv_audios]
-        loaded = [self._with_loaded_media(conv) for conv in conversations]
         text_tokens = None
         if self.video.max_prompt_tokens is not None:  # the budget counts every prompt token
             hop = int(processor.feature_extractor.hop_length)
@@ -505,21 +499,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
                 count + sum(int(self.audio_tokens(len(a) // hop)) for a in conv_audios)
                 for count, conv_audios in zip(count_text_tokens(processor, texts), per_conversation)
             ]
-        try:
-            images, videos, video_kwargs = process_vision_info(
-                loaded,
-                budget=self.video,
-                image_patch_size=self.patch_size,
-                merge_size=self.merge_size,
-                text_tokens=text_tokens,
-            )
-        except DataError:
-            raise
-        except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
-            names = sorted(
-                {str(p["video"]) for c in loaded for p in qwen_vl.media_parts(c, "video")}
-            )
-            raise DataError(f"{', '.join(names) or 'media'}: cannot load ({exc})") from exc
+        images, videos, video_kwargs = self._vision_info(conversations, text_tokens)
         kwargs: dict[str, Any] = {}
         if audios:
             kwargs["audio"] = audios
@@ -528,16 +508,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         if videos is not None:
             fps = [float(f) for f in video_kwargs.get("fps", [])]
             kwargs["do_sample_frames"] = False
-        batch = processor(
-            text=texts,
-            images=images,
-            videos=videos,
-            padding=True,
-            padding_side="left",
-            return_tensors="pt",
-            do_resize=False,
-            **kwargs,
-        )
+        batch = self._process(processor, texts, images, videos, kwargs)
         if videos is not None:
             # The processor assumes one fps (2) for every video; use each video's sampled fps.
             temporal = processor.video_processor.temporal_patch_size
@@ -592,7 +563,7 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         return out
 
     def engine_inputs(
-        self, processor: Any, conversations: list[list[dict[str, Any]]]
+        self, processor: Any, conversations: list[Conversation]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         raise NotImplementedError(
             "rollout.engine=vllm: Qwen2.5-Omni thinker requests are not written yet (vLLM's CPU "

@@ -45,8 +45,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from mmrft.data import DataError, Sample, local_media_path, media_file_key
-from mmrft.data.video import VideoBudget
-from mmrft.models.family import BoxFrame, MediaBudget, ModelFamily, model_family, submodule
+from mmrft.data.video import VideoBudget, map_media_parts
+from mmrft.models.family import (
+    BoxFrame,
+    Conversation,
+    MediaBudget,
+    ModelFamily,
+    model_family,
+    submodule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -338,39 +345,25 @@ class QwenVLFamily(ModelFamily):
         """A shallow copy of ``conversation`` whose image parts hold the resized PIL images
         (with bounds equal to their area, so that ``fetch_image`` keeps their size) and whose
         local video paths were checked to exist."""
-        out = []
-        for message in conversation:
-            content = message.get("content")
-            if not isinstance(content, list):
-                out.append(message)
-                continue
-            parts = []
-            for part in content:
-                if part.get("type") == "image" or "image" in part or "image_url" in part:
-                    source = part.get("image", part.get("image_url"))
-                    image = self.load_image(source, part)
-                    area = image.width * image.height  # fetch_image keeps a size within bounds
-                    parts.append(
-                        {"type": "image", "image": image, "min_pixels": area, "max_pixels": area}
-                    )
-                elif part.get("type") == "video" or "video" in part:
-                    video = part.get("video")
-                    if isinstance(video, str):
-                        path = local_media_path(video)
-                        if path is not None and not Path(path).exists():
-                            raise DataError(f"{path}: video file not found")
-                        require_video_reader()
-                    parts.append(part)
-                else:
-                    parts.append(part)
-            out.append({**message, "content": parts})
-        return out
+        return map_media_parts(conversation, lambda part, kind, k: self._loaded_part(part))
+
+    def _loaded_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        """One media part of :meth:`_with_loaded_media`."""
+        if part.get("type") == "image" or "image" in part or "image_url" in part:
+            image = self.load_image(part.get("image", part.get("image_url")), part)
+            area = image.width * image.height  # fetch_image keeps a size within bounds
+            return {"type": "image", "image": image, "min_pixels": area, "max_pixels": area}
+        if part.get("type") == "video" or "video" in part:
+            video = part.get("video")
+            if isinstance(video, str):
+                path = local_media_path(video)
+                if path is not None and not Path(path).exists():
+                    raise DataError(f"{path}: video file not found")
+                require_video_reader()
+        return part
 
     def prepare(
-        self,
-        processor: Any,
-        conversations: list[list[dict[str, Any]]],
-        add_generation_prompt: bool = True,
+        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise a batch of conversations with their media.
 
@@ -388,7 +381,7 @@ class QwenVLFamily(ModelFamily):
     def load_media(
         self,
         processor: Any,
-        conversations: list[list[dict[str, Any]]],
+        conversations: list[Conversation],
         add_generation_prompt: bool = True,
     ) -> tuple[list[str], list[Any] | None, list[Any] | None, dict[str, Any]]:
         """The chat-template texts and the media as the model sees them: ``(texts, images,
@@ -399,34 +392,24 @@ class QwenVLFamily(ModelFamily):
         return (texts, *self.load_vision(processor, texts, conversations))
 
     def load_vision(
-        self, processor: Any, texts: list[str], conversations: list[list[dict[str, Any]]]
+        self, processor: Any, texts: list[str], conversations: list[Conversation]
     ) -> tuple[list[Any] | None, list[Any] | None, dict[str, Any]]:
         """``(images, videos, processor kwargs)`` of ``conversations`` as :meth:`load_media`
         describes, for ``texts`` already rendered (the video budget counts their tokens)."""
-        from mmrft.data.video import count_text_tokens, process_vision_info, timestamp_step_tokens
+        from mmrft.data.video import count_text_tokens, timestamp_step_tokens
 
-        loaded = [self._with_loaded_media(conv) for conv in conversations]
         with_metadata = self.video_metadata or _TRANSFORMERS_5
         text_tokens = step_tokens = None
         if self.video.max_prompt_tokens is not None:  # the budget counts every prompt token
             text_tokens = count_text_tokens(processor, texts)
             # Qwen3-VL writes "<t seconds>" and a vision start/end pair per temporal step
             step_tokens = timestamp_step_tokens(processor) if self.video_metadata else 0
-        try:
-            images, videos, video_kwargs = process_vision_info(
-                loaded,
-                budget=self.video,
-                image_patch_size=self.patch_size,
-                merge_size=self.merge_size,
-                return_video_metadata=with_metadata,
-                text_tokens=text_tokens,
-                step_tokens=step_tokens or 0,
-            )
-        except DataError:
-            raise
-        except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
-            videos = sorted({str(p["video"]) for c in loaded for p in media_parts(c, "video")})
-            raise DataError(f"{', '.join(videos) or 'media'}: cannot load ({exc})") from exc
+        images, videos, video_kwargs = self._vision_info(
+            conversations,
+            text_tokens,
+            return_video_metadata=with_metadata,
+            step_tokens=step_tokens or 0,
+        )
         kwargs: dict[str, Any] = {}
         if videos is not None:
             # Frames are sampled already (do_sample_frames=False). transformers ≥ 5 derives the
@@ -437,6 +420,30 @@ class QwenVLFamily(ModelFamily):
                 videos, metadata = (list(x) for x in zip(*videos))
                 kwargs["video_metadata"] = metadata
         return images, videos, kwargs
+
+    def _vision_info(
+        self, conversations: list[Conversation], text_tokens: list[int] | None, **options: Any
+    ) -> tuple[list[Any] | None, list[Any] | None, dict[str, Any]]:
+        """:func:`mmrft.data.video.process_vision_info` of ``conversations`` (their images
+        loaded, :meth:`_with_loaded_media`) with the family's video budget, patch and merge
+        sizes and ``options``; a video that cannot be read is a DataError naming the videos."""
+        from mmrft.data.video import process_vision_info
+
+        loaded = [self._with_loaded_media(conv) for conv in conversations]
+        try:
+            return process_vision_info(
+                loaded,
+                budget=self.video,
+                image_patch_size=self.patch_size,
+                merge_size=self.merge_size,
+                text_tokens=text_tokens,
+                **options,
+            )
+        except DataError:
+            raise
+        except (FileNotFoundError, OSError, RuntimeError, ValueError) as exc:
+            videos = sorted({str(p["video"]) for c in loaded for p in media_parts(c, "video")})
+            raise DataError(f"{', '.join(videos) or 'media'}: cannot load ({exc})") from exc
 
     def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
         """One prepared row (:meth:`split_rows`) of ``text``, a chat-template fragment that
@@ -484,7 +491,7 @@ class QwenVLFamily(ModelFamily):
         return {"min_pixels": self.factor**2, "max_pixels": self.media.max_pixels}
 
     def engine_inputs(
-        self, processor: Any, conversations: list[list[dict[str, Any]]]
+        self, processor: Any, conversations: list[Conversation]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """The trainer's prompt rows (one processor call) and one vLLM request per
         conversation with the same text and the same loaded media: images resized, video
@@ -752,6 +759,23 @@ class Qwen2VL(QwenVLFamily):
         'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
         "integers from 0 to 1000 relative to the image width and height."
     )
+
+
+class RelativeBoxFamily(ModelFamily):
+    """Base of the families that are not Qwen-VL but box as Qwen2-VL does, in integers 0–1000
+    relative to the image itself whatever size or tiles the model sees it as, and whose images
+    are checked as the Qwen-VL families check them (Gemma 3/4, InternVL)."""
+
+    box_frame: ClassVar[BoxFrame] = "norm1000"
+    box_instruction = Qwen2VL.box_instruction
+
+    def input_size(self, width: int, height: int) -> tuple[int, int]:
+        """The image's own size: boxes are 0–1000 relative to it, whatever the resizing or
+        tiling."""
+        return int(width), int(height)
+
+    def check_media(self, sample: Sample) -> None:
+        check_media(sample)
 
 
 @model_family("qwen2_5_vl")
