@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import json
 import random
 import time
 
 import pytest
+from helpers import check_doctests, check_registered
 from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, Detection, parse_detections
 
 from mmrft.data import Sample
@@ -46,17 +45,11 @@ def vrft(*boxes_confs) -> str:
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(importlib.import_module("mmrft.verifiers.detection"))
-    assert result.attempted > 0
-    assert result.failed == 0
+    check_doctests("mmrft.verifiers.detection")
 
 
 def test_registered_with_range_and_doc():
-    spec = VERIFIERS.get("detection")
-    assert (spec.low, spec.high) == (0.0, 1.0)
-    assert "Range [0, 1]" in spec.doc
-    assert ">>>" in spec.doc
-    assert spec.bind({})([], []) == []
+    check_registered("detection")
 
 
 # -- parsing -------------------------------------------------------------------------------------

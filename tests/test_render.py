@@ -3,7 +3,6 @@ hostile code, blank renders, batching through one pool.map, SVG external resourc
 
 from __future__ import annotations
 
-import doctest
 import glob
 import importlib
 import os
@@ -16,17 +15,15 @@ import pytest
 pytest.importorskip("skimage")
 cairosvg = pytest.importorskip("cairosvg")
 
+from helpers import check_doctests, check_registered  # noqa: E402
+from helpers import run_verifier as run  # noqa: E402
+
 from mmrft.data import Sample, read_mmrft_jsonl  # noqa: E402
 from mmrft.plugins import VERIFIERS  # noqa: E402
 from mmrft.typecheck import ConfigError  # noqa: E402
 
 render = importlib.import_module("mmrft.verifiers.render")
 CHARTS = Path(__file__).resolve().parents[1] / "assets" / "benchmarks" / "charts"
-
-
-def run(name: str, completions: list[str], samples: list[Sample], **params) -> list:
-    """Call a registered verifier through the same path training uses (bind, then call)."""
-    return VERIFIERS.get(name).bind(params)(completions, samples)
 
 
 def answer(code: str) -> str:
@@ -45,18 +42,12 @@ def bar(charts) -> Sample:
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(render)
-    assert result.attempted > 0
-    assert result.failed == 0
+    check_doctests("mmrft.verifiers.render")
 
 
 @pytest.mark.parametrize(("name", "low"), [("chart_code", 0.0), ("svg", -1.0)])
 def test_registered_with_range_and_doc(name, low):
-    spec = VERIFIERS.get(name)
-    assert (spec.low, spec.high) == (low, 1.0)
-    assert f"Range [{'−1' if low else '0'}, 1]" in spec.doc
-    assert ">>>" in spec.doc
-    assert spec.bind({})([], []) == []
+    check_registered(name, low)
 
 
 @pytest.mark.parametrize(

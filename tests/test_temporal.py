@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import random
 import time
 
 import pytest
+from helpers import check_doctests, check_registered
 from mmrft.verifiers.temporal import MAX_ANSWER_CHARS, parse_interval, temporal_iou
 
 from mmrft.data import Sample
@@ -28,17 +27,11 @@ def answer(text: str) -> str:
 
 
 def test_docstring_examples_run():
-    result = doctest.testmod(importlib.import_module("mmrft.verifiers.temporal"))
-    assert result.attempted > 0
-    assert result.failed == 0
+    check_doctests("mmrft.verifiers.temporal")
 
 
 def test_registered_with_range_and_doc():
-    spec = VERIFIERS.get("temporal_iou")
-    assert (spec.low, spec.high) == (0.0, 1.0)
-    assert "Range [0, 1]" in spec.doc
-    assert ">>>" in spec.doc
-    assert spec.bind({})([], []) == []
+    check_registered("temporal_iou")
 
 
 # -- forms ---------------------------------------------------------------------------------------

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import doctest
-import importlib
 import threading
 
 import pytest
+from helpers import check_doctests, check_registered
+from helpers import run_verifier as run
 
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
 from mmrft.rewards.reward import build_reward
 from mmrft.typecheck import ConfigError
-
-
-def run(name: str, completions: list[str], samples: list[Sample], **params) -> list:
-    """Call a registered verifier through the same path training uses (bind, then call)."""
-    return VERIFIERS.get(name).bind(params)(completions, samples)
 
 
 def values(scores) -> list[float]:
@@ -38,18 +33,12 @@ def reasons(scores) -> list[str | None]:
     ],
 )
 def test_docstring_examples_run(module):
-    result = doctest.testmod(importlib.import_module(module))
-    assert result.attempted > 0
-    assert result.failed == 0
+    check_doctests(module)
 
 
 @pytest.mark.parametrize("name", ["format", "accuracy", "iou"])
 def test_registered_with_range_and_doc(name):
-    spec = VERIFIERS.get(name)
-    assert (spec.low, spec.high) == (0.0, 1.0)
-    assert "Range [0, 1]" in spec.doc
-    assert ">>>" in spec.doc
-    assert spec.bind({})([], []) == []
+    check_registered(name)
 
 
 # -- format ----------------------------------------------------------------------------------
@@ -68,27 +57,22 @@ def test_format_accepts(text):
     assert values(run("format", [text], [S])) == [1.0]
 
 
-@pytest.mark.parametrize(
-    ("text", "reason"),
-    [
-        ("just B", "no answer tag"),
-        ("<think>the answer is B</think>", "no answer tag"),
-        ("<answer>b</answer>", "no think tag"),
-        ("<think>a</think><answer>b</answer><answer>c</answer>", "several answer tags"),
-        ("<think>a</think><think>a</think><answer>b</answer>", "several think tags"),
-        ("<think>a</think><answer>b", "unclosed answer tag"),
-        ("<think>a<answer>b</answer>", "unclosed think tag"),
-        ("<think>a<answer>b</answer></think>", "nested or misordered tags"),
-        ("<answer>b</answer><think>a</think>", "nested or misordered tags"),
-        ("Sure! <think>a</think><answer>b</answer>", "text outside tags"),
-        ("<think>a</think>junk<answer>b</answer>", "text outside tags"),
-        ("<think>a</think><answer>b</answer> trailing", "text outside tags"),
-        ("<think>a</think><answer>  </answer>", "empty answer"),
-    ],
-)
-def test_format_rejects(text, reason):
-    (score,) = run("format", [text], [S])
-    assert (score.value, score.reason) == (0.0, reason)
+# (completion, reason) pairs, checked by test_rejects
+FORMAT_REJECTS = [
+    ("just B", "no answer tag"),
+    ("<think>the answer is B</think>", "no answer tag"),
+    ("<answer>b</answer>", "no think tag"),
+    ("<think>a</think><answer>b</answer><answer>c</answer>", "several answer tags"),
+    ("<think>a</think><think>a</think><answer>b</answer>", "several think tags"),
+    ("<think>a</think><answer>b", "unclosed answer tag"),
+    ("<think>a<answer>b</answer>", "unclosed think tag"),
+    ("<think>a<answer>b</answer></think>", "nested or misordered tags"),
+    ("<answer>b</answer><think>a</think>", "nested or misordered tags"),
+    ("Sure! <think>a</think><answer>b</answer>", "text outside tags"),
+    ("<think>a</think>junk<answer>b</answer>", "text outside tags"),
+    ("<think>a</think><answer>b</answer> trailing", "text outside tags"),
+    ("<think>a</think><answer>  </answer>", "empty answer"),
+]
 
 
 def test_format_think_modes():
@@ -140,22 +124,16 @@ def test_accuracy_choice_target_forms(target):
     ]
 
 
-@pytest.mark.parametrize(
-    ("completion", "reason"),
-    [
-        (answer("A"), "wrong option"),
-        (answer("A, B, C, D"), "several options"),  # listing every option
-        (answer("red, green, blue, yellow"), "several options"),
-        (answer("B or C"), "several options"),
-        (answer("Gorgeous green"), "no option matched"),
-        ("<think>the answer is B</think>", "no answer tag"),  # right answer only in the think
-        ("<think>x</think><answer></answer>", "empty answer"),
-        ("<answer>B</answer><answer>B</answer>", "several answer tags"),
-    ],
-)
-def test_accuracy_choice_rejects(completion, reason):
-    (score,) = run("accuracy", [completion], [MC])
-    assert (score.value, score.reason) == (0.0, reason)
+ACCURACY_REJECTS = [
+    (answer("A"), "wrong option"),
+    (answer("A, B, C, D"), "several options"),  # listing every option
+    (answer("red, green, blue, yellow"), "several options"),
+    (answer("B or C"), "several options"),
+    (answer("Gorgeous green"), "no option matched"),
+    ("<think>the answer is B</think>", "no answer tag"),  # right answer only in the think
+    ("<think>x</think><answer></answer>", "empty answer"),
+    ("<answer>B</answer><answer>B</answer>", "several answer tags"),
+]
 
 
 def test_accuracy_choice_first_letter_is_not_a_letter_answer():
@@ -315,20 +293,28 @@ def test_iou_whole_image_box_scores_low_for_a_small_target():
     assert run("iou", [box_answer("[0, 0, 1000, 1000]")], [sample], threshold=0.5)[0].value == 0.0
 
 
+IOU_REJECTS = [
+    ("[1100, 1100, 1500, 1500]", "box outside image"),
+    ("[-300, 0, -100, 200]", "box outside image"),
+    ("[500, 500, 250, 250]", "degenerate box"),  # inverted
+    ("[250, 250, 250, 500]", "degenerate box"),  # zero width
+    ("[250, 250, 500, 500], [0, 0, 10, 10]", "several boxes"),
+    ("the cup on the left", "no box"),
+    ("[600, 600, 700, 700]", "no overlap"),
+]
+
+
 @pytest.mark.parametrize(
-    ("box", "reason"),
+    ("name", "completion", "sample", "reason"),
     [
-        ("[1100, 1100, 1500, 1500]", "box outside image"),
-        ("[-300, 0, -100, 200]", "box outside image"),
-        ("[500, 500, 250, 250]", "degenerate box"),  # inverted
-        ("[250, 250, 250, 500]", "degenerate box"),  # zero width
-        ("[250, 250, 500, 500], [0, 0, 10, 10]", "several boxes"),
-        ("the cup on the left", "no box"),
-        ("[600, 600, 700, 700]", "no overlap"),
+        *(("format", text, S, reason) for text, reason in FORMAT_REJECTS),
+        *(("accuracy", completion, MC, reason) for completion, reason in ACCURACY_REJECTS),
+        *(("iou", box_answer(box), grounding(), reason) for box, reason in IOU_REJECTS),
     ],
 )
-def test_iou_rejects(box, reason):
-    (score,) = run("iou", [box_answer(box)], [grounding()])
+def test_rejects(name, completion, sample, reason):
+    """Each verifier scores its (completion, reason) cases 0 with that reason."""
+    (score,) = run(name, [completion], [sample])
     assert (score.value, score.reason) == (0.0, reason)
 
 

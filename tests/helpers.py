@@ -1,0 +1,99 @@
+"""Checks and builders several test files share (imported as ``helpers``: pytest puts tests/ on
+``sys.path``, as for ``ranks``)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "assets"
+
+LENGTH_PLUGIN = """
+from mmrft import verifier
+
+@verifier("test_length", low=0.0, high=1.0)
+def length(completions, samples):
+    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
+    return [min(len(c), 20) / 20 for c in completions]
+"""
+
+
+def length_plugin(folder: Path) -> Path:
+    """Write the ``test_length`` verifier plugin (a reward that varies inside every group of a
+    random model, so advantages are non-zero) into ``folder``; its path."""
+    path = folder / "length_plugin.py"
+    path.write_text(LENGTH_PLUGIN)
+    return path
+
+
+# -- verifier contract ---------------------------------------------------------------------------
+def check_doctests(module: str) -> None:
+    """The module's docstring examples exist and pass."""
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0
+    assert result.failed == 0
+
+
+def check_registered(name: str, low: float = 0.0, high: float = 1.0) -> None:
+    """The verifier is registered with its range, its doc states the range and has an example,
+    and an empty batch gives an empty list."""
+    from mmrft.plugins import VERIFIERS
+
+    def number(x: float) -> str:
+        return f"−{-x:g}" if x < 0 else f"{x:g}"
+
+    spec = VERIFIERS.get(name)
+    assert (spec.low, spec.high) == (low, high)
+    assert f"Range [{number(low)}, {number(high)}]" in spec.doc
+    assert ">>>" in spec.doc
+    assert spec.bind({})([], []) == []
+
+
+def run_verifier(name: str, completions: list[str], samples: list, **params) -> list:
+    """Call a registered verifier through the same path training uses (bind, then call)."""
+    from mmrft.plugins import VERIFIERS
+
+    return VERIFIERS.get(name).bind(params)(completions, samples)
+
+
+def check_evaluate(task: Any, sample: Any, cases: dict[str, tuple]) -> list:
+    """``task.evaluate_one(completion, sample)`` gives ``(score, reason, parsed)`` for each
+    ``completion: (score, reason, parsed)`` of ``cases``; the records."""
+    records = []
+    for completion, expected in cases.items():
+        record = task.evaluate_one(completion, sample)
+        assert (record.score, record.reason, record.parsed) == expected, completion
+        records.append(record)
+    return records
+
+
+def changed(item: dict, changes: dict) -> dict:
+    """``item`` with ``changes`` applied; a change to None drops the field."""
+    out = {**item, **changes}
+    return {k: v for k, v in out.items() if v is not None}
+
+
+# -- tiny models ---------------------------------------------------------------------------------
+def tiny_model_dirs(families: Any, tmp_path_factory: Any) -> dict[str, Path]:
+    """The committed tiny models of ``families`` (built into a temp dir if the assets are
+    missing)."""
+    from mmrft.models import tiny
+
+    dirs = {f: ASSETS / "models" / f"tiny-{f}" for f in families}
+    if not all((d / "config.json").is_file() for d in dirs.values()):
+        out = tmp_path_factory.mktemp("assets")
+        dirs = {f: tiny.build_tiny(f, out / f"tiny-{f}") for f in families}
+    return dirs
+
+
+def load_families(families: dict[str, type], model_dirs: dict[str, Path]) -> dict[str, tuple]:
+    """``name: (family, processor, model in eval mode)`` for each family class."""
+    out = {}
+    for name, cls in families.items():
+        family = cls()
+        path = str(model_dirs[name])
+        out[name] = (family, family.load_processor(path), family.load_model(path).eval())
+    return out
