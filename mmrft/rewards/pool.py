@@ -65,7 +65,7 @@ import time
 import traceback
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
@@ -320,70 +320,65 @@ class VerifierPool:
         :class:`NotSendable`. One call at a time (a lock serialises callers' threads).
         """
         with self._lock:
-            return self._call(name, params, completions, samples, trajectories, timeout_s)
+            if not self._workers:
+                raise RuntimeError("the verifier pool is closed")
+            n = len(completions)
+            if n == 0:
+                return Call([], [], [])
+            if trajectories is not None:
+                trajectories = [compact_trajectory(t) for t in trajectories]
 
-    def _call(
-        self,
-        name: str,
-        params: dict[str, Any],
-        completions: Sequence[str],
-        samples: Sequence[Any],
-        trajectories: Sequence[Any] | None,
-        timeout_s: float,
-    ) -> Call:
-        if not self._workers:
-            raise RuntimeError("the verifier pool is closed")
-        n = len(completions)
-        if n == 0:
-            return Call([], [], [])
-        if trajectories is not None:
-            trajectories = [compact_trajectory(t) for t in trajectories]
-        bounds = _split(n, len(self._workers))
-        jobs = [list(range(a, b)) for a, b in bounds]
-        results: list[Any] = [TIMEOUT] * n
-        outcomes = self._run(name, params, completions, samples, trajectories, jobs, timeout_s)
-        late: list[int] = []
-        counts = 0
-        for job, (kind, value) in zip(jobs, outcomes):
-            if kind in ("timeout", "memory"):
-                late.extend(job)
-                counts += len(job)
-                continue
-            counts += len(value)
-            if len(value) == len(job):
-                for i, result in zip(job, value):
-                    results[i] = result
-        if counts != n:
-            raise WrongCount(counts, n)
-        if not late:
-            return Call(results, [], [])
-        budget = ISOLATION_FACTOR * timeout_s
-        singles = [[i] for i in late]
-        outcomes = self._run(
-            name, params, completions, samples, trajectories, singles, timeout_s, budget
-        )
-        alone: dict[str, list[int]] = {"timeout": [], "unreached": [], "memory": []}
-        for (i,), (kind, value) in zip(singles, outcomes):
-            if kind == "ok" and len(value) != 1:
-                raise WrongCount(len(value), 1)
-            if kind == "ok":
-                results[i] = value[0]
-            else:
-                alone[kind].append(i)
-        return Call(results, alone["timeout"], alone["unreached"], alone["memory"])
+            def payload(job: list[int]) -> tuple:
+                return (
+                    name,
+                    params,
+                    [completions[i] for i in job],
+                    [samples[i] for i in job],
+                    None if trajectories is None else [trajectories[i] for i in job],
+                )
+
+            bounds = _split(n, len(self._workers))
+            jobs = [list(range(a, b)) for a, b in bounds]
+            results: list[Any] = [TIMEOUT] * n
+            outcomes = self._run(payload, jobs, timeout_s)
+            late: list[int] = []
+            counts = 0
+            for job, (kind, value) in zip(jobs, outcomes):
+                if kind in ("timeout", "memory"):
+                    late.extend(job)
+                    counts += len(job)
+                    continue
+                counts += len(value)
+                if len(value) == len(job):
+                    for i, result in zip(job, value):
+                        results[i] = result
+            if counts != n:
+                raise WrongCount(counts, n)
+            if not late:
+                return Call(results, [], [])
+            budget = ISOLATION_FACTOR * timeout_s
+            singles = [[i] for i in late]
+            outcomes = self._run(payload, singles, timeout_s, budget)
+            alone: dict[str, list[int]] = {"timeout": [], "unreached": [], "memory": []}
+            for (i,), (kind, value) in zip(singles, outcomes):
+                if kind == "ok" and len(value) != 1:
+                    raise WrongCount(len(value), 1)
+                if kind == "ok":
+                    results[i] = value[0]
+                else:
+                    alone[kind].append(i)
+            return Call(results, alone["timeout"], alone["unreached"], alone["memory"])
 
     def _run(
         self,
-        name: str,
-        params: dict[str, Any],
-        completions: Sequence[str],
-        samples: Sequence[Any],
-        trajectories: Sequence[Any] | None,
+        payload: Callable[[list[int]], tuple],
         jobs: list[list[int]],
         timeout_s: float,
         budget_s: float | None = None,
     ) -> list[tuple[str, Any]]:
-        """Run ``jobs`` (lists of completion indices) over the idle workers, each under
+        """Run ``jobs`` (lists of completion indices; ``payload(job)`` is the call a worker
+        receives: verifier name, parameters and the job's completions, samples and
+        trajectories) over the idle workers, each under
         ``timeout_s``; no job starts once the calls have run ``budget_s`` in all. Returns one
         ``("ok", results)``, ``("timeout", None)``, ``("memory", None)`` (the call raised
         ``MemoryError``; its worker is replaced) or ``("unreached", None)`` per job."""
@@ -399,15 +394,9 @@ class VerifierPool:
                         continue
                     worker.wait_ready(self._expected)
                     job = pending.popleft()
-                    payload = (
-                        name,
-                        params,
-                        [completions[i] for i in jobs[job]],
-                        [samples[i] for i in jobs[job]],
-                        None if trajectories is None else [trajectories[i] for i in jobs[job]],
-                    )
+                    sent = payload(jobs[job])
                     try:
-                        data = pickle.dumps(payload, pickle.HIGHEST_PROTOCOL)
+                        data = pickle.dumps(sent, pickle.HIGHEST_PROTOCOL)
                     except Exception as exc:
                         raise NotSendable(f"{type(exc).__name__}: {_first_line(exc)}") from exc
                     self._send(w, data)

@@ -415,6 +415,11 @@ def _first_line(exc: BaseException, most: int = 200) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
 
 
+def _raised(exc: BaseException) -> str:
+    """``raised <type>: <first line>``, what a verifier that raised ``exc`` did."""
+    return f"raised {type(exc).__name__}: {_first_line(exc)}"
+
+
 @dataclass(frozen=True)
 class BoundVerifier:
     """A verifier with checked parameters, called as ``bound(completions, samples)`` (sync) or
@@ -520,9 +525,7 @@ class BoundVerifier:
                 raise TypeError("an awaitable, where its start-up call returned results")
             count = len(raw)
         except Exception as exc:
-            raise self.failed(
-                f"raised {type(exc).__name__}: {_first_line(exc)}", samples, context
-            ) from exc
+            raise self.failed(_raised(exc), samples, context) from exc
         return self._counted(raw, count, completions, samples, context, what)
 
     async def _acall_batch(
@@ -541,9 +544,7 @@ class BoundVerifier:
                 raw = await raw
             count = len(raw)
         except Exception as exc:
-            raise self.failed(
-                f"raised {type(exc).__name__}: {_first_line(exc)}", samples, context
-            ) from exc
+            raise self.failed(_raised(exc), samples, context) from exc
         return self._counted(raw, count, completions, samples, context, what)
 
     def _counted(
