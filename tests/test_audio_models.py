@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from helpers import load_families, tiny_model_dirs
 from PIL import Image
 
 from mmrft.data import DataError, Sample
 from mmrft.data.audio import AUDIO_STATS
+from mmrft.models import tiny
 from mmrft.models.family import family_for_model_type
 from mmrft.models.qwen_audio import (
     AudioBudget,
@@ -21,7 +23,6 @@ from mmrft.models.qwen_audio import (
     audio_token_count,
     check_media,
 )
-from mmrft.models import tiny
 from mmrft.plugins import MODEL_FAMILIES
 from mmrft.policy.model import Policy, completion_logps
 from mmrft.rollout.base import Sampling, cut_at_stop, stop_token_ids
@@ -39,22 +40,12 @@ PROCESSORS = {"qwen2_audio": "Qwen2AudioProcessor", "qwen2_5_omni": "Qwen2_5Omni
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The committed tiny models (built into a temp dir if the assets are missing)."""
-    dirs = {f: ASSETS / "models" / f"tiny-{f}" for f in FAMILIES}
-    if not all((d / "config.json").is_file() for d in dirs.values()):
-        out = tmp_path_factory.mktemp("assets")
-        dirs = {f: tiny.build_tiny(f, out / f"tiny-{f}") for f in FAMILIES}
-    return dirs
+    return tiny_model_dirs(FAMILIES, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
-    out = {}
-    for name, cls in FAMILIES.items():
-        family = cls()
-        path = str(model_dirs[name])
-        out[name] = (family, family.load_processor(path), family.load_model(path).eval())
-    return out
+    return load_families(FAMILIES, model_dirs)
 
 
 @pytest.fixture(scope="module")

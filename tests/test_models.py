@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_families, tiny_model_dirs
 from PIL import Image
 
 from mmrft.data import DataError, Sample
+from mmrft.models import tiny
 from mmrft.models.family import MediaBudget, family_for_model_type
 from mmrft.models.qwen_vl import IMAGE_CACHE, Qwen2VL, Qwen3VL, Qwen25VL, check_media
-from mmrft.models import tiny
 from mmrft.plugins import MODEL_FAMILIES
 from mmrft.typecheck import ConfigError
 
@@ -21,23 +22,12 @@ FAMILIES = {"qwen2_5_vl": Qwen25VL, "qwen2_vl": Qwen2VL}
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The committed tiny models (built into a temp dir if the assets are missing)."""
-    dirs = {f: ASSETS / "models" / f"tiny-{f}" for f in FAMILIES}
-    if not all((d / "config.json").is_file() for d in dirs.values()):
-        out = tmp_path_factory.mktemp("assets")
-        tiny.build_all(out)
-        dirs = {f: out / "models" / f"tiny-{f}" for f in FAMILIES}
-    return dirs
+    return tiny_model_dirs(FAMILIES, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
-    out = {}
-    for name, cls in FAMILIES.items():
-        family = cls()
-        path = str(model_dirs[name])
-        out[name] = (family, family.load_processor(path), family.load_model(path).eval())
-    return out
+    return load_families(FAMILIES, model_dirs)
 
 
 def conversation(image: str, text: str = "What colour is the shape?") -> list[dict]:
