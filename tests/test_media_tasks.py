@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 import pytest
+from helpers import changed, check_evaluate
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -308,8 +309,7 @@ def video_r1_item(**changes) -> dict:
         "path": "./videos/test-0000.mp4",
         "data_source": "test",
     }
-    item.update(changes)
-    return {k: v for k, v in item.items() if v is not None}
+    return changed(item, changes)
 
 
 def test_video_r1_reader_types_each_item(tmp_path):
@@ -558,8 +558,7 @@ def mmau_item(**changes) -> dict:
         "category": "Information Extraction",
         "difficulty": "easy",
     }
-    item.update(changes)
-    return {k: v for k, v in item.items() if v is not None}
+    return changed(item, changes)
 
 
 def test_mmau_reader_and_errors(tmp_path):
@@ -608,9 +607,7 @@ def test_audio_qa_evaluate():
         "<answer>ris</answer>": (0.0, "no option matched", None),
         "<think>rising</think>": (0.0, "no answer tag", None),
     }
-    for completion, expected in cases.items():
-        record = task.evaluate_one(completion, sample)
-        assert (record.score, record.reason, record.parsed) == expected, completion
+    check_evaluate(task, sample, cases)
     accuracy = VERIFIERS.get("accuracy").bind(task.default_verifiers()[1]["params"])
     assert accuracy(["<answer>rising or falling</answer>"], [sample])[0].value == 0.0
 

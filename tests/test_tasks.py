@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import check_evaluate
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -231,9 +232,7 @@ def test_classification_evaluate():
         "<answer>greenish</answer>": (0.0, "no option matched", None),
         "green": (0.0, "no answer tag", None),
     }
-    for completion, expected in scored.items():
-        record = task.evaluate_one(completion, sample)
-        assert (record.score, record.reason, record.parsed) == expected, completion
+    for record in check_evaluate(task, sample, scored):
         assert record.values == {"accuracy": record.score}
 
 
@@ -250,9 +249,7 @@ def test_counting_evaluate():
         "<answer>many</answer>": (0.0, "no number", None),
         "<think>3</think>": (0.0, "no answer tag", None),
     }
-    for completion, expected in scored.items():
-        record = task.evaluate_one(completion, sample)
-        assert (record.score, record.reason, record.parsed) == expected, completion
+    check_evaluate(task, sample, scored)
 
 
 def test_chance():
