@@ -38,9 +38,9 @@ def worker(group_size: int, steps: int, data: Path) -> None:
     torch.set_num_threads(THREADS)
     from vs_trl import bench_reward
 
-    from mmrft import trainer
     from mmrft.config import load_config
     from mmrft.rewards import Score, verifier
+    from mmrft.training import trainer
 
     @verifier("bench_hash", low=0.0, high=1.0)
     def bench_hash(completions, samples):

@@ -102,7 +102,7 @@ def collection(url: str, run_dir: Path, latency: float, repeats: int = 4) -> dic
     from rich.console import Console
 
     import mmrft
-    from mmrft.training.trainer import setup
+    from mmrft.training.setup import setup
 
     judge = {
         "name": "judge",

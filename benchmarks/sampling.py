@@ -103,7 +103,8 @@ def run(config: str, overrides: list[str], reuse: bool = False) -> dict[str, Any
     the run counting as its default) is read instead of trained again: a comparison can grow
     by seeds or tasks without repeating the runs it has."""
     from mmrft.config import load_config, resolve_path
-    from mmrft.training.trainer import config_changes, run_name, train
+    from mmrft.training.resume import config_changes, run_name
+    from mmrft.training.trainer import train
 
     cfg = load_config(config, overrides)
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)

@@ -206,9 +206,9 @@ def run_mmrft(modality: str, data: Path, steps: int, group_shared: bool) -> dict
     import torch
 
     torch.set_num_threads(THREADS)
-    from mmrft import trainer
     from mmrft.config import load_config
     from mmrft.rewards import Score, verifier
+    from mmrft.training import trainer
 
     @verifier("bench_hash", low=0.0, high=1.0)
     def bench_hash(completions, samples):

@@ -110,7 +110,7 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     from mmrft.evaluation.evaluate import evaluate_config, print_table, write_eval
-    from mmrft.training.trainer import run_name
+    from mmrft.training.resume import run_name
 
     # `model=PATH` is shorthand for `model.path=PATH`.
     overrides = [

@@ -116,7 +116,7 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
             f"{', '.join(built)}); `mmrft make-tiny` builds them"
         )
     overrides = [f"model.path={tiny}", f"model.family={family}", *SIZES]
-    from mmrft.training.trainer import run_name
+    from mmrft.training.resume import run_name
 
     stem = Path(str(source)).name.removesuffix(".yaml").removesuffix(".yml") if source else ""
     overrides.append(f"name={stem or run_name(cfg)}-smoke")

@@ -12,13 +12,15 @@ import torch
 from test_sharding import _needs
 from test_trainer import tiny_config, weights
 
-from mmrft import trainer
 from mmrft.data import Sample
 from mmrft.rewards.reward import RewardBreakdown
 from mmrft.rollout.ahead import AheadCollector, drop_groups, lag_stats, rollout_copy, stale_groups
 from mmrft.rollout.base import Rollouts
 from mmrft.rollout.collector import Collector, StepBatch
 from mmrft.rollout.hf import HFEngine
+from mmrft.training import setup as training_setup
+from mmrft.training import trainer
+from mmrft.training.update import sampler_logps, training_forward
 from mmrft.typecheck import ConfigError
 
 # ---------------------------------------------------------------------------------------------
@@ -111,7 +113,7 @@ def scripted_run(tmp_path, partial: bool = False, staleness: int = 1):
         "optim.lr=5e-2",
         "rollout.max_new_tokens=8",
     )
-    run = trainer.setup(cfg)
+    run = training_setup.setup(cfg)
     copy = rollout_copy(run.policy)
     engine = ScriptedEngine(copy)
     inner = Collector(
@@ -138,8 +140,8 @@ def sampler_gap(policy, batch, cfg) -> float:
     """Largest |log π(y_t) − sampler log-prob| over the batch's tokens under ``policy``."""
     indices = list(range(len(batch.rollouts.completion_ids)))
     with torch.no_grad():
-        logps, mask, _ = trainer.training_forward(policy, batch.rollouts, indices, cfg, False)
-    sampler = trainer.sampler_logps(batch.rollouts, indices, logps)
+        logps, mask, _ = training_forward(policy, batch.rollouts, indices, cfg, False)
+    sampler = sampler_logps(batch.rollouts, indices, logps)
     return float(((logps - sampler).abs() * mask).max())
 
 
@@ -267,7 +269,7 @@ def test_staleness_zero_through_the_rollout_thread_equals_the_synchronous_path(
     tmp_path, monkeypatch
 ):
     sync = trainer.train(config(tmp_path / "sync", "optim.lr=5e-2", "algorithm.tis_cap=2"))
-    real = trainer.Collector
+    real = training_setup.Collector
 
     def threaded(cfg, task, policy, engine, reward, samples, source, auxiliaries):
         copy = rollout_copy(policy)
@@ -283,7 +285,7 @@ def test_staleness_zero_through_the_rollout_thread_equals_the_synchronous_path(
         )
         return AheadCollector(inner, policy, 0)
 
-    monkeypatch.setattr(trainer, "Collector", threaded)
+    monkeypatch.setattr(training_setup, "Collector", threaded)
     ahead = trainer.train(config(tmp_path / "ahead", "optim.lr=5e-2", "algorithm.tis_cap=2"))
 
     def lines(summary):
@@ -379,7 +381,7 @@ def _threaded_collector(cfg, task, policy, engine, reward, samples, source, auxi
 def _train_worker(rank: int, world: int, cfg, threaded: bool) -> None:
     torch.set_num_threads(1)
     if threaded:
-        trainer.Collector = _threaded_collector
+        training_setup.Collector = _threaded_collector
     trainer.train(cfg)
 
 

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from mmrft.config import load_config
 from mmrft.data import Sample
 from mmrft.rewards.task import Task, build_task
-from mmrft.training.trainer import answers_over_budget, warn_answers_over_budget
+from mmrft.training.warm_start import answers_over_budget, warn_answers_over_budget
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -89,11 +89,11 @@ def test_train_names_the_bad_line_and_image_and_exits_2(broken, tmp_path, capsys
 
 
 def test_train_reports_bad_data_before_loading_the_model(broken, tmp_path, capsys, monkeypatch):
-    import mmrft.training.trainer
+    import mmrft.training.setup
 
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the data was checked")
 
-    monkeypatch.setattr(mmrft.training.trainer, "load_policy", no_model)
+    monkeypatch.setattr(mmrft.training.setup, "load_policy", no_model)
     assert main(train_args(tmp_path, broken["jsonl"])) == 2
     assert f"{broken['jsonl']}:2: " in capsys.readouterr().err

@@ -28,7 +28,7 @@ OVERRIDES = [
 
 def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]):
     """The StepBatch of one rank's ``share`` (completion indices) of a generated global batch,
-    with what ``_update`` reads (``scored`` is not)."""
+    with what ``grpo_update`` reads (``scored`` is not)."""
     from mmrft.rollout.collector import StepBatch
 
     return StepBatch(
@@ -43,12 +43,14 @@ def rank_batch(expanded: list, rollouts, rewards: torch.Tensor, share: list[int]
 
 def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     """Build the same global batch on every rank, train on this rank's groups, return params."""
+    from mmrft.algorithms import group_advantages
     from mmrft.config import load_config
     from mmrft.policy.model import load_policy
     from mmrft.rewards.task import build_task
     from mmrft.rollout.base import Sampling
     from mmrft.rollout.hf import HFEngine
-    from mmrft.training.trainer import _update, group_advantages, lr_lambda
+    from mmrft.training.setup import lr_lambda
+    from mmrft.training.update import grpo_update
 
     torch.set_num_threads(1)
     cfg = load_config(REPO / "configs/demo.yaml", OVERRIDES)
@@ -72,7 +74,7 @@ def one_update(world: int, rank: int) -> dict[str, torch.Tensor]:
     # divides tiny gradients by their own tiny scale.)
     optimizer = torch.optim.SGD(params, lr=cfg.optim.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
-    stats = _update(policy, None, optimizer, scheduler, batch, advantages[share], cfg, step=1)
+    stats = grpo_update(policy, None, optimizer, scheduler, batch, advantages[share], cfg, step=1)
     assert stats["clip_frac/total"] >= 0
     return {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
 

@@ -106,13 +106,16 @@ SHARES = [[0, 1, 2], [3]]  # groups per rank (of 2): unequal on purpose
 def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, torch.Tensor]:
     """Two RL steps on a fixed global batch (this rank's groups of it); the full parameters
     and SGD momentum buffers (rank 0: all; other ranks: empty)."""
+    from mmrft.algorithms import group_advantages
     from mmrft.config import load_config
     from mmrft.policy.model import load_policy
     from mmrft.rewards.task import build_task
     from mmrft.rollout.base import Sampling
     from mmrft.rollout.hf import HFEngine
     from mmrft.runtime import distributed
-    from mmrft.training.trainer import _update, deepspeed_config, group_advantages, lr_lambda
+    from mmrft.runtime.zero import run_deepspeed_config
+    from mmrft.training.setup import lr_lambda
+    from mmrft.training.update import grpo_update
 
     torch.set_num_threads(1)
     if world == 1:
@@ -131,7 +134,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
             reference.model,
             cfg.train.sharding,
             frozen=True,
-            deepspeed_config=deepspeed_config(cfg, world, training=False),
+            deepspeed_config=run_deepspeed_config(cfg, world, training=False),
         )
     samples, _ = task.read(REPO / cfg.data.train)
     samples = samples[:GROUPS]
@@ -144,7 +147,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
     optimizer = torch.optim.SGD(params, lr=cfg.optim.lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
     distributed.prepare_optimizer(
-        policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+        policy.model, optimizer, cfg.train.sharding, run_deepspeed_config(cfg, world)
     )
     engine = HFEngine(policy, batch_size=64)
     expanded = [s for s in samples for _ in range(G)]
@@ -162,7 +165,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
         rewards[2 * G : 3 * G] = 0.5  # group 2 (rank 0's): zero advantages, skipped if β = 0
         advantages = group_advantages(rewards, G)
         batch = rank_batch(expanded, rollouts, rewards, share)
-        stats = _update(
+        stats = grpo_update(
             policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
         )
         norms.append(stats["grad_norm"])
@@ -562,7 +565,7 @@ def _mixed_media_worker(rank: int, world: int, out_dir: str) -> None:
     from mmrft.policy.model import completion_logps, load_policy
     from mmrft.rewards.task import build_task
     from mmrft.runtime import distributed
-    from mmrft.training.trainer import deepspeed_config
+    from mmrft.runtime.zero import run_deepspeed_config
 
     torch.set_num_threads(1)
     cfg = load_config(
@@ -571,7 +574,7 @@ def _mixed_media_worker(rank: int, world: int, out_dir: str) -> None:
     policy = load_policy(cfg.model, torch.device("cpu"))
     optimizer = torch.optim.SGD(policy.model.parameters(), lr=0.1)
     distributed.prepare_optimizer(
-        policy.model, optimizer, cfg.train.sharding, deepspeed_config(cfg, world)
+        policy.model, optimizer, cfg.train.sharding, run_deepspeed_config(cfg, world)
     )
     try:
         if rank == 0:

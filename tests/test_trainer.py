@@ -276,9 +276,9 @@ def test_ctrl_c_checkpoints_the_finished_step_then_resumes(tmp_path):
 
 
 def test_non_finite_loss_writes_failure_and_keeps_checkpoints(tmp_path, monkeypatch):
-    import mmrft.training.trainer as trainer_module
+    import mmrft.training.update as update_module
 
-    real = trainer_module.grpo_loss
+    real = update_module.grpo_loss
     calls = {"n": 0}
 
     def nan_on_third_update(*args, **kwargs):
@@ -286,7 +286,7 @@ def test_non_finite_loss_writes_failure_and_keeps_checkpoints(tmp_path, monkeypa
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] >= 3 else loss), stats
 
-    monkeypatch.setattr(trainer_module, "grpo_loss", nan_on_third_update)
+    monkeypatch.setattr(update_module, "grpo_loss", nan_on_third_update)
     with pytest.raises(FloatingPointError, match="non-finite loss at step 3"):
         train(
             tiny_config(

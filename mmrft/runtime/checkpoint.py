@@ -20,7 +20,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +149,12 @@ def write_failure_record(run_dir: str | Path, record: dict[str, Any]) -> Path:
     os.replace(tmp, path)
     log.error("run stopped at step %s: %s", record.get("step"), record.get("reason"))
     return path
+
+
+def write_step_failure(
+    run_dir: str | Path, step: int, reason: str, sample_ids: Iterable[str], **more: Any
+) -> Path:
+    """:func:`write_failure_record` of a step that failed: ``step``, ``reason``, the ``samples``
+    (ids, sorted, each once) and any ``more`` fields (``bad_media``: the media that failed)."""
+    record = {"step": step, "reason": reason, "samples": sorted(set(sample_ids)), **more}
+    return write_failure_record(run_dir, record)

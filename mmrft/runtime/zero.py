@@ -59,10 +59,13 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from mmrft.config import RunConfig
 
 log = logging.getLogger("mmrft")
 
@@ -120,6 +123,22 @@ def deepspeed_config(
     elif dtype in ("float16", "fp16"):
         config["fp16"] = {"enabled": True}
     return config
+
+
+def run_deepspeed_config(cfg: RunConfig, world: int, training: bool = True) -> dict[str, Any]:
+    """The DeepSpeed config of ``train.sharding`` (deepspeed_zero2/3) and ``train.deepspeed``;
+    ``{}`` for other modes."""
+    if cfg.train.sharding not in STAGES:
+        return {}
+    return deepspeed_config(
+        STAGES[cfg.train.sharding],
+        micro_batch_size=cfg.train.micro_batch_size,
+        world_size=world,
+        dtype=cfg.model.dtype,
+        max_grad_norm=cfg.optim.max_grad_norm,
+        zero=cfg.train.deepspeed,
+        training=training,
+    )
 
 
 def initialize(

@@ -1,0 +1,296 @@
+"""The set-up of a training run (:func:`setup`): processes, config checks, run directory, task,
+reward, model(s), data, engine, optimizer and its LR schedule, collector and logs, held in a
+:class:`Run` for the loop (:mod:`.trainer`)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import Progress
+
+from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
+from mmrft.data import Sample, skip_counts
+from mmrft.evaluation.evaluate import eval_verifiers
+from mmrft.evaluation.prompt_view import show_prompt
+from mmrft.evaluation.runlog import NoSignalWatch, RunLog, attach_file_log, cpu_model
+from mmrft.evaluation.tracking import build_trackers
+from mmrft.plugins import load_plugins
+from mmrft.policy.group import check_attention
+from mmrft.policy.model import Policy, load_policy, resolve_family
+from mmrft.rewards import judges
+from mmrft.rewards.reward import WeightedReward, build_reward
+from mmrft.rewards.task import Task, build_task
+from mmrft.rollout.ahead import AheadCollector, rollout_copy
+from mmrft.rollout.base import Engine
+from mmrft.rollout.collector import Collector, build_auxiliaries
+from mmrft.rollout.engine import build_engine
+from mmrft.rollout.sampling import SampledStream, build_sampler
+from mmrft.rollout.setup import read_data
+from mmrft.runtime import distributed, zero
+from mmrft.runtime.device import pick_device, seed_everything
+from mmrft.training.resume import run_name
+from mmrft.training.warm_start import warn_answers_over_budget
+from mmrft.typecheck import ConfigError
+
+log = logging.getLogger("mmrft")
+
+
+@dataclass
+class Run:
+    """Everything a training run holds between set-up and the end."""
+
+    cfg: RunConfig
+    console: Console
+    rank: int
+    world: int
+    run_dir: Path
+    task: Task
+    reward: WeightedReward
+    policy: Policy
+    reference: Policy | None
+    train_samples: list[Sample]
+    test_samples: list[Sample]
+    engine: Engine
+    collector: Collector | AheadCollector
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    stream: SampledStream
+    runlog: RunLog
+    t_start: float
+    no_signal: NoSignalWatch
+    evals: dict[str, dict[str, float]] = field(default_factory=dict)
+    # per-category results of each evaluation, by its directory name (before, after, step-N)
+    categories: dict[str, dict[str, Any]] = field(default_factory=dict)
+    resumed_from: Path | None = None
+    progress: Progress | None = None  # the RL loop's live progress display, while it runs
+    eval_verifiers: Any = None  # eval.verifiers, built at set-up (a bad entry fails there)
+    skipped_before: Counter = field(default_factory=Counter)  # skip_counts() at set-up
+
+
+def setup(cfg: RunConfig, console: Console | None = None) -> Run:
+    """Processes, config checks, run directory, task, reward, model(s), data, engine, optimizer,
+    collector and logs: everything the loop needs, nothing trained yet."""
+    t_start = time.perf_counter()
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    rank, world = distributed.setup()
+    # an accelerate config's FSDP / DeepSpeed settings become train.sharding (mmrft owns the loop)
+    cfg.train.sharding, cfg.train.deepspeed = distributed.sharding_from_launcher(
+        cfg.train.sharding, cfg.train.deepspeed
+    )
+    check_config(cfg)
+    console = (console or Console()) if rank == 0 else Console(quiet=True)
+    if cfg.train.prompts_per_step % world:
+        raise ConfigError(
+            f"train.prompts_per_step: {cfg.train.prompts_per_step} prompts do not split over {world} processes"
+        )
+    seed_everything(cfg.train.seed + rank)  # rank 0 draws exactly as a single process would
+    device = pick_device(cfg.device)
+    load_plugins(cfg.plugins)
+
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(to_yaml(cfg))
+        attach_file_log(run_dir / "train.log")
+        log.info(
+            "machine: %s, torch %s, %d threads",
+            cpu_model(),
+            torch.__version__,
+            torch.get_num_threads(),
+        )
+    distributed.barrier()
+    judges.use_run_dir(run_dir, rank)  # judges' verdicts outlive the process (judge_cache*.jsonl)
+    console.rule(f"[bold]mmrft train[/bold] → {escape(str(run_dir))}")
+    console.print(
+        f"config, what differs from the defaults (all of it: {run_dir / 'config.yaml'}):\n"
+        + to_yaml(config_diff(cfg)).rstrip(),
+        highlight=False,
+        markup=False,
+    )
+
+    task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
+    reward = build_reward(
+        cfg.reward.verifiers or task.default_verifiers(),
+        cfg.reward.timeout_s,
+        cfg.reward.on_timeout,
+        cfg.reward.isolation,
+        cfg.reward.workers,
+        cfg.reward.worker_memory_mb,
+    )
+    auxiliaries = build_auxiliaries(cfg, reward)  # checked against the verifiers now
+    low, high = reward.range
+    console.print(
+        "reward = "
+        + " + ".join(f"{w:g}·{v.name}[{v.spec.low:g},{v.spec.high:g}]" for v, w in reward.verifiers)
+        + f"  ∈ [{low:g}, {high:g}]",
+        highlight=False,
+        markup=False,
+    )
+    family = resolve_family(cfg.model)
+    skipped_before = skip_counts()
+    train_samples, test_samples = read_data(cfg, task, family)
+    sampler = build_sampler(cfg.data.sampler, cfg.data.sampler_params, train_samples)
+    policy = load_policy(cfg.model, device, family=family)
+    if rank == 0:
+        if cfg.name.endswith("-smoke"):  # --smoke cuts every budget to 8 tokens on purpose
+            console.print(
+                "smoke run: completions are cut at a few tokens on purpose (the pipeline is "
+                "checked, not the answers)"
+            )
+        else:
+            for warning in warn_answers_over_budget(
+                cfg, policy.tokenizer, task, train_samples, test_samples
+            ):
+                console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    if rank == 0 and (train_samples or test_samples):  # what the model is shown, once
+        sample = (train_samples or test_samples)[0]
+        shown = show_prompt(policy, task.prompt(sample, family), sample.id)
+        console.print(shown, highlight=False, markup=False)
+        log.info(shown)
+    console.print(run_banner(cfg, policy, task.name, device, world), highlight=False, markup=False)
+    distributed.broadcast_parameters(policy.model)
+    if cfg.rollout.max_staleness and world > 1 and cfg.rollout.engine == "vllm":
+        raise ConfigError(
+            "rollout.max_staleness: under several processes the colocated vLLM engine shares "
+            "the trainer's process group, which the rollout thread cannot use; use "
+            "rollout.engine=hf or vllm_server, or set rollout.max_staleness=0"
+        )
+    # asynchronous rollouts sample in a thread from a copy of the weights (mmrft.rollout.ahead): for
+    # hf a whole copy of the model, made before the policy is sharded; the vLLM engines hold
+    # their own
+    ahead_copy = cfg.rollout.max_staleness and cfg.rollout.engine == "hf"
+    sampler_policy = rollout_copy(policy) if ahead_copy else policy
+    distributed.shard_model(policy.model, cfg.train.sharding)
+    reference = load_policy(cfg.model, device, trainable=False) if cfg.algorithm.beta > 0 else None
+    if reference is not None:  # sharded like the policy, freed after every forward
+        distributed.shard_model(
+            reference.model,
+            cfg.train.sharding,
+            frozen=True,
+            deepspeed_config=zero.run_deepspeed_config(cfg, world, training=False),
+        )
+    if cfg.rollout.group_shared:
+        try:
+            check_attention(policy.model)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    engine = build_engine(
+        cfg.rollout,
+        sampler_policy,
+        model_path=str(resolve_path(cfg.model.path)),
+        limits=media_limits(
+            train_samples + test_samples,
+            cfg.rollout.tools.max_media if cfg.rollout.tools.names else 0,
+        ),
+        seed=cfg.train.seed + rank,
+    )
+    if engine.name != "hf" and train_samples:  # the engine must see the trainer's tokens
+        probe = train_samples[:4]
+        engine.check_parity([task.prompt(s, family) for s in probe], [s.id for s in probe])
+    if cfg.algorithm.tis_cap and not (engine.name != "hf" or cfg.rollout.group_shared):
+        raise ConfigError(
+            "algorithm.tis_cap: needs an engine that reports its sampling log-probs "
+            "(rollout.engine=vllm, or hf with rollout.group_shared=true)"
+        )
+    params = [p for p in policy.model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+    stream = SampledStream(sampler, train_samples, cfg.train.seed, cfg.train.steps, reward.range)
+    runlog = RunLog(
+        run_dir,
+        trackers=build_trackers(
+            cfg.train.trackers if rank == 0 else [],
+            run_dir,
+            run_name(cfg),
+            to_dict(cfg),
+            cfg.train.wandb_project,
+            cfg.train.wandb_mode,
+        ),
+        enabled=rank == 0,
+    )
+    collector: Collector | AheadCollector = Collector(
+        cfg, task, sampler_policy, engine, reward, train_samples, stream, auxiliaries
+    )
+    if cfg.rollout.max_staleness:
+        collector = AheadCollector(
+            collector, policy, cfg.rollout.max_staleness, cfg.rollout.partial_rollouts
+        )
+    return Run(
+        cfg=cfg,
+        console=console,
+        rank=rank,
+        world=world,
+        run_dir=run_dir,
+        task=task,
+        reward=reward,
+        policy=policy,
+        reference=reference,
+        train_samples=train_samples,
+        test_samples=test_samples,
+        engine=engine,
+        collector=collector,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        stream=stream,
+        runlog=runlog,
+        t_start=t_start,
+        no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
+        eval_verifiers=eval_verifiers(cfg),
+        skipped_before=skipped_before,
+    )
+
+
+def run_banner(cfg: RunConfig, policy: Policy, task: str, device: Any, world: int) -> str:
+    """What the run is, shown whether or not it equals a default: model (family, dtype), task,
+    device, processes, trainable parameters (of all; LoRA's rank), tools."""
+    parameters = list(policy.model.parameters())
+    trainable = sum(p.numel() for p in parameters if p.requires_grad)
+    total = sum(p.numel() for p in parameters)
+    lora = f", LoRA r={cfg.model.lora.r}" if cfg.model.lora.enabled else ""
+    tools = cfg.rollout.tools
+    used = (
+        f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)" if tools.names else ""
+    )
+    return (
+        f"run: model {cfg.model.path} ({policy.family.name}, {cfg.model.dtype}); task {task}; "
+        f"device {device}; {world} process{'es' if world > 1 else ''}; trainable parameters "
+        f"{trainable:,} of {total:,}{lora}{used}"
+    )
+
+
+def lr_lambda(cfg: RunConfig):
+    # counted in optimizer updates: train.steps × algorithm.updates_per_batch
+    warmup, schedule = cfg.optim.warmup_steps, cfg.optim.schedule
+    total = max(cfg.train.steps * cfg.algorithm.updates_per_batch, 1)
+
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "cosine":
+            progress = min(1.0, (step - warmup) / max(1, total - warmup))
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def media_limits(samples: list[Sample], tool_media: int = 0) -> dict[str, int]:
+    """The most images, videos and audio clips one sample holds (what an engine reserves),
+    each raised by ``tool_media``, the images and clips tools may add to a trajectory."""
+    return {
+        kind: max((len(s.media(kind)) for s in samples), default=0)
+        + (tool_media if kind != "audio" else 0)
+        for kind in ("image", "video", "audio")
+    }

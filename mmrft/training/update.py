@@ -1,0 +1,289 @@
+"""The body of one GRPO policy update: micro-batches → forward → policy loss + KL → backward →
+step, read top to bottom in :func:`grpo_update`.
+
+The loss, as this module computes it (:func:`mmrft.algorithms.grpo_loss` per micro-batch).
+For completion ``i`` of the step with advantage ``A_i`` and token ``t`` of its mask ``m``
+(the model's own tokens):
+
+    ρ_{i,t} = exp(log π_θ(y_{i,t}) − log π_old(y_{i,t}))
+        (``algorithm.ratio_level: sequence``: GSPO's length-normalised sequence ratio)
+    s_{i,t} = −min(ρ_{i,t}·A_i, clip(ρ_{i,t}, 1 − ε_low, 1 + ε_high)·A_i)
+        (``algorithm.dual_clip`` = c: min(s_{i,t}, −c·A_i) where A_i < 0)
+    ℓ_{i,t} = w_{i,t}·s_{i,t}
+              + β·KL_k(π_θ ‖ π_ref)_{i,t}   (``algorithm.kl_estimator``; only with ``kl_mode: loss``)
+              − c_H·H(π_θ)_{i,t}            (``algorithm.entropy_coef``)
+    w_{i,t} = min(exp(log π_old − log π_sampler), ``algorithm.tis_cap``) when the cap is set
+        and the engine reports its log-probs, else 1
+
+    L = Σ over micro-batches of aggregate(ℓ, m), ``algorithm.agg_mode``:
+        token-mean               Σ_{i,t} ℓ_{i,t} m_{i,t} / N_tok
+        seq-mean-token-mean      Σ_i (Σ_t ℓ_{i,t} m_{i,t} / |y_i|) / N_seq
+        seq-mean-token-sum-norm  Σ_{i,t} ℓ_{i,t} m_{i,t} / (``rollout.max_new_tokens`` · N_seq)
+
+``N_tok`` (the tokens of every completion not masked by
+``algorithm.mask_truncated_completions``) and ``N_seq`` (every completion) are counted over the
+whole step on every rank, so the gradients summed over micro-batches and ranks equal those of
+one batch holding the step. π_old is π_θ detached when μ = ``algorithm.updates_per_batch`` is 1
+(ρ = 1 at the update), and the log-probs stored before the first update when μ > 1. Each of
+the μ updates backward-passes every micro-batch, then clips the gradient norm to
+``optim.max_grad_norm``, steps the optimizer and the LR schedule. With ``kl_mode: reward`` the
+KL enters the rewards instead, before the advantages (:func:`sequence_kl`).
+
+What this update keeps of the papers and what it drops: one optimizer update per rollout batch
+by default (μ = 1, so the old policy is the current one and the ratio is 1 at the update, as in
+DeepSeekMath's GRPO as run by TRL / R1-V / VLM-R1); completions whose advantage is exactly 0
+are not forwarded when they cannot contribute a gradient (β = 0 and no entropy bonus): their
+loss term is exactly zero, and they still count in the token/sequence denominators, so the
+update is identical and cheaper.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from mmrft.algorithms import grpo_loss, kl_penalty, truncated_importance_weights
+from mmrft.config import RunConfig
+from mmrft.policy.group import packing, rollout_logps
+from mmrft.policy.model import Policy
+from mmrft.rollout.base import Rollouts
+from mmrft.rollout.collector import StepBatch
+from mmrft.runtime import distributed
+
+
+def grpo_update(
+    policy: Policy,
+    reference: Policy | None,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    batch: StepBatch,
+    advantages: torch.Tensor,
+    cfg: RunConfig,
+    step: int,
+) -> dict[str, float]:
+    """μ = ``updates_per_batch`` optimizer updates on one rollout batch.
+
+    Each update runs every micro-batch forward/backward with the denominators of the whole
+    batch, then clips and steps. With μ = 1 the old policy *is* the current one (ratio 1 at the
+    update, detached log-probs); with μ > 1 the old log-probs are computed once before the first
+    update and stored, so later updates see a real ratio and the clip acts. Completions with
+    advantage 0 are skipped when they cannot contribute (β = 0, no entropy bonus): their loss
+    term is exactly zero and they still count in the denominators. Sharded (``train.sharding``),
+    a rank with fewer micro-batches than another adds passes with loss 0 (``_padding_passes``).
+    """
+    algo = cfg.algorithm
+    rollouts = batch.rollouts
+    n = len(rollouts.completion_ids)
+    # completions left out of the loss (algorithm.mask_truncated_completions)
+    masked = {i for i in range(n) if algo.mask_truncated_completions and rollouts.truncated[i]}
+    # step-wide denominators over every rank, so the summed gradients equal one big batch's
+    num_seqs = distributed.sum_scalar(float(n))
+    num_tokens = distributed.sum_scalar(
+        float(sum(rollouts.loss_tokens(i) for i in range(n) if i not in masked))
+    )
+    if num_seqs == 0:
+        return {"active_frac": 0.0}
+    needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
+    active = [i for i in range(n) if i not in masked and (needs_all or advantages[i].item() != 0.0)]
+    chunks = list(micro_batches(active, cfg.train.micro_batch_size))
+    padding = _padding_passes(policy, len(chunks))
+
+    def forward(
+        model: Policy, chunk: list[int], with_grad: bool
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        with torch.set_grad_enabled(with_grad):
+            return training_forward(model, rollouts, chunk, cfg, with_entropy=with_grad)
+
+    clock = Clock(policy.device)
+    stored_old: list[torch.Tensor | None] = [None] * len(chunks)
+    stored_ref: list[torch.Tensor | None] = [None] * len(chunks)
+    for k, chunk in enumerate(chunks):
+        if algo.updates_per_batch > 1:
+            stored_old[k] = forward(policy, chunk, with_grad=False)[0]
+        if reference is not None and algo.kl_mode == "loss":
+            stored_ref[k] = forward(reference, chunk, with_grad=False)[0]
+    for _ in range(padding):  # the same no-grad passes, in the same order, as other ranks
+        with torch.no_grad():
+            if algo.updates_per_batch > 1:
+                _padding_pass(policy, rollouts, cfg)
+            if reference is not None and algo.kl_mode == "loss":
+                _padding_pass(reference, rollouts, cfg)
+    clock.lap("no_grad_forward_s")
+
+    totals: Counter = Counter()
+    weight = 0.0
+    grad_norms = []
+    gap = Counter()  # the sampler's log-probs against π_old's (engines that report them)
+    for update in range(algo.updates_per_batch):
+        for k, chunk in enumerate(chunks):
+            logps, mask, entropy = forward(policy, chunk, with_grad=True)
+            old = stored_old[k] if stored_old[k] is not None else logps.detach()
+            sampler = sampler_logps(rollouts, chunk, old)
+            if sampler is not None and update == 0:
+                diff = (old - sampler).abs() * mask
+                gap["sum"] += float(diff.sum())
+                gap["tokens"] += float(mask.sum())
+                gap["max"] = max(gap["max"], float(diff.max()) if diff.numel() else 0.0)
+            tis = (
+                truncated_importance_weights(old, sampler, algo.tis_cap)
+                if algo.tis_cap and sampler is not None
+                else None
+            )
+            loss, stats = grpo_loss(
+                logps,
+                old,
+                advantages[chunk].to(logps.device),
+                mask.float(),
+                ref_logps=stored_ref[k],
+                beta=algo.beta if algo.kl_mode == "loss" else 0.0,
+                kl_estimator=algo.kl_estimator,
+                entropy=entropy if algo.entropy_coef > 0 else entropy.detach(),
+                entropy_coef=algo.entropy_coef,
+                clip_low=algo.clip_low,
+                clip_high=algo.clip_high,
+                ratio_level=algo.ratio_level,
+                dual_clip=algo.dual_clip,
+                agg_mode=algo.agg_mode,
+                num_tokens=num_tokens,
+                num_seqs=num_seqs,
+                max_len=cfg.rollout.max_new_tokens,
+                token_weights=tis,
+            )
+            if not torch.isfinite(loss):
+                ids_text = ", ".join(sorted({batch.samples[i].id for i in chunk}))
+                raise FloatingPointError(f"non-finite loss at step {step} (samples: {ids_text})")
+            distributed.backward(policy.model, loss)
+            tokens = float(mask.sum().item())
+            weight += tokens
+            totals["loss"] += loss.item() / algo.updates_per_batch
+            for key, value in stats.items():
+                totals[key] += float(value) * tokens
+        for _ in range(padding):
+            distributed.backward(policy.model, _padding_pass(policy, rollouts, cfg))
+        clock.lap("forward_backward_s")
+
+        def check_norm(norm: float) -> None:
+            if not math.isfinite(norm):
+                ids_text = ", ".join(sorted({s.id for s in batch.samples}))
+                raise FloatingPointError(
+                    f"non-finite gradient norm at step {step} (samples: {ids_text})"
+                )
+
+        grad_norms.append(
+            distributed.clip_and_step(policy.model, optimizer, cfg.optim.max_grad_norm, check_norm)
+        )
+        scheduler.step()
+        clock.lap("optimizer_s")
+    out = {k: v / weight for k, v in totals.items() if k != "loss" and weight}
+    out["loss"] = totals["loss"]
+    out["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+    out["active_frac"] = len(active) / max(n, 1)
+    if algo.mask_truncated_completions:
+        out["masked_truncated_frac"] = len(masked) / max(n, 1)
+    out.update({f"time/{k}": v for k, v in clock.totals.items()})
+    if gap["tokens"]:
+        out["rollout/logp_gap_mean"] = gap["sum"] / gap["tokens"]
+        out["rollout/logp_gap_max"] = gap["max"]
+    return out
+
+
+def training_forward(
+    policy: Policy, rollouts: Rollouts, indices: list[int], cfg: RunConfig, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """log-probs (mask, entropy) of the completions ``indices``: group-shared packed rows
+    (``rollout.group_shared``, at most ``rollout.micro_group`` completions per prompt pass) or
+    one sequence per completion."""
+    return rollout_logps(
+        policy,
+        rollouts,
+        indices,
+        group_shared=cfg.rollout.group_shared,
+        micro_group=cfg.rollout.micro_group,
+        with_entropy=with_entropy,
+    )
+
+
+def sampler_logps(rollouts: Rollouts, chunk: list[int], like: torch.Tensor) -> torch.Tensor | None:
+    """The engine's log-probs of the completions ``chunk``, right-padded like ``like``
+    (``[n, C]``), or None when the engine reports none."""
+    if rollouts.logprobs is None:
+        return None
+    out = torch.zeros_like(like)
+    for row, i in enumerate(chunk):
+        values = rollouts.logprobs[i][: out.shape[1]]
+        out[row, : len(values)] = torch.tensor(values, dtype=out.dtype)
+    return out
+
+
+def sequence_kl(
+    policy: Policy, reference: Policy, batch: StepBatch, cfg: RunConfig
+) -> torch.Tensor:
+    """Σ_t KL_t(π_θ ‖ π_ref) per completion with ``algorithm.kl_estimator``, no gradient."""
+    rollouts, out = batch.rollouts, []
+    chunks = list(
+        micro_batches(list(range(len(rollouts.completion_ids))), cfg.train.micro_batch_size)
+    )
+    for chunk in chunks:
+        with torch.no_grad():
+            logps, mask, _ = training_forward(policy, rollouts, chunk, cfg, with_entropy=False)
+            ref_logps, _, _ = training_forward(reference, rollouts, chunk, cfg, with_entropy=False)
+        per_token = kl_penalty(logps, ref_logps, cfg.algorithm.kl_estimator) * mask
+        out.append(per_token.sum(dim=1).cpu())
+    for _ in range(_padding_passes(policy, len(chunks))):
+        with torch.no_grad():
+            _padding_pass(policy, rollouts, cfg)
+            _padding_pass(reference, rollouts, cfg)
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def _padding_passes(policy: Policy, real: int) -> int:
+    """Sharded: how many passes with loss 0 (``_padding_pass``) this rank adds to its ``real``
+    micro-batches so that it runs as many forward/backward passes as the rank with the most:
+    FSDP all-gathers in every forward and reduce-scatters in every backward, ZeRO reduces
+    gradients in every backward, and each collective needs its partner on every rank.
+    Unsharded: 0 (a collective-free count)."""
+    if not distributed.passes_must_match(policy.model):
+        return 0
+    return int(distributed.max_scalar(float(real))) - real
+
+
+def _padding_pass(policy: Policy, rollouts: Rollouts, cfg: RunConfig) -> torch.Tensor:
+    """A forward whose loss is exactly 0 (so is its gradient). FSDP: two padding tokens, the
+    cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py), and a model
+    packed by prefix (Qwen3.5) calls the model twice per pass (the prompts, then the
+    completions from their cache), so FSDP's collectives pair up only with two calls there too:
+    the rank's first completion again, with its media, × 0."""
+    repeat = distributed.same_graph_required(policy.model) or packing(policy.model) == "prefix"
+    if repeat and rollouts.completion_ids:
+        logps, _, _ = training_forward(policy, rollouts, [0], cfg, with_entropy=False)
+        return logps.sum() * 0.0
+    return distributed.padding_loss(policy.model, policy.pad_token_id)
+
+
+def micro_batches(indices: list[int], size: int) -> Iterator[list[int]]:
+    for begin in range(0, len(indices), size):
+        yield indices[begin : begin + size]
+
+
+class Clock:
+    """Seconds between laps, summed per name (CUDA work synchronised before each reading)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals: dict[str, float] = {}
+        self.last = self._now()
+
+    def _now(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = self._now()
+        self.totals[name] = self.totals.get(name, 0.0) + now - self.last
+        self.last = now
