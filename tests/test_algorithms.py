@@ -166,26 +166,18 @@ def test_temporal_contrast_bonus_hand_computed():
         ]
     )
     shuffled = torch.tensor([[1.0, 1.0], [0.0, 0.0], [1.0, 0.25], [0.0, 0.0], [0.0, 0.0]])
-    expected = torch.tensor(
-        [
-            [0.0, 0.0, 0.0, 0.0],
-            [0.3, 0.0, 0.0, 0.0],
-            [0.3, 0.3, 0.0, 0.0],
-            [0.0, 0.0, 0.0, 0.0],
-            [0.0, 0.3, 0.3, 0.0],
-        ]
-    ).flatten()
+
+    def bonus_at(value: float, cells: list[tuple[int, int]]) -> torch.Tensor:
+        """The expected bonuses: ``value`` at each (prompt, completion) cell, 0 elsewhere."""
+        out = torch.zeros_like(ordered)
+        for row, col in cells:
+            out[row, col] = value
+        return out.flatten()
+
+    expected = bonus_at(0.3, [(1, 0), (2, 0), (2, 1), (4, 1), (4, 2)])
     assert_close(temporal_contrast_bonus(ordered, shuffled), expected)
     # μ = 0.5, α = 1: row 0 now holds (0.75 ≥ 0.5); τ = 0.6 leaves row 4's 0.5 incorrect
-    expected = torch.tensor(
-        [
-            [1.0, 0.0, 1.0, 1.0],
-            [1.0, 0.0, 0.0, 0.0],
-            [1.0, 1.0, 0.0, 0.0],
-            [0.0, 0.0, 0.0, 0.0],
-            [0.0, 0.0, 1.0, 0.0],
-        ]
-    ).flatten()
+    expected = bonus_at(1.0, [(0, 0), (0, 2), (0, 3), (1, 0), (2, 0), (2, 1), (4, 2)])
     got = temporal_contrast_bonus(ordered, shuffled, ratio=0.5, bonus=1.0, correct_above=0.6)
     assert_close(got, expected)
     # G' ≠ G and no prompts at all

@@ -69,20 +69,21 @@ CANCELLED: list[str] = []
 GROUPS: list[list[str]] = []
 
 
-@verifier("test_async_slow_a")
-async def slow_a(completions, samples, *, seconds: float = 0.3):
-    start = time.monotonic()
-    await asyncio.sleep(seconds if completions else 0)
-    SPANS["a"] = (start, time.monotonic())
-    return [1.0 for _ in completions]
+def slow(key: str, value: float):
+    """An async verifier that sleeps ``seconds``, records its span in SPANS[key], gives
+    ``value``."""
+
+    async def slow_verifier(completions, samples, *, seconds: float = 0.3):
+        start = time.monotonic()
+        await asyncio.sleep(seconds if completions else 0)
+        SPANS[key] = (start, time.monotonic())
+        return [value for _ in completions]
+
+    return slow_verifier
 
 
-@verifier("test_async_slow_b")
-async def slow_b(completions, samples, *, seconds: float = 0.3):
-    start = time.monotonic()
-    await asyncio.sleep(seconds if completions else 0)
-    SPANS["b"] = (start, time.monotonic())
-    return [0.5 for _ in completions]
+slow_a = verifier("test_async_slow_a")(slow("a", 1.0))
+slow_b = verifier("test_async_slow_b")(slow("b", 0.5))
 
 
 @verifier("test_async_stuck")

@@ -304,34 +304,20 @@ def test_a_mapping_per_split(tmp_path):
 
     rows = [(r, image, text) for r, image, text in bundled(COLOUR, 2)]
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
-    train.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "q": t,
-                    "a": r["target"],
-                    "img": str(COLOUR / "images" / i),
-                    "opts": r["meta"]["choices"],
-                }
-            )
-            + "\n"
+    for path, (question, answer, image) in [
+        (train, ("q", "a", "img")),
+        (test, ("text", "label", "pic")),
+    ]:
+        records = [
+            {
+                question: t,
+                answer: r["target"],
+                image: str(COLOUR / "images" / i),
+                "opts": r["meta"]["choices"],
+            }
             for r, i, t in rows
-        )
-    )
-    test.write_text(
-        "".join(
-            json.dumps(
-                {
-                    "text": t,
-                    "label": r["target"],
-                    "pic": str(COLOUR / "images" / i),
-                    "opts": r["meta"]["choices"],
-                }
-            )
-            + "\n"
-            for r, i, t in rows
-        )
-    )
+        ]
+        path.write_text("".join(json.dumps(record) + "\n" for record in records))
     fields = (
         "data.fields={train: {question: q, answer: a, image: img, options: opts}, "
         "test: {question: text, answer: label, image: pic, options: opts}}"
