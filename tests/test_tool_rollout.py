@@ -215,6 +215,22 @@ def _expand_placeholders(text, trajectory, prompt, policy):
     return out
 
 
+def check_sampler_equals_trainer(policy, out, indices: list[int], label=None) -> list:
+    """On every model token of the trajectories ``indices``, the sampler's log-probs equal the
+    trainer's, in both training paths (group-shared prefix and per-trajectory); the masks."""
+    masks = []
+    for shared in (True, False):
+        with torch.no_grad():
+            logps, mask, _ = rollout_logps(policy, out, indices, group_shared=shared)
+        sampler = torch.zeros_like(logps)
+        for i, values in enumerate(out.logprobs):
+            sampler[i, : len(values)] = torch.tensor(values)
+        gap = (logps - sampler).abs().mul(mask).max()
+        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (label, shared, gap)
+        masks.append(mask)
+    return masks
+
+
 def test_sampler_logps_equal_training_forward(policy):
     """On every model token of every turn, sampler = trainer log-probs, in both training
     paths, with trajectories of different lengths and media counts in one batch."""
@@ -225,17 +241,8 @@ def test_sampler_logps_equal_training_forward(policy):
     scripts = [[call_1, answer, call_1], [answer, call_1], [answer]]
     _, out, _ = run_script(policy, scripts, n=3)
     assert [t.images for t in out.trajectories] == [1, 0, 2]
-    indices = list(range(3))
-    for shared in (True, False):
-        with torch.no_grad():
-            logps, mask, _ = rollout_logps(policy, out, indices, group_shared=shared)
-        sampler = torch.zeros_like(logps)
-        for i, values in enumerate(out.logprobs):
-            sampler[i, : len(values)] = torch.tensor(values)
+    for mask in check_sampler_equals_trainer(policy, out, list(range(3))):
         assert mask.sum().item() == sum(sum(t.loss_mask) for t in out.trajectories)
-        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (
-            (logps - sampler).abs().mul(mask).max()
-        )
 
 
 def test_later_images_are_seen(policy):
@@ -451,13 +458,7 @@ def test_video_frames_come_back_as_a_video_and_log_probs_agree(video_policy):
     grid = torch.cat(first.media["video_grid_thw"])
     assert int((types == 2).sum()) == int(grid.prod(-1).sum()) // 4
     assert first.media["second_per_grid_ts"][0].item() > 0
-    for shared in (True, False):
-        with torch.no_grad():
-            logps, mask, _ = rollout_logps(policy, out, [0, 1], group_shared=shared)
-        sampler = torch.zeros_like(logps)
-        for i, values in enumerate(out.logprobs):
-            sampler[i, : len(values)] = torch.tensor(values)
-        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4)
+    check_sampler_equals_trainer(policy, out, [0, 1])
 
 
 @pytest.mark.parametrize("model", ["tiny-qwen2_vl", "tiny-qwen3_vl", "tiny-qwen3_5"])
@@ -485,10 +486,4 @@ def test_other_qwen_families_run_the_same_loop(model):
     assert first.images == 1 and out.trajectories[1].images == 0
     W = s.meta["image_size"][0]
     assert first.calls[0]["info"]["box_px"][0] == int(0.4 * W)  # norm1000 → original pixels
-    for shared in (True, False):
-        with torch.no_grad():
-            logps, mask, _ = rollout_logps(policy, out, [0, 1], group_shared=shared)
-        sampler = torch.zeros_like(logps)
-        for i, values in enumerate(out.logprobs):
-            sampler[i, : len(values)] = torch.tensor(values)
-        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (model, shared)
+    check_sampler_equals_trainer(policy, out, [0, 1], model)

@@ -194,6 +194,21 @@ def test_fit_budget_lowers_fps_then_pixels() -> None:
     assert with_total.visual_tokens <= 16 * 8  # total_pixels / factor² tokens
 
 
+def video_batch(processor, text: str, videos: list, kwargs: dict) -> tuple:
+    """The one video's frames and metadata from ``process_vision_info``, and the processor's
+    batch of ``text`` with them (no resizing: the frames are already at the fitted size)."""
+    ((frames, metadata),) = videos
+    batch = processor(
+        text=[text],
+        videos=[frames],
+        video_metadata=[metadata],
+        do_resize=False,
+        return_tensors="pt",
+        **kwargs,
+    )
+    return frames, metadata, batch
+
+
 def test_long_video_fits_and_matches_the_processor(clips, fresh_cache, caplog) -> None:
     """A 20 s clip under a small max_prompt_tokens gets fewer frames and pixels; the token count
     fit_budget computed is the one the tiny Qwen2.5-VL processor produces, and the prompt fits."""
@@ -229,15 +244,7 @@ def test_long_video_fits_and_matches_the_processor(clips, fresh_cache, caplog) -
                 return_video_metadata=True,
                 text_tokens=[n_text],
             )
-        ((frames, metadata),) = videos
-        batch = processor(
-            text=[text],
-            videos=[frames],
-            video_metadata=[metadata],
-            do_resize=False,
-            return_tensors="pt",
-            **kwargs,
-        )
+        _, _, batch = video_batch(processor, text, videos, kwargs)
         fit = V.fit_budget(20.0, 128, 96, budget, n_text, 28, total_frames=200)
         assert (fit.lowered_fps, fit.lowered_pixels) == lowered
         assert int((batch["input_ids"] == video_pad).sum()) == fit.visual_tokens
@@ -283,15 +290,7 @@ def test_qwen3_timestamps_count_against_the_budget(clips) -> None:
             text_tokens=[n_text],
             step_tokens=step,
         )
-        ((frames, metadata),) = videos
-        batch = processor(
-            text=[text],
-            videos=[frames],
-            video_metadata=[metadata],
-            do_resize=False,
-            return_tensors="pt",
-            **kwargs,
-        )
+        frames, metadata, batch = video_batch(processor, text, videos, kwargs)
         assert batch["input_ids"].shape[1] <= limit
         assert frames.shape[0] < 16  # the budget lowered the fps
         decoded = processor.tokenizer.decode(batch["input_ids"][0])
