@@ -434,6 +434,22 @@ class VideoInfo:
         """``total_frames / fps`` (seconds), the duration the sampled fps is measured against."""
         return self.total_frames / self.fps
 
+    def fit(
+        self, budget: VideoBudget, text_tokens: int, factor: int, step_tokens: int, source: str
+    ) -> BudgetFit:
+        """:func:`fit_budget` of this video (its duration, frame size and frame count)."""
+        return fit_budget(
+            self.duration_s,
+            self.width,
+            self.height,
+            budget,
+            text_tokens,
+            factor,
+            total_frames=self.total_frames,
+            step_tokens=step_tokens,
+            source=source,
+        )
+
 
 def _usable(name: str) -> bool:
     """Whether decoder ``name`` is installed and can run here (torchcodec: its FFmpeg
@@ -909,17 +925,7 @@ def read_video(
     for name in _backends(backend):
         try:
             info = _probe(file_key, source, name)
-            fit = fit_budget(
-                info.duration_s,
-                info.width,
-                info.height,
-                budget,
-                text_tokens,
-                factor,
-                total_frames=info.total_frames,
-                step_tokens=step_tokens,
-                source=source,
-            )
+            fit = info.fit(budget, text_tokens, factor, step_tokens, source)
         except VideoBudgetError:
             raise
         except Exception as exc:
@@ -999,17 +1005,7 @@ def _read_frame_list(
     width, height = _frame_size(sources[0])
     name = sources[0] if isinstance(sources[0], str) else "frame list"
     info = VideoInfo(str(name), "frames", fps, len(sources), int(width), int(height))
-    fit = fit_budget(
-        info.duration_s,
-        info.width,
-        info.height,
-        budget,
-        text_tokens,
-        factor,
-        total_frames=info.total_frames,
-        step_tokens=step_tokens,
-        source=str(name),
-    )
+    fit = info.fit(budget, text_tokens, factor, step_tokens, str(name))
     indices = frame_indices(info.total_frames, fit.frames)
 
     def load() -> tuple[Any, float, dict[str, Any]]:
