@@ -9,6 +9,7 @@ from typing import Any, Literal
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
 from mmrft.rewards.answers import (
+    check_answer_tag,
     choice_index,
     extract_answer,
     is_number_literal,
@@ -209,8 +210,7 @@ def accuracy(
     ):
         if not (math.isfinite(value) and value >= 0):
             raise ValueError(f"{name} must be a finite number ≥ 0, got {value}")
-    if not answer_tag or not answer_tag.replace("_", "").isalnum():
-        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+    check_answer_tag(answer_tag)
 
     scores = []
     for text, sample in zip(completions, samples):

@@ -17,7 +17,7 @@ import numpy as np
 
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer, normalise_text
+from mmrft.rewards.answers import check_answer_tag, extract_answer, normalise_text
 from mmrft.rewards.boxes import _BOX as BOX_PATTERN
 from mmrft.rewards.boxes import clip_box, is_degenerate, outside_image, parse_boxes, to_pixels
 from mmrft.rewards.metrics import coco_match, interpolated_precision, iou_matrix
@@ -200,13 +200,7 @@ def _score_visual_rft(
         value = (iou_part + weight * confidence_part) / (1.0 + weight)
     else:
         value = iou_part * (1.0 + weight * confidence_part) / (1.0 + weight)
-    parts = {
-        "iou": iou_part,
-        "confidence": confidence_part,
-        "precision": hits / n_pred,
-        "recall": hits / n_gt,
-    }
-    return Score(value, reason=None if value > 0 else "no match", parts=parts)
+    return _matched(value, {"iou": iou_part, "confidence": confidence_part}, hits, n_pred, n_gt)
 
 
 def _score_ap(
@@ -229,12 +223,13 @@ def _score_ap(
     ap = float(np.mean(aps))
     length_factor = min(1.0, n_gt / n_pred)
     value = ap * length_factor
-    parts = {
-        "ap": ap,
-        "length_factor": length_factor,
-        "precision": hits / n_pred,
-        "recall": hits / n_gt,
-    }
+    return _matched(value, {"ap": ap, "length_factor": length_factor}, hits, n_pred, n_gt)
+
+
+def _matched(value: float, parts: dict[str, float], hits: int, n_pred: int, n_gt: int) -> Score:
+    """A matching's Score: ``parts`` then ``precision`` = hits / predicted boxes and ``recall``
+    = hits / target boxes; reason ``no match`` when ``value`` is 0."""
+    parts = {**parts, "precision": hits / n_pred, "recall": hits / n_gt}
     return Score(value, reason=None if value > 0 else "no match", parts=parts)
 
 
@@ -399,8 +394,7 @@ def detection(
         raise ValueError(f"confidence_weight must be finite and ≥ 0, got {confidence_weight}")
     if max_boxes < 1:
         raise ValueError(f"max_boxes must be ≥ 1, got {max_boxes}")
-    if not answer_tag or not answer_tag.replace("_", "").isalnum():
-        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+    check_answer_tag(answer_tag)
     params = {
         "mode": mode,
         "frame": frame,

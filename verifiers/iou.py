@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.answers import check_answer_tag, extract_answer
 from mmrft.rewards.boxes import (
     box_iou,
     clip_box,
@@ -106,8 +106,7 @@ def iou(
     """
     if threshold is not None and not 0.0 < threshold <= 1.0:
         raise ValueError(f"threshold must be in (0, 1] or null, got {threshold}")
-    if not answer_tag or not answer_tag.replace("_", "").isalnum():
-        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+    check_answer_tag(answer_tag)
     return [
         _score_one(text, sample, frame, threshold, answer_tag)
         for text, sample in zip(completions, samples)

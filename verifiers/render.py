@@ -92,7 +92,7 @@ import numpy as np
 
 from mmrft.data import Sample, local_media_path
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.answers import check_answer_tag, extract_answer
 from mmrft.rewards.sandbox import SandboxJob, SandboxPool, SandboxResult
 
 __all__ = [
@@ -342,9 +342,12 @@ def _check_weight(name: str, value: float) -> None:
         raise ValueError(f"{name} must be a finite number ≥ 0, got {value!r}")
 
 
-def _check_tag(answer_tag: str) -> None:
-    if not answer_tag or not answer_tag.replace("_", "").isalnum():
-        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+def _check_call(timeout_s: float, answer_tag: str) -> None:
+    """The render verifiers' checks of ``timeout_s`` (seconds, in (0, 600]) and ``answer_tag``
+    (a non-empty word)."""
+    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 600):
+        raise ValueError(f"timeout_s must be in (0, 600], got {timeout_s!r}")
+    check_answer_tag(answer_tag)
 
 
 # --------------------------------------------------------------------------- chart_code
@@ -845,9 +848,7 @@ def chart_code(
     _check_weight("image_weight", image_weight)
     if low_level_weight + image_weight <= 0:
         raise ValueError("low_level_weight + image_weight must be > 0")
-    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 600):
-        raise ValueError(f"timeout_s must be in (0, 600], got {timeout_s!r}")
-    _check_tag(answer_tag)
+    _check_call(timeout_s, answer_tag)
     if not completions:
         return []
 
@@ -1088,9 +1089,7 @@ def svg(
     _check_weight("blur_sigma", blur_sigma)
     if target_len is not None and (not isinstance(target_len, int) or target_len < 1):
         raise ValueError(f"target_len must be a positive int or null, got {target_len!r}")
-    if not (isinstance(timeout_s, (int, float)) and 0 < timeout_s <= 600):
-        raise ValueError(f"timeout_s must be in (0, 600], got {timeout_s!r}")
-    _check_tag(answer_tag)
+    _check_call(timeout_s, answer_tag)
     if not completions:
         return []
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
-from mmrft.rewards.answers import extract_answer
+from mmrft.rewards.answers import check_answer_tag, extract_answer
 
 MAX_ANSWER_CHARS = 10_000
 """Longer answers score 0 (``answer too long``) unparsed; an interval takes a few dozen
@@ -292,8 +292,7 @@ def temporal_iou_verifier(
         raise ValueError(f"threshold applies to variant 'tiou' only, not '{variant}'")
     if not (math.isfinite(tolerance) and tolerance >= 0.0):
         raise ValueError(f"tolerance must be a finite number of seconds ≥ 0, got {tolerance}")
-    if not answer_tag or not answer_tag.replace("_", "").isalnum():
-        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+    check_answer_tag(answer_tag)
     params = {
         "variant": variant,
         "threshold": threshold,

@@ -80,6 +80,13 @@ def extract_answer(text: str, tag: str = "answer") -> tuple[str | None, str | No
     return content, None
 
 
+def check_answer_tag(answer_tag: str) -> None:
+    """ValueError unless ``answer_tag`` (a verifier's parameter naming the answer's tag) is a
+    non-empty word: letters, digits and underscores."""
+    if not answer_tag or not answer_tag.replace("_", "").isalnum():
+        raise ValueError(f"answer_tag must be a non-empty word, got {answer_tag!r}")
+
+
 def tagged_answer(text: str, tag: str) -> tuple[str | None, str | None]:
     """:func:`extract_answer` of ``tag``; with no tag (``""``) the whole ``text``, unstripped.
 
