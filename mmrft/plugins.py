@@ -23,7 +23,7 @@ import logging
 import pkgutil
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+C = TypeVar("C", bound=type)
 
 ENTRY_POINT_GROUP = "mmrft.plugins"
 FILE_PLUGIN_PREFIX = "mmrft_user_plugin_"
@@ -92,6 +93,17 @@ class Registry(Generic[T]):
             # re-run) but never silent.
             log.warning("%s '%s' registered again; the newer definition wins", self.kind, name)
         self._items[name] = obj
+
+    def named(self, name: str) -> Callable[[C], C]:
+        """A class decorator: the class gets ``name`` as its ``name`` attribute and is
+        registered under it (``@model_family``, ``@sampler``, ``@task``)."""
+
+        def register(cls: C) -> C:
+            cls.name = name
+            self.add(name, cls)
+            return cls
+
+        return register
 
     def get(self, name: str) -> T:
         load_builtins()

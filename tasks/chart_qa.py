@@ -173,14 +173,7 @@ class ChartQATask(Task):
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {
-                "name": "accuracy",
-                "weight": 1.0,
-                "params": {"mode": "auto", "rel_tol": self.rel_tol},
-            },
-        ]
+        return self.format_and("accuracy", {"mode": "auto", "rel_tol": self.rel_tol})
 
     def reference_answer(self, sample: Sample) -> str:
         """The target as written (``44``, ``0.57``, ``Yes``, ``D``)."""

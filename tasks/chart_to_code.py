@@ -62,10 +62,7 @@ class ChartToCodeTask(Task):
         return sample
 
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "chart_code", "weight": 1.0, "params": {"timeout_s": self.timeout_s}},
-        ]
+        return self.format_and("chart_code", {"timeout_s": self.timeout_s})
 
     def reference_answer(self, sample: Sample) -> str:
         return f"```python\n{sample.target}```"

@@ -72,10 +72,7 @@ class CountingTask(Task):
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": "number"}},
-        ]
+        return self.format_and("accuracy", {"mode": "number"})
 
     def reference_answer(self, sample: Sample) -> str:
         """The count in digits, e.g. ``"3"``."""

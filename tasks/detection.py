@@ -181,10 +181,7 @@ class DetectionTask(Task):
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "detection", "weight": 1.0, "params": {"max_boxes": self.max_boxes}},
-        ]
+        return self.format_and("detection", {"max_boxes": self.max_boxes})
 
     def reference_answer(self, sample: Sample) -> str:
         """The target boxes in ``meta["box_frame"]`` (rounded as the families write them) with

@@ -228,10 +228,7 @@ class GroundingTask(Task):
         return found.group(1).strip().rstrip(".") if found else text
 
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "iou", "weight": 1.0, "params": {}},
-        ]
+        return self.format_and("iou")
 
     def reference_answer(self, sample: Sample) -> str:
         """The target box written in the sample's ``meta["box_frame"]`` (rounded as the

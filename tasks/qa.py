@@ -61,10 +61,7 @@ class QATask(Task):
         return sample
 
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": self.mode}},
-        ]
+        return self.format_and("accuracy", {"mode": self.mode})
 
     def reference_answer(self, sample: Sample) -> str:
         return str(sample.target)

@@ -215,10 +215,7 @@ class TemporalGroundingTask(Task):
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "temporal_iou", "weight": 1.0, "params": {}},
-        ]
+        return self.format_and("temporal_iou")
 
     def reference_answer(self, sample: Sample) -> str:
         """The target as ``"12.5 to 17.8"`` (seconds, at most two decimals)."""

@@ -259,10 +259,7 @@ class VideoQATask(Task):
 
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": "auto"}},
-        ]
+        return self.format_and("accuracy", {"mode": "auto"})
 
     def reference_answer(self, sample: Sample) -> str:
         """The correct option's letter (multiple choice) or the number (numerical)."""

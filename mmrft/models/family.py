@@ -364,13 +364,7 @@ def count_runs(ids: Any, token_id: int) -> int:
 
 def model_family(name: str) -> Callable[[type[ModelFamily]], type[ModelFamily]]:
     """Register a :class:`ModelFamily` subclass under ``name``."""
-
-    def register(cls: type[ModelFamily]) -> type[ModelFamily]:
-        cls.name = name
-        MODEL_FAMILIES.add(name, cls)
-        return cls
-
-    return register
+    return MODEL_FAMILIES.named(name)
 
 
 def family_for_model_type(model_type: str) -> type[ModelFamily]:

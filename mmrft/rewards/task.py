@@ -250,9 +250,14 @@ class Task:
     # -- rewards and metrics --------------------------------------------------------------------
     def default_verifiers(self) -> list[dict[str, Any]]:
         """``[{"name", "weight", "params"}]`` used when the config names no verifiers."""
+        return self.format_and("accuracy")
+
+    def format_and(self, name: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The default verifiers of most tasks: ``format`` (in this task's think mode) and the
+        verifier ``name`` with ``params``, weights 1 and 1."""
         return [
             {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {}},
+            {"name": name, "weight": 1.0, "params": params or {}},
         ]
 
     def reference_answer(self, sample: Sample) -> str:
@@ -455,10 +460,7 @@ class ChoiceTask(Task):
     """Whether the prompt letters the options and asks for the letter."""
 
     def default_verifiers(self) -> list[dict[str, Any]]:
-        return [
-            {"name": "format", "weight": 1.0, "params": {"think": self.think}},
-            {"name": "accuracy", "weight": 1.0, "params": {"mode": "choice"}},
-        ]
+        return self.format_and("accuracy", {"mode": "choice"})
 
     def reference_answer(self, sample: Sample) -> str:
         """The correct option's text, or its letter when :attr:`lettered`."""
@@ -487,9 +489,7 @@ def task(name: str) -> Callable[[type[Task]], type[Task]]:
     def register(cls: type[Task]) -> type[Task]:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
             raise TypeError(f"@task('{name}') decorates a Task subclass, got {cls!r}")
-        cls.name = name
-        TASKS.add(name, cls)
-        return cls
+        return TASKS.named(name)(cls)
 
     return register
 

@@ -306,13 +306,7 @@ class Sampler:
 
 def sampler(name: str) -> Callable[[type[Sampler]], type[Sampler]]:
     """Register a :class:`Sampler` subclass as ``data.sampler: name``."""
-
-    def register(cls: type[Sampler]) -> type[Sampler]:
-        cls.name = name
-        SAMPLERS.add(name, cls)
-        return cls
-
-    return register
+    return SAMPLERS.named(name)
 
 
 @dataclass
