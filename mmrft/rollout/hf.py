@@ -169,7 +169,7 @@ class HFEngine:
         n: int,
         sampling: Sampling,
         start: float,
-        on_groups: GroupsDone | None = None,
+        on_groups: GroupsDone | None,
     ) -> Rollouts:
         policy, family = self.policy, self.policy.family
         out = Rollouts()
@@ -398,7 +398,7 @@ class HFEngine:
         conversations: list[list[dict[str, Any]]],
         n: int,
         sampling: Sampling,
-        on_groups: GroupsDone | None = None,
+        on_groups: GroupsDone | None,
     ) -> Rollouts:
         policy = self.policy
         expanded = [conv for conv in conversations for _ in range(n)]
