@@ -53,21 +53,12 @@ from mmrft.verifiers.detection import MAX_CHARS_PER_BOX, parse_detections
 from mmrft.verifiers.detection import detection as detection_reward
 
 from mmrft.data import DataError, Sample
-from mmrft.models.family import ModelFamily
+from mmrft.models.family import FRAME_PHRASES, ModelFamily
 from mmrft.rewards.answers import extract_answer
 from mmrft.rewards.boxes import clip_box, from_pixels, is_degenerate, outside_image, to_pixels
 from mmrft.rewards.metrics import average_precision, coco_map
 from mmrft.rewards.task import EvalRecord, ExampleData, Task, ThinkMode, task
 from mmrft.typecheck import ConfigError
-
-FRAME_PHRASES = {
-    "norm1000": "with coordinates normalised to integers from 0 to 1000 relative to the image "
-    "width and height",
-    "input_pixels": "in pixel coordinates of the image",
-    "norm1": "with coordinates normalised to 0–1 relative to the image width and height",
-    "pixels": "in pixel coordinates of the image",
-}
-"""How each box frame is described in the prompt (as the families' one-box instructions do)."""
 
 
 def list_box_instruction(frame: str) -> str:

@@ -34,6 +34,21 @@ Conversation = list[dict[str, Any]]
 """One chat: its messages, each ``{"role", "content"}`` with the content a string or a list of
 text and media parts."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
+FRAME_PHRASES: dict[str, str] = {
+    "norm1000": "with coordinates normalised to integers from 0 to 1000 relative to the image "
+    "width and height",
+    "input_pixels": "in pixel coordinates of the image",
+    "norm1": "with coordinates normalised to 0–1 relative to the image width and height",
+    "pixels": "in pixel coordinates of the image",
+}
+"""How a prompt describes each box frame (:func:`one_box_instruction`, and the detection
+task's list of boxes)."""
+
+
+def one_box_instruction(frame: str) -> str:
+    """The prompt phrase asking for one box in ``frame``: ``Output the box as JSON {"bbox_2d":
+    [x1, y1, x2, y2]}`` and the frame's :data:`FRAME_PHRASES` entry."""
+    return f'Output the box as JSON {{"bbox_2d": [x1, y1, x2, y2]}} {FRAME_PHRASES[frame]}.'
 
 
 @dataclass(frozen=True)

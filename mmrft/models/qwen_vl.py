@@ -52,6 +52,7 @@ from mmrft.models.family import (
     MediaBudget,
     ModelFamily,
     model_family,
+    one_box_instruction,
     submodule,
 )
 
@@ -755,10 +756,7 @@ class Qwen2VL(QwenVLFamily):
 
     model_types = ("qwen2_vl",)
     box_frame: ClassVar[BoxFrame] = "norm1000"
-    box_instruction = (
-        'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
-        "integers from 0 to 1000 relative to the image width and height."
-    )
+    box_instruction = one_box_instruction("norm1000")
 
 
 class RelativeBoxFamily(ModelFamily):
@@ -784,9 +782,7 @@ class Qwen25VL(QwenVLFamily):
 
     model_types = ("qwen2_5_vl",)
     box_frame: ClassVar[BoxFrame] = "input_pixels"
-    box_instruction = (
-        'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} in pixel coordinates of the image.'
-    )
+    box_instruction = one_box_instruction("input_pixels")
 
 
 @model_family("qwen3_vl")

@@ -54,6 +54,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from mmrft.models.family import one_box_instruction
+
 log = logging.getLogger(__name__)
 
 VL_FAMILIES = ("qwen2_5_vl", "qwen2_vl")
@@ -323,9 +325,8 @@ FORMAT = (
     "Answer with a number.",
 )
 BOX_INSTRUCTIONS = (  # the families' box_instruction (mmrft.models.qwen_vl)
-    'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} in pixel coordinates of the image.',
-    'Output the box as JSON {"bbox_2d": [x1, y1, x2, y2]} with coordinates normalised to '
-    "integers from 0 to 1000 relative to the image width and height.",
+    one_box_instruction("input_pixels"),
+    one_box_instruction("norm1000"),
 )
 
 # Audio-QA vocabulary for the audio families' tokenizers (sound events, speech, music, tones).
