@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from helpers import length_plugin
 
 from mmrft.config import load_config
 from mmrft.training.trainer import train
@@ -27,15 +28,6 @@ from mmrft.training.trainer import train
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "assets" / "models"
 BENCH = REPO / "assets" / "benchmarks"
-
-LENGTH_PLUGIN = """
-from mmrft import verifier
-
-@verifier("test_length", low=0.0, high=1.0)
-def length(completions, samples):
-    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
-    return [min(len(c), 20) / 20 for c in completions]
-"""
 
 # The transformers class that loads each tiny model's checkpoint.
 LOADERS = {
@@ -71,9 +63,7 @@ SMALL_MEDIA = [
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("plugins") / "length_plugin.py"
-    path.write_text(LENGTH_PLUGIN)
-    return path
+    return length_plugin(tmp_path_factory.mktemp("plugins"))
 
 
 def assert_finished(summary: dict, model: str, metric: str) -> Path:

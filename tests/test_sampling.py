@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import length_plugin
 from ranks import free_port
 
 from mmrft.config import load_config
@@ -284,15 +285,6 @@ def test_correctness_verifier_of_the_statistics():
 # ---------------------------------------------------------------------------------------------
 # Training: every sampler resumes exactly
 
-LENGTH_PLUGIN = """
-from mmrft import verifier
-
-@verifier("test_length", low=0.0, high=1.0)
-def length(completions, samples):
-    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
-    return [min(len(c), 20) / 20 for c in completions]
-"""
-
 SAMPLERS = {
     "uniform": [],
     # unseen prompts weigh nothing: once seen, the step-1 prompts are drawn again
@@ -303,8 +295,7 @@ SAMPLERS = {
 
 
 def overrides(tmp_path: Path, name: str, steps: int, sampler_name: str) -> list[str]:
-    plugin = tmp_path / "length_plugin.py"
-    plugin.write_text(LENGTH_PLUGIN)
+    plugin = length_plugin(tmp_path)
     return [
         f"output_dir={tmp_path}", f"name={name}", "warm_start.steps=0", f"train.steps={steps}",
         "train.prompts_per_step=2", "rollout.group_size=4", "rollout.max_new_tokens=6",
