@@ -3,6 +3,7 @@ errors, resume, and k = 0 through the rollout thread equal to the synchronous pa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -104,7 +105,10 @@ def config(tmp_path, *extra: str):
     )
 
 
+@contextlib.contextmanager
 def scripted_run(tmp_path, partial: bool = False, staleness: int = 1):
+    """A set-up run whose collector is the rollout thread over a :class:`ScriptedEngine`:
+    ``(run, engine)``; on the way out every engine call is released and the run closed."""
     cfg = config(
         tmp_path,
         f"rollout.max_staleness={staleness}",
@@ -128,7 +132,13 @@ def scripted_run(tmp_path, partial: bool = False, staleness: int = 1):
     )
     run.collector.close()
     run.collector = AheadCollector(inner, run.policy, staleness, partial)
-    return run, engine
+    try:
+        yield run, engine
+    finally:
+        for event in engine.release:
+            event.set()
+        run.collector.close()
+        run.reward.close()
 
 
 def train_on(run, batch, step):
@@ -146,9 +156,8 @@ def sampler_gap(policy, batch, cfg) -> float:
 
 
 def test_one_step_ahead_records_versions_and_the_samplers_weights(tmp_path):
-    run, engine = scripted_run(tmp_path)
-    ahead = run.collector
-    try:
+    with scripted_run(tmp_path) as (run, engine):
+        ahead = run.collector
         ahead.sync_weights(0)
         ahead.start(1, 3)
         engine.release[0].set()
@@ -177,17 +186,11 @@ def test_one_step_ahead_records_versions_and_the_samplers_weights(tmp_path):
         assert b3.counts["rollout/lag_max"] == 1.0
         # the checkpoint after step 2 keeps the state from before step 3: position 2 × 2
         assert ahead.resume_state(2)["data_position"] == 2 * 2
-    finally:
-        for event in engine.release:
-            event.set()
-        run.collector.close()
-        run.reward.close()
 
 
 def test_the_gate_holds_the_rollout_thread_k_updates_ahead(tmp_path):
-    run, engine = scripted_run(tmp_path)
-    ahead = run.collector
-    try:
+    with scripted_run(tmp_path) as (run, engine):
+        ahead = run.collector
         ahead.sync_weights(0)
         ahead.start(1, 3)
         for c in range(3):
@@ -199,17 +202,11 @@ def test_the_gate_holds_the_rollout_thread_k_updates_ahead(tmp_path):
         train_on(run, b1, 1)
         assert engine.entered[2].wait(60)
         assert ahead.collect(2).counts["rollout/lag_max"] == 1.0
-    finally:
-        for event in engine.release:
-            event.set()
-        run.collector.close()
-        run.reward.close()
 
 
 def test_partial_rollouts_continue_under_the_new_weights(tmp_path):
-    run, engine = scripted_run(tmp_path, partial=True)
-    ahead = run.collector
-    try:
+    with scripted_run(tmp_path, partial=True) as (run, engine):
+        ahead = run.collector
         ahead.sync_weights(0)
         ahead.start(1, 2)
         engine.release[0].set()
@@ -223,16 +220,9 @@ def test_partial_rollouts_continue_under_the_new_weights(tmp_path):
         assert all(set(vs[1:]) <= {1} for vs in versions)  # later ones: the new weights
         assert any(len(vs) > 1 for vs in versions)
         assert 0 < b2.counts["rollout/lag_mean"] < 1.0
-    finally:
-        for event in engine.release:
-            event.set()
-        run.collector.close()
-        run.reward.close()
 
 
 def test_groups_older_than_the_bound_are_dropped_and_counted(tmp_path):
-    run, engine = scripted_run(tmp_path)
-    ahead = run.collector
     real_generate = HFEngine.generate
 
     def aged(self, conversations, n, sampling):  # the first group reports version −5
@@ -241,7 +231,8 @@ def test_groups_older_than_the_bound_are_dropped_and_counted(tmp_path):
             out.token_versions[i] = [-5] * len(out.token_versions[i])
         return out
 
-    try:
+    with scripted_run(tmp_path) as (run, engine):
+        ahead = run.collector
         engine.release[0].set()
         ahead.sync_weights(0)
         engine.generate = aged.__get__(engine)
@@ -251,9 +242,6 @@ def test_groups_older_than_the_bound_are_dropped_and_counted(tmp_path):
         assert batch.counts["rollout/stale_dropped"] == G
         assert len(batch.samples) == len(batch.generated_samples) - G
         assert batch.counts["rollout/lag_max"] == 0.0
-    finally:
-        run.collector.close()
-        run.reward.close()
 
 
 # ---------------------------------------------------------------------------------------------
