@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmrft.models import tiny
 from mmrft.models.family import MediaBudget, family_for_model_type
 from mmrft.models.gemma import Gemma3, Gemma4
 from mmrft.models.glm import GLM4V
 from mmrft.models.internvl import InternVL
 from mmrft.models.qwen_audio import Qwen3Omni, qwen3_omni_audio_tokens
 from mmrft.models.qwen_vl import Qwen3VL, Qwen35
-from mmrft.models import tiny
 from mmrft.policy.group import check_attention, packing
 from mmrft.policy.model import Policy, completion_logps
 from mmrft.rollout.base import cut_at_stop
