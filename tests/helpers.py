@@ -97,3 +97,22 @@ def load_families(families: dict[str, type], model_dirs: dict[str, Path]) -> dic
         path = str(model_dirs[name])
         out[name] = (family, family.load_processor(path), family.load_model(path).eval())
     return out
+
+
+# -- short training runs -------------------------------------------------------------------------
+def short_run(output_dir: Any, name: str, steps: int = 2, group: int = 2, new_tokens: int = 4):
+    """The overrides of a short CPU training run: its output folder and name, no warm start,
+    ``steps`` RL steps of 2 prompts × ``group`` completions of at most ``new_tokens`` tokens."""
+    return [
+        f"output_dir={output_dir}",
+        f"name={name}",
+        "warm_start.steps=0",
+        f"train.steps={steps}",
+        "train.prompts_per_step=2",
+        f"rollout.group_size={group}",
+        f"rollout.max_new_tokens={new_tokens}",
+    ]
+
+
+NO_EVAL = ["eval.before=false", "eval.after=false"]
+"""No evaluation before or after RL."""

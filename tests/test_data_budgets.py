@@ -18,6 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import NO_EVAL, short_run
 from rich.console import Console
 
 from mmrft.cli import main
@@ -331,21 +332,14 @@ def video_run(tmp_path: Path, data: Path, name: str, *overrides: str):
     return load_config(
         DEMO,
         [
-            f"output_dir={tmp_path}",
-            f"name={name}",
+            *short_run(tmp_path, name, group=4, new_tokens=6),
             "task.name=video_qa",
             "task.params={think: none}",
             "reward.verifiers=[{name: format, params: {think: none}}, {name: accuracy}]",
             f"data.train={data}",
             "data.test=",
-            "warm_start.steps=0",
-            "train.steps=2",
-            "train.prompts_per_step=2",
             "train.completions_every=1",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
-            "eval.before=false",
-            "eval.after=false",
+            *NO_EVAL,
             "checkpoint.every=1",
             "checkpoint.keep_last=2",
             "model.video.min_frames=2",

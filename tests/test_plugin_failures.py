@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import NO_EVAL, short_run
 
 from mmrft import Sample, Score, verifier
 from mmrft.cli import main
@@ -247,16 +248,9 @@ def test_verify_has_a_time_budget(tmp_path, capsys, plugin):
 def train_args(tmp_path: Path, plugin: Path, verifiers: str, *extra: str) -> list[str]:
     return [
         "train",
-        f"output_dir={tmp_path}",
-        "name=plugin",
-        "warm_start.steps=0",
-        "train.steps=3",
-        "train.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=4",
+        *short_run(tmp_path, "plugin", steps=3),
         "data.max_test_samples=2",
-        "eval.before=false",
-        "eval.after=false",
+        *NO_EVAL,
         "checkpoint.every=1",
         "checkpoint.keep_last=3",
         f"plugins=[{plugin}]",

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import short_run
 
 from mmrft.config import load_config
 from mmrft.rollout.hf import HFEngine
@@ -64,13 +65,7 @@ def config(tmp_path: Path, name: str, recipe: str, *extra: str):
     return load_config(
         recipe,
         [
-            f"output_dir={tmp_path}",
-            f"name={name}",
-            "warm_start.steps=0",
-            "train.steps=2",
-            "train.prompts_per_step=2",
-            "rollout.group_size=2",
-            "rollout.max_new_tokens=80",
+            *short_run(tmp_path, name, new_tokens=80),
             "data.max_train_samples=8",
             "data.max_test_samples=2",
             "eval.before=false",

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import NO_EVAL, short_run
 
 from mmrft import Sample
 from mmrft.rewards import verifier
@@ -164,16 +165,9 @@ def test_train_stops_on_timeout_with_a_failure_record(tmp_path, capsys, plugin):
 
     args = [
         "train",
-        f"output_dir={tmp_path}",
-        "name=budget",
-        "warm_start.steps=0",
-        "train.steps=2",
-        "train.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_new_tokens=4",
+        *short_run(tmp_path, "budget"),
         "data.max_test_samples=2",
-        "eval.before=false",
-        "eval.after=false",
+        *NO_EVAL,
         f"plugins=[{plugin}]",
         "reward.verifiers=[{name: test_budget_regex, params: {always: true}}]",
         "reward.timeout_s=1",
