@@ -116,3 +116,25 @@ def short_run(output_dir: Any, name: str, steps: int = 2, group: int = 2, new_to
 
 NO_EVAL = ["eval.before=false", "eval.after=false"]
 """No evaluation before or after RL."""
+
+
+# -- speed ---------------------------------------------------------------------------------------
+def fastest(call: Any, repeats: int = 5) -> tuple[float, Any]:
+    """The fastest of ``repeats`` calls of ``call()`` in seconds (the machine may be busy) and
+    what the last call returned."""
+    import time
+
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = call()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def fast_score(call: Any, limit: float = 0.05) -> Any:
+    """The score ``call()`` returns, checking that the fastest of 5 calls took under ``limit``
+    seconds."""
+    seconds, score = fastest(call)
+    assert seconds < limit, f"{seconds * 1000:.1f} ms"
+    return score
