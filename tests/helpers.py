@@ -89,14 +89,27 @@ def tiny_model_dirs(families: Any, tmp_path_factory: Any) -> dict[str, Path]:
     return dirs
 
 
-def load_families(families: dict[str, type], model_dirs: dict[str, Path]) -> dict[str, tuple]:
-    """``name: (family, processor, model in eval mode)`` for each family class."""
-    out = {}
-    for name, cls in families.items():
-        family = cls()
-        path = str(model_dirs[name])
-        out[name] = (family, family.load_processor(path), family.load_model(path).eval())
-    return out
+def family_fixtures(families: dict[str, type]) -> tuple:
+    """Two module-scoped fixtures for ``families`` (name: family class): ``model_dirs``, the
+    committed tiny models (built into a temp dir if the assets are missing), and ``loaded``,
+    ``name: (family, processor, model in eval mode)``. Use as
+    ``model_dirs, loaded = family_fixtures(FAMILIES)`` in a test module."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+        return tiny_model_dirs(families, tmp_path_factory)
+
+    @pytest.fixture(scope="module")
+    def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
+        out = {}
+        for name, cls in families.items():
+            family = cls()
+            path = str(model_dirs[name])
+            out[name] = (family, family.load_processor(path), family.load_model(path).eval())
+        return out
+
+    return model_dirs, loaded
 
 
 # -- short training runs -------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from helpers import load_families, tiny_model_dirs
+from helpers import family_fixtures
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -38,14 +38,7 @@ MODEL_CLASSES = {
 PROCESSORS = {"qwen2_audio": "Qwen2AudioProcessor", "qwen2_5_omni": "Qwen2_5OmniProcessor"}
 
 
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return tiny_model_dirs(FAMILIES, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
-    return load_families(FAMILIES, model_dirs)
+model_dirs, loaded = family_fixtures(FAMILIES)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import load_families, tiny_model_dirs
+from helpers import family_fixtures
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -20,14 +20,7 @@ ASSETS = Path(__file__).resolve().parents[1] / "assets"
 FAMILIES = {"qwen2_5_vl": Qwen25VL, "qwen2_vl": Qwen2VL}
 
 
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return tiny_model_dirs(FAMILIES, tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def loaded(model_dirs: dict[str, Path]) -> dict[str, tuple]:
-    return load_families(FAMILIES, model_dirs)
+model_dirs, loaded = family_fixtures(FAMILIES)
 
 
 def conversation(image: str, text: str = "What colour is the shape?") -> list[dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import length_plugin
 from safetensors.torch import load_file
 
 from mmrft.config import load_config
@@ -20,19 +21,8 @@ MODEL = REPO / "assets/models/tiny-qwen2_5_vl"
 BENCH = REPO / "assets/benchmarks/shapes_colour"
 
 
-LENGTH_PLUGIN = """
-from mmrft import verifier
-
-@verifier("test_length", low=0.0, high=1.0)
-def length(completions, samples):
-    \"\"\"Completion length / 20, capped at 1: varies inside every group of a random model.\"\"\"
-    return [min(len(c), 20) / 20 for c in completions]
-"""
-
-
 def tiny_config(tmp_path: Path, *extra: str):
-    plugin = tmp_path / "length_plugin.py"
-    plugin.write_text(LENGTH_PLUGIN)
+    plugin = length_plugin(tmp_path)
     return load_config(
         REPO / "configs/demo.yaml",
         [

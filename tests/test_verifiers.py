@@ -230,15 +230,22 @@ def test_accuracy_math_guards():
     assert values(run("accuracy", [answer("")], [sample], mode="math")) == [0.0]
 
 
+def math_in_a_thread(completion: str, sample: Sample, wait_s: float) -> list:
+    """Score ``completion`` with accuracy's math mode in a thread other than the main one,
+    waiting up to ``wait_s`` seconds: a list with the scores once the thread has them."""
+    out = []
+    worker = threading.Thread(
+        target=lambda: out.append(run("accuracy", [completion], [sample], mode="math"))
+    )
+    worker.start()
+    worker.join(wait_s)
+    return out
+
+
 def test_accuracy_math_in_a_worker_thread():
     """math_verify's signal timeouts only work in the main thread; the guard must still work."""
     sample = Sample("m", [], target="\\frac{1}{2}")
-    out = []
-    worker = threading.Thread(
-        target=lambda: out.append(run("accuracy", [answer("0.5")], [sample], mode="math"))
-    )
-    worker.start()
-    worker.join(30)
+    out = math_in_a_thread(answer("0.5"), sample, wait_s=30)
     assert values(out[0]) == [1.0]
 
 
@@ -433,12 +440,6 @@ def test_accuracy_math_hang_in_a_worker_thread_is_abandoned(monkeypatch):
     release = threading.Event()
     monkeypatch.setattr(module, "_math_equal", lambda *args: release.wait(10) or (True, ""))
     monkeypatch.setattr(module, "MATH_TIMEOUT_S", 0.05)
-    sample = Sample("m", [], target="4")
-    out = []
-    worker = threading.Thread(
-        target=lambda: out.append(run("accuracy", [answer("4")], [sample], mode="math"))
-    )
-    worker.start()
-    worker.join(5)
+    out = math_in_a_thread(answer("4"), Sample("m", [], target="4"), wait_s=5)
     release.set()
     assert reasons(out[0]) == ["math timed out"]
