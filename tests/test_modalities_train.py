@@ -11,6 +11,10 @@ task's metrics, and the final checkpoint loads with the family's transformers cl
 The recipe runs load each ``configs/recipes/*.yaml`` as written and substitute only what a CPU
 test must: the matching tiny model, ``device=cpu``, ``float32``, the bundled data of the same
 modality (in the recipe's own dataset format where a bundled file has it) and tiny sizes.
+
+Runs that only repeat what tests/test_smoke.py trains by default (the same recipe or family,
+task and data format, two steps and an evaluation) carry the ``slow`` marker: SMOKED and the
+recipes outside OWN_FORMAT; ``-m slow`` runs them.
 """
 
 from __future__ import annotations
@@ -220,15 +224,35 @@ FAMILY_MODALITIES = [
 ]
 
 
+# Runs that `-m slow` adds: by default each one's family, task and data format train for two
+# steps and evaluate in tests/test_smoke.py::test_every_recipe_smokes_by_name_from_outside_the_checkout
+# (the recipe named here), and the family's checkpoint loads with its transformers class in
+# another run of this test (the same family, another modality).
+SMOKED = {
+    "video-qa": "video_r1",
+    "chart-qa": "chart_qa",
+    "chart-to-code": "chart_to_code",
+    "image-qwen3_vl": "qwen3_vl_rec",
+    "video-qwen3_5": "qwen3_5_video_r1",
+    "audio-qwen3_omni": "qwen3_omni_aqa",
+    "image-internvl": "internvl_rec",
+    "image-glm4v": "glm4v_rec",
+    "audio-gemma4": "gemma4_aqa",
+}
+
+
 @pytest.mark.parametrize(
     ("model", "task", "params", "train_file", "test_file", "fmt", "verifiers", "metric"),
-    [m[1:] for m in MODALITIES + FAMILY_MODALITIES],
-    ids=[m[0] for m in MODALITIES + FAMILY_MODALITIES],
+    [
+        pytest.param(*m[1:], id=m[0], marks=[pytest.mark.slow] if m[0] in SMOKED else [])
+        for m in MODALITIES + FAMILY_MODALITIES
+    ],
 )
 def test_two_steps_and_eval(
     tmp_path, plugin, model, task, params, train_file, test_file, fmt, verifiers, metric
 ):
-    """Two GRPO steps, then an evaluation of 2 test samples (both splits in ``fmt``)."""
+    """Two GRPO steps, then an evaluation of 2 test samples (both splits in ``fmt``). The runs
+    in SMOKED are slow-only (their default coverage is named there)."""
     cfg = load_config(
         REPO / "configs/demo.yaml",
         [
@@ -451,16 +475,29 @@ TINY_SIZES = [
 ]
 
 
+# The recipes whose own dataset format --smoke replaces with the project's (no bundled file in
+# theirs): their one-step runs here are the default suite's training runs in those formats.
+OWN_FORMAT = {"chart_qa", "deepeyes", "vlm_r1_rec"}
+
+
 def test_every_recipe_has_a_tiny_run():
     recipes = {p.stem for p in (REPO / "configs" / "recipes").glob("*.yaml")}
     assert recipes == set(RECIPES), sorted(recipes ^ set(RECIPES))
 
 
-@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize(
+    "recipe",
+    [pytest.param(r, marks=[] if r in OWN_FORMAT else [pytest.mark.slow]) for r in sorted(RECIPES)],
+)
 def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
     """The recipe as written (task and params, verifiers, group-relative settings, β > 0 with its
     reference model, gradient checkpointing, data format) with only model, device, data and
-    sizes replaced."""
+    sizes replaced.
+
+    By default only the recipes in OWN_FORMAT (data in the recipe's own format, which --smoke
+    replaces); `-m slow` runs the others, whose recipe, tiny model and data format train for two
+    steps and evaluate by default in
+    tests/test_smoke.py::test_every_recipe_smokes_by_name_from_outside_the_checkout."""
     from mmrft.smoke import _judge_overrides
 
     model, data = RECIPES[recipe]
