@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vs_trl import bench_reward, peak_rss_mb
+from vs_trl import FIXED_WORK, STEPS_ONLY, bench_reward, peak_rss_mb
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("env", "tests", "steps", "long_context")
@@ -283,20 +283,11 @@ def step_overrides(
         "task.name=classification",
         "task.params={think: none}",
         f"data.train={data}",
-        "data.test=",
-        "warm_start.steps=0",
-        "eval.before=false",
-        "eval.after=false",
-        "eval.every=0",
-        "checkpoint.every=0",
+        *STEPS_ONLY,
         f"rollout.group_size={args.group}",
         f"train.prompts_per_step={args.prompts}",
         f"rollout.max_new_tokens={args.new_tokens}",
-        "rollout.ignore_eos=true",
-        "rollout.temperature=1.0",
-        "algorithm.beta=0.0",
-        "optim.lr=1e-6",
-        "optim.warmup_steps=0",
+        *FIXED_WORK,
         f"train.steps={args.steps}",
         "train.completions_every=0",
         "reward.verifiers=[{name: bench_hash}]",

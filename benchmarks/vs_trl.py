@@ -74,6 +74,27 @@ def peak_rss_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status")
 
 
+STEPS_ONLY = [
+    "data.test=",
+    "warm_start.steps=0",
+    "eval.before=false",
+    "eval.after=false",
+    "eval.every=0",
+    "checkpoint.every=0",
+]
+"""A run timed for its RL steps alone: no test split, warm start, evaluation or periodic
+checkpoint (also benchmarks/gpu.py's)."""
+FIXED_WORK = [
+    "rollout.ignore_eos=true",
+    "rollout.temperature=1.0",
+    "algorithm.beta=0.0",
+    "optim.lr=1e-6",
+    "optim.warmup_steps=0",
+]
+"""The same work every step: completions run to max_new_tokens, plain sampling, no KL term (no
+reference model), a learning rate too small to change what is sampled."""
+
+
 def make_data(folder: Path) -> dict[str, Path]:
     """Deterministic images (224 × 224 PNG) and videos (16 frames of 224 × 224 at 8 fps): a
     coloured square on a noisy background, moving in the videos; mmrft datasets for both."""
@@ -149,23 +170,14 @@ def mmrft_overrides(modality: str, data: Path, out: Path, steps: int) -> list[st
         f"model.path={REPO / 'assets' / 'models' / 'bench-qwen2_5_vl'}",
         "model.attn_implementation=sdpa",
         f"data.train={data}",
-        "data.test=",
-        "warm_start.steps=0",
-        "eval.before=false",
-        "eval.after=false",
-        "eval.every=0",
-        "checkpoint.every=0",
+        *STEPS_ONLY,
         "checkpoint.keep_last=1",
         f"rollout.group_size={G}",
         f"rollout.max_new_tokens={NEW_TOKENS}",
-        "rollout.ignore_eos=true",
-        "rollout.temperature=1.0",
         f"rollout.batch_size={P * G}",
         f"rollout.micro_group={G}",
-        "algorithm.beta=0.0",
+        *FIXED_WORK,
         "algorithm.updates_per_batch=1",
-        "optim.lr=1e-6",
-        "optim.warmup_steps=0",
         f"train.steps={steps}",
         f"train.prompts_per_step={P}",
         f"train.micro_batch_size={P * G}",
