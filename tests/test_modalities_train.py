@@ -88,121 +88,48 @@ def assert_finished(summary: dict, model: str, metric: str) -> Path:
     return run
 
 
-# (id, model, task, params, train file, test file, format, reward verifiers, primary metric)
+def modality(
+    name: str,
+    model: str,
+    task: str,
+    folder: str,
+    metric: str = "accuracy",
+    check: str = "{name: accuracy}",
+    think: str = "none",
+    files: tuple[str, str] = ("train.jsonl", "test.jsonl"),
+    fmt: str = "mmrft",
+    params: str = "",
+) -> tuple[str, ...]:
+    """(id, model, task, params, train file, test file, format, reward verifiers, primary
+    metric) of a run on the bundled ``folder``: format (with ``think``), the task's ``check``
+    and the length plugin as rewards."""
+    verifiers = f"[{{name: format, params: {{think: {think}}}}}, {check}, {{name: test_length}}]"
+    train, test = (f"{folder}/{file}" for file in files)
+    return (name, model, task, f"{{think: {think}{params}}}", train, test, fmt, verifiers, metric)
+
+
+QWEN25 = "tiny-qwen2_5_vl"
+R1_AQA = ("r1_aqa_train.jsonl", "r1_aqa_test.jsonl")
 MODALITIES = [
-    (
-        "video-temporal",
-        "tiny-qwen2_5_vl",
-        "temporal_grounding",
-        "{think: none}",
-        "video_temporal/train.jsonl",
-        "video_temporal/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: temporal_iou}, {name: test_length}]",
-        "R1@0.5",
-    ),
-    (
-        "video-qa",
-        "tiny-qwen2_5_vl",
-        "video_qa",
-        "{think: none}",
-        "video_direction/video_r1_train.json",
-        "video_direction/video_r1_test.json",
-        "video_r1",
-        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
-        "accuracy",
-    ),
-    (
-        "audio-qa-qwen2_audio",
-        "tiny-qwen2_audio",
-        "audio_qa",
-        "{think: none}",
-        "audio_pitch/train.jsonl",
-        "audio_pitch/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
-        "accuracy",
-    ),
-    (
-        "audio-counting-omni",
-        "tiny-qwen2_5_omni",
-        "counting",
-        "{think: none}",
-        "audio_beeps/train.jsonl",
-        "audio_beeps/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
-        "accuracy",
-    ),
-    (
-        "audio-qa-omni",
-        "tiny-qwen2_5_omni",
-        "audio_qa",
-        "{think: optional}",
-        "audio_pitch/r1_aqa_train.jsonl",
-        "audio_pitch/r1_aqa_test.jsonl",
-        "r1_aqa",
-        "[{name: format, params: {think: optional}}, {name: accuracy}, {name: test_length}]",
-        "accuracy",
-    ),
-    (
-        "audio-counting-qwen2_audio",
-        "tiny-qwen2_audio",
-        "counting",
-        "{think: none}",
-        "audio_beeps/train.jsonl",
-        "audio_beeps/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: accuracy}, {name: test_length}]",
-        "accuracy",
-    ),
-    (
-        "detection",
-        "tiny-qwen2_5_vl",
-        "detection",
-        "{think: none}",
-        "shapes_detection/train.jsonl",
-        "shapes_detection/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: detection}, {name: test_length}]",
-        "AP50",
-    ),
-    (
-        "chart-qa",
-        "tiny-qwen2_5_vl",
-        "chart_qa",
-        "{think: none}",
-        "charts/train.jsonl",
-        "charts/test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: accuracy, params: {rel_tol: 0.05}},"
-        " {name: test_length}]",
-        "relaxed_accuracy",
-    ),
-    (
-        "chart-to-code",
-        "tiny-qwen2_5_vl",
-        "chart_to_code",
-        "{think: none, timeout_s: 5.0}",
-        "charts/code_train.jsonl",
-        "charts/code_test.jsonl",
-        "mmrft",
-        "[{name: format, params: {think: none}}, {name: chart_code, params: {timeout_s: 5.0}},"
-        " {name: test_length}]",
-        "low_level",
-    ),
-]
+    modality("video-temporal", QWEN25, "temporal_grounding", "video_temporal", "R1@0.5",
+             "{name: temporal_iou}"),
+    modality("video-qa", QWEN25, "video_qa", "video_direction",
+             files=("video_r1_train.json", "video_r1_test.json"), fmt="video_r1"),
+    modality("audio-qa-qwen2_audio", "tiny-qwen2_audio", "audio_qa", "audio_pitch"),
+    modality("audio-counting-omni", "tiny-qwen2_5_omni", "counting", "audio_beeps"),
+    modality("audio-qa-omni", "tiny-qwen2_5_omni", "audio_qa", "audio_pitch", think="optional",
+             files=R1_AQA, fmt="r1_aqa"),
+    modality("audio-counting-qwen2_audio", "tiny-qwen2_audio", "counting", "audio_beeps"),
+    modality("detection", QWEN25, "detection", "shapes_detection", "AP50", "{name: detection}"),
+    modality("chart-qa", QWEN25, "chart_qa", "charts", "relaxed_accuracy",
+             "{name: accuracy, params: {rel_tol: 0.05}}"),
+    modality("chart-to-code", QWEN25, "chart_to_code", "charts", "low_level",
+             "{name: chart_code, params: {timeout_s: 5.0}}",
+             files=("code_train.jsonl", "code_test.jsonl"), params=", timeout_s: 5.0"),
+]  # fmt: skip
 
 
-GROUNDING = (
-    "grounding",
-    "{think: none}",
-    "shapes_grounding/train.jsonl",
-    "shapes_grounding/test.jsonl",
-    "mmrft",
-    "[{name: format, params: {think: none}}, {name: iou}, {name: test_length}]",
-    "acc@0.5",
-)
+GROUNDING = modality("", "", "grounding", "shapes_grounding", "acc@0.5", "{name: iou}")[2:]
 VIDEO_QA = MODALITIES[1][2:]
 AUDIO_QA = MODALITIES[4][2:]
 # The newer families, every modality each takes: grounding for images (boxes in the family's
