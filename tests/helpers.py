@@ -151,3 +151,9 @@ def fast_score(call: Any, limit: float = 0.05) -> Any:
     seconds, score = fastest(call)
     assert seconds < limit, f"{seconds * 1000:.1f} ms"
     return score
+
+
+def chat_text(processor: Any, messages: list[dict], prompt: bool = True) -> str:
+    """The processor's chat template applied to ``messages`` as text (with the assistant's
+    generation prompt unless ``prompt`` is false)."""
+    return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from helpers import family_fixtures
+from helpers import chat_text, family_fixtures
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -134,9 +134,7 @@ def test_tiny_loads_offline_with_auto_processor(model_dirs: dict[str, Path], nam
 
 def test_chat_templates_match_the_real_ones(loaded: dict) -> None:
     _, processor, _ = loaded["qwen2_audio"]
-    text = processor.apply_chat_template(
-        conversation("a.wav", "Hi"), tokenize=False, add_generation_prompt=True
-    )
+    text = chat_text(processor, conversation("a.wav", "Hi"))
     assert text == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
         "Audio 1: <|audio_bos|><|AUDIO|><|audio_eos|>\nHi<|im_end|>\n<|im_start|>assistant\n"
@@ -147,9 +145,7 @@ def test_chat_templates_match_the_real_ones(loaded: dict) -> None:
         {"type": "audio", "audio": "a.wav"},
         {"type": "text", "text": "Hi"},
     ]
-    text = processor.apply_chat_template(
-        [{"role": "user", "content": parts}], tokenize=False, add_generation_prompt=True
-    )
+    text = chat_text(processor, [{"role": "user", "content": parts}])
     assert text == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
         "<|vision_bos|><|IMAGE|><|vision_eos|><|audio_bos|><|AUDIO|><|audio_eos|>Hi<|im_end|>\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import family_fixtures
+from helpers import chat_text, family_fixtures
 from PIL import Image
 
 from mmrft.data import DataError, Sample
@@ -75,15 +75,13 @@ def test_tiny_loads_offline_with_auto_classes(model_dirs: dict[str, Path], name:
 
 def test_chat_template_matches_the_real_one(loaded: dict) -> None:
     _, processor, _ = loaded["qwen2_5_vl"]
-    text = processor.apply_chat_template(
-        conversation("x.png", "Hi"), tokenize=False, add_generation_prompt=True
-    )
+    text = chat_text(processor, conversation("x.png", "Hi"))
     assert text == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n"
         "<|vision_start|><|image_pad|><|vision_end|>Hi<|im_end|>\n<|im_start|>assistant\n"
     )
     with_system = [{"role": "system", "content": "S"}, *conversation("x.png", "Hi")]
-    text = processor.apply_chat_template(with_system, tokenize=False, add_generation_prompt=False)
+    text = chat_text(processor, with_system, prompt=False)
     assert "helpful" not in text and text.startswith("<|im_start|>system\nS<|im_end|>")
 
 
