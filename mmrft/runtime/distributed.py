@@ -52,7 +52,7 @@ demands and how mmrft meets it:
   scatter such a state from rank 0 into the shards.
 - the reference model (β > 0) is sharded the same way and frees its gathered parameters after
   every forward in both modes (it never runs backward); its log-prob passes are padded too.
-- the replica check (``trainer._check_replicas``) is skipped: there is one sharded copy.
+- the replica check (``training.resume.check_replicas``) is skipped: there is one sharded copy.
 
 Each rank loads the whole model before sharding it (peak memory at start-up: one full model
 per device). With one process there is nothing to shard and ``train.sharding`` is ignored.

@@ -1,7 +1,7 @@
 """DeepSpeed ZeRO-2 / ZeRO-3 (``train.sharding: deepspeed_zero2 | deepspeed_zero3``).
 
 mmrft keeps its own update loop (step-wide denominators, one update per rollout batch, summed
-gradients; see ``mmrft/distributed.py``) and hands DeepSpeed only what ZeRO is for: holding
+gradients; see ``mmrft/runtime/distributed.py``) and hands DeepSpeed only what ZeRO is for: holding
 the partitioned fp32 master weights, optimizer states and gradients, the gradient
 reduce-scatter, clipping and the optimizer step. How the two fit:
 

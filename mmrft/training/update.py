@@ -254,7 +254,7 @@ def _padding_passes(policy: Policy, real: int) -> int:
 
 def _padding_pass(policy: Policy, rollouts: Rollouts, cfg: RunConfig) -> torch.Tensor:
     """A forward whose loss is exactly 0 (so is its gradient). FSDP: two padding tokens, the
-    cheapest pass. ZeRO needs the same modules on every rank (mmrft/zero.py), and a model
+    cheapest pass. ZeRO needs the same modules on every rank (mmrft/runtime/zero.py), and a model
     packed by prefix (Qwen3.5) calls the model twice per pass (the prompts, then the
     completions from their cache), so FSDP's collectives pair up only with two calls there too:
     the rank's first completion again, with its media, × 0."""
