@@ -163,13 +163,11 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     API's evaluation): the config's task, data format and media budgets, greedy decoding with
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
     data (lines and media) is checked before any weights load."""
-    from mmrft.config import resolve_path
-    from mmrft.data import reading_budget, split_fields
     from mmrft.evaluation.runlog import progress_bar
     from mmrft.plugins import load_plugins
     from mmrft.policy.model import load_policy, resolve_family
-    from mmrft.rewards.task import build_task, read_split
-    from mmrft.rollout.setup import data_budget
+    from mmrft.rewards.task import build_task
+    from mmrft.rollout.setup import read_data
     from mmrft.runtime.device import pick_device, seed_everything
     from mmrft.typecheck import ConfigError
 
@@ -180,18 +178,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
         raise ConfigError("data.test: evaluation needs a test file")
     task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
     family = resolve_family(cfg.model)
-    processor = family.load_processor(str(resolve_path(cfg.model.path)))
-    with reading_budget(data_budget(cfg, task, family, processor)):  # as training reads it
-        samples = read_split(
-            task,
-            family,
-            resolve_path(cfg.data.test),
-            fmt=cfg.data.format,
-            on_error=cfg.data.on_error,
-            limit=cfg.data.max_test_samples,
-            fields=split_fields(cfg.data.fields, "test"),
-            media_root=cfg.data.media_root or None,
-        )
+    (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     tool_loop = None

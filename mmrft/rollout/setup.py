@@ -82,8 +82,11 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     )
 
 
-def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sample], list[Sample]]:
-    """The train and test splits, every line and media file checked (errors name the dataset's
+def read_data(
+    cfg: RunConfig, task: Task, family: ModelFamily, splits: tuple[str, ...] = ("train", "test")
+) -> tuple[list[Sample], ...]:
+    """The ``splits`` (``data.train`` / ``data.test``; training reads both, evaluation the test
+    split), every line and media file checked (errors name the dataset's
     ``file:line`` and the media path) against the ``data.*`` budgets (:func:`data_budget`),
     annotated with the family's frames: all before any weights are loaded. The family's
     processor is loaded first (no weights): it counts prompt tokens, and the audio families
@@ -104,8 +107,9 @@ def read_data(cfg: RunConfig, task: Task, family: ModelFamily) -> tuple[list[Sam
             media_root=cfg.data.media_root or None,
         )
 
+    files = {
+        "train": (cfg.data.train, cfg.data.max_train_samples),
+        "test": (cfg.data.test, cfg.data.max_test_samples),
+    }
     with reading_budget(data_budget(cfg, task, family, processor)):
-        return (
-            split("train", cfg.data.train, cfg.data.max_train_samples),
-            split("test", cfg.data.test, cfg.data.max_test_samples),
-        )
+        return tuple(split(name, *files[name]) for name in splits)
