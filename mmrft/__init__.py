@@ -13,6 +13,8 @@ _moved.install()  # old flat paths (mmrft.answers, mmrft.video, ...) keep import
 from mmrft.data import Sample  # noqa: E402
 from mmrft.models.family import MediaBudget, ModelFamily, model_family  # noqa: E402
 from mmrft.rewards.task import EvalRecord, Task, task  # noqa: E402
+
+_moved.alias_loaded()  # e.g. mmrft.task: `import mmrft.task` must not replace the function task
 from mmrft.rewards.verifier import Score, verifier  # noqa: E402
 
 __all__ = [

@@ -71,3 +71,13 @@ def install() -> None:
     """Put the finder first on ``sys.meta_path`` (once)."""
     if not any(isinstance(f, MovedFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, MovedFinder())
+
+
+def alias_loaded() -> None:
+    """Register now the old paths whose new module is already imported. Importing an old path
+    through the finder later would set it as an attribute of its parent package: ``import
+    mmrft.task`` would replace the function ``mmrft.task`` (``@task``) by the module, as
+    importing the flat module first did before ``mmrft/__init__`` bound the function."""
+    for old, new in MOVED.items():
+        if new in sys.modules:
+            sys.modules.setdefault(old, sys.modules[new])

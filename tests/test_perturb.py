@@ -9,10 +9,11 @@ import pytest
 import torch
 from PIL import Image
 
-from mmrft import perturb as P
-from mmrft import video as V
 from mmrft.algorithms import group_advantages
-from mmrft.config import load_config
+from mmrft.config import IMAGE_KINDS, load_config
+from mmrft.data import distort as D
+from mmrft.data import video as V
+from mmrft.rollout import perturb as P
 from mmrft.rollout.base import Rollouts, Sampling
 from mmrft.typecheck import ConfigError
 
@@ -26,15 +27,15 @@ def ramp(h: int = 8, w: int = 10) -> torch.Tensor:
 # -- distortions ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", P.IMAGE_KINDS)
+@pytest.mark.parametrize("kind", IMAGE_KINDS)
 def test_image_kinds_are_deterministic_keep_shape_and_zero_is_identity(kind):
     x = ramp()
-    a = P.distort_pixels(x, [kind], 0.6, seed=7)
-    b = P.distort_pixels(x, [kind], 0.6, seed=7)
+    a = D.distort_pixels(x, [kind], 0.6, seed=7)
+    b = D.distort_pixels(x, [kind], 0.6, seed=7)
     assert a.shape == x.shape and a.dtype == torch.uint8
     assert torch.equal(a, b)
     assert not torch.equal(a, x)  # strength 0.6 changes something
-    assert torch.equal(P.distort_pixels(x, [kind], 0.0, seed=7), x)
+    assert torch.equal(D.distort_pixels(x, [kind], 0.0, seed=7), x)
     assert torch.equal(x, ramp())  # the input is untouched
 
 
@@ -42,53 +43,53 @@ def test_noise_is_the_documented_formula():
     x = torch.full((3, 2, 2), 100, dtype=torch.uint8)
     eps = torch.randn((3, 2, 2), generator=torch.Generator().manual_seed(5))
     expected = (100 + 255 * 0.1 * eps).round().clamp(0, 255).to(torch.uint8)
-    assert torch.equal(P.distort_pixels(x, ["noise"], 0.1, seed=5), expected)
-    assert not torch.equal(P.distort_pixels(x, ["noise"], 0.1, seed=6), expected)
+    assert torch.equal(D.distort_pixels(x, ["noise"], 0.1, seed=5), expected)
+    assert not torch.equal(D.distort_pixels(x, ["noise"], 0.1, seed=6), expected)
 
 
 def test_crop_and_blur_of_a_constant_image_are_constant():
     x = torch.full((3, 12, 12), 77, dtype=torch.uint8)
     for kind in ("crop", "blur"):
-        assert torch.equal(P.distort_pixels(x, [kind], 1.0, seed=3), x)
+        assert torch.equal(D.distort_pixels(x, [kind], 1.0, seed=3), x)
 
 
 def test_jitter_keeps_black_black():
     # brightness, contrast and saturation of an all-black image leave it black
     x = torch.zeros((3, 4, 4), dtype=torch.uint8)
-    assert torch.equal(P.distort_pixels(x, ["jitter"], 0.9, seed=1), x)
+    assert torch.equal(D.distort_pixels(x, ["jitter"], 0.9, seed=1), x)
 
 
 def test_frame_order_hand_computed():
-    assert P.frame_order(4, ["frame_drop"], 1.0, seed=0) == [0, 0, 0, 0]  # every frame dropped
-    assert P.frame_order(5, ["frame_drop", "frame_jitter"], 0.0, seed=0) == [0, 1, 2, 3, 4]
+    assert D.frame_order(4, ["frame_drop"], 1.0, seed=0) == [0, 0, 0, 0]  # every frame dropped
+    assert D.frame_order(5, ["frame_drop", "frame_jitter"], 0.0, seed=0) == [0, 1, 2, 3, 4]
     rng = np.random.default_rng(9)  # frame_jitter alone: k = round(1.0 · 4 / 2) = 2
     shift = rng.integers(-2, 3, size=5)
     expected = [min(max(i + int(d), 0), 4) for i, d in enumerate(shift)]
-    assert P.frame_order(5, ["frame_jitter"], 1.0, seed=9) == expected
+    assert D.frame_order(5, ["frame_jitter"], 1.0, seed=9) == expected
     dropped = np.random.default_rng(4).random(4) < 0.5
     order = [0, 1, 2, 3]
     for i in range(1, 4):
         if dropped[i]:
             order[i] = order[i - 1]
-    assert P.frame_order(4, ["frame_drop"], 0.5, seed=4) == order
+    assert D.frame_order(4, ["frame_drop"], 0.5, seed=4) == order
 
 
 def test_distort_frames_keeps_count_and_size():
     frames = torch.stack([torch.full((3, 4, 4), i * 10, dtype=torch.uint8) for i in range(4)])
-    out = P.distort_frames(frames, ["frame_drop"], 1.0, seed=2)
+    out = D.distort_frames(frames, ["frame_drop"], 1.0, seed=2)
     assert out.shape == frames.shape
     assert all(torch.equal(out[i], frames[0]) for i in range(4))
-    noisy = P.distort_frames(frames, ["noise"], 0.2, seed=2)
+    noisy = D.distort_frames(frames, ["noise"], 0.2, seed=2)
     assert noisy.shape == frames.shape and not torch.equal(noisy, frames)
-    assert torch.equal(P.distort_frames(frames, ["noise", "frame_jitter"], 0.0, seed=2), frames)
+    assert torch.equal(D.distort_frames(frames, ["noise", "frame_jitter"], 0.0, seed=2), frames)
 
 
 def test_audio_noise_formula():
     w = np.array([0.5, -0.5, 0.5, -0.5], dtype=np.float32)  # rms 0.5
     eps = np.random.default_rng(3).standard_normal(4)
     expected = np.clip(w + 0.2 * 0.5 * eps, -1, 1).astype(np.float32)
-    np.testing.assert_array_equal(P.distort_audio(w, 0.2, seed=3), expected)
-    np.testing.assert_array_equal(P.distort_audio(w, 0.0, seed=3), w)
+    np.testing.assert_array_equal(D.distort_audio(w, 0.2, seed=3), expected)
+    np.testing.assert_array_equal(D.distort_audio(w, 0.0, seed=3), w)
 
 
 def test_video_fetch_applies_the_part_key(monkeypatch):
@@ -108,8 +109,8 @@ def test_video_fetch_applies_the_part_key(monkeypatch):
 def test_prompt_seed_without_extras_is_the_shuffle_seed():
     from mmrft.rollout.collector import shuffle_seed
 
-    assert P.prompt_seed(42, 17) == shuffle_seed(42, 17)
-    assert P.prompt_seed(42, 17, 3) == P.prompt_seed(42, 17, 3) != P.prompt_seed(42, 17, 4)
+    assert D.prompt_seed(42, 17) == shuffle_seed(42, 17)
+    assert D.prompt_seed(42, 17, 3) == D.prompt_seed(42, 17, 3) != D.prompt_seed(42, 17, 4)
 
 
 @pytest.mark.parametrize(
@@ -179,7 +180,7 @@ def test_perturbed_conversation_distorts_images_and_tags_videos():
     assert not np.array_equal(np.asarray(parts[0]["image"]), np.asarray(image))
     spec = parts[1][V.PERTURB_KEY]
     assert spec["kinds"] == ["noise", "frame_drop"] and spec["strength"] == 0.3
-    assert spec["seed"] == P.prompt_seed(11, 0, 1) and parts[1]["fps"] == 2
+    assert spec["seed"] == D.prompt_seed(11, 0, 1) and parts[1]["fps"] == 2
     assert parts[2] is conversation[1]["content"][2]
     assert V.PERTURB_KEY not in conversation[1]["content"][1]  # input untouched
     assert conversation[1]["content"][0]["image"] is image
