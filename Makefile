@@ -23,9 +23,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mmrft train demo
 
+# pytest-xdist: one worker per logical core (TEST_WORKERS=0: one process). tests/conftest.py
+# makes the workers' torch threads wait passively, so that they do not spin on each other's cores
+TEST_WORKERS ?= logical
+
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow
