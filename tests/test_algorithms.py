@@ -447,9 +447,9 @@ def trl_loss(
     *,
     loss_type: str,
     level: str,
-    beta: float,
-    epsilon: float,
-    epsilon_high: float,
+    beta: float = 0.04,
+    epsilon: float = 0.2,
+    epsilon_high: float = 0.2,
     delta: float | None = None,
     entropy_coef: float = 0.0,
     grad_accum: int = 1,
@@ -457,7 +457,8 @@ def trl_loss(
     importance_ratio: torch.Tensor | None = None,
 ):
     """TRL's own `_compute_loss` on our tensors: (loss, ∂loss/∂logps, ∂loss/∂entropy, metrics).
-    ``importance_ratio``: TRL's vLLM importance-sampling correction (``token_truncate``)."""
+    ``importance_ratio``: TRL's vLLM importance-sampling correction (``token_truncate``).
+    Defaults: β 0.04, ε 0.2 both sides."""
     logps = batch.logps.clone().requires_grad_(True)
     entropy = batch.entropy.clone().requires_grad_(True)
     trainer = grpo_trainer.GRPOTrainer.__new__(grpo_trainer.GRPOTrainer)
@@ -601,14 +602,7 @@ def test_trl_parity_truncated_importance_sampling(trl_grpo, beta):
     weights = truncated_importance_weights(batch.old, sampler, cap=2.0)
     assert (weights == 2.0).any() and (weights < 1.0).any()  # both sides of the correction
     theirs = trl_loss(
-        trl_grpo,
-        batch,
-        loss_type="grpo",
-        level="token",
-        beta=beta,
-        epsilon=0.2,
-        epsilon_high=0.2,
-        importance_ratio=weights,
+        trl_grpo, batch, loss_type="grpo", level="token", beta=beta, importance_ratio=weights
     )
     ours = mmrft_loss(batch, beta=beta, agg_mode="seq-mean-token-mean", token_weights=weights)
     assert_close(ours[0], theirs[0])
@@ -621,15 +615,7 @@ def test_trl_parity_truncated_importance_sampling(trl_grpo, beta):
 def test_trl_parity_sequence_ratio_with_token_sum_aggregations(trl_grpo, loss_type):
     # TRL warns that these length-weight GSPO's sequences; the straight-through ratio matches it
     batch = make_batch(seed=2)
-    theirs = trl_loss(
-        trl_grpo,
-        batch,
-        loss_type=loss_type,
-        level="sequence",
-        beta=0.04,
-        epsilon=0.2,
-        epsilon_high=0.2,
-    )
+    theirs = trl_loss(trl_grpo, batch, loss_type=loss_type, level="sequence")
     agg_mode = LOSS_PRESETS[loss_type]["agg_mode"]
     ours = mmrft_loss(batch, beta=0.04, ratio_level="sequence", agg_mode=agg_mode)
     assert_close(ours[0], theirs[0])
@@ -665,9 +651,6 @@ def test_trl_parity_gradient_accumulation(trl_grpo, preset):
             batch,
             loss_type=loss_type,
             level=level,
-            beta=0.04,
-            epsilon=0.2,
-            epsilon_high=0.2,
             grad_accum=2,
             num_items_in_batch=num_tokens,
         )
@@ -688,14 +671,7 @@ def test_trl_parity_entropy_bonus_token_mean(trl_grpo, preset):
     # token-mean aggregation (one micro-batch) that is exactly our per-token bonus
     batch = make_batch(seed=6)
     theirs = trl_loss(
-        trl_grpo,
-        batch,
-        loss_type=preset,
-        level="token",
-        beta=0.04,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        entropy_coef=0.01,
+        trl_grpo, batch, loss_type=preset, level="token", epsilon_high=0.28, entropy_coef=0.01
     )
     ours = mmrft_loss(batch, beta=0.04, clip_high=0.28, entropy_coef=0.01, agg_mode="token-mean")
     for mine, trl_value in zip(ours[:3], theirs[:3]):
