@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from helpers import length_plugin
+from helpers import NO_EVAL, length_plugin, short_run
 
 from mmrft.config import load_config
 from mmrft.training.trainer import train
@@ -183,8 +183,7 @@ def test_two_steps_and_eval(
     cfg = load_config(
         REPO / "configs/demo.yaml",
         [
-            f"output_dir={tmp_path}",
-            "name=run",
+            *short_run(tmp_path, "run", group=4, new_tokens=6),
             f"model.path={MODELS / model}",
             *SMALL_MEDIA,
             f"task.name={task}",
@@ -193,11 +192,6 @@ def test_two_steps_and_eval(
             f"data.test={BENCH / test_file}",
             f"data.format={fmt}",
             "data.max_test_samples=2",
-            "warm_start.steps=0",
-            "train.steps=2",
-            "train.prompts_per_step=2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
             "eval.before=false",
             "eval.after=true",
             "eval.every=0",
@@ -495,8 +489,7 @@ def test_video_qa_temporal_contrast_two_steps(tmp_path, plugin, monkeypatch):
     cfg = load_config(
         REPO / "configs/demo.yaml",
         [
-            f"output_dir={tmp_path}",
-            "name=run",
+            *short_run(tmp_path, "run", group=4, new_tokens=6),
             f"model.path={MODELS / 'tiny-qwen2_5_vl'}",
             *SMALL_MEDIA,
             "task.name=video_qa",
@@ -505,13 +498,7 @@ def test_video_qa_temporal_contrast_two_steps(tmp_path, plugin, monkeypatch):
             f"data.train={train_file}",
             "data.test=",
             "data.format=video_r1",
-            "warm_start.steps=0",
-            "train.steps=2",
-            "train.prompts_per_step=2",
-            "rollout.group_size=4",
-            "rollout.max_new_tokens=6",
-            "eval.before=false",
-            "eval.after=false",
+            *NO_EVAL,
             "checkpoint.every=0",
             "train.completions_every=1",
             f"plugins=[{plugin}, {always}]",
