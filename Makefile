@@ -23,15 +23,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/mmrft train demo
 
-# One process by default: under pytest-xdist workers on two cores, the wall-clock budget tests
-# (test_verifier_budgets, test_plugin_failures, test_hostile_renders) failed under load, and the
-# 30 costliest tests gained 10 % (507 -> 454 s). TEST_WORKERS=logical: a worker per core
-# (tests/conftest.py makes their torch threads wait passively).
-TEST_WORKERS ?= 0
+# A worker per logical core (pytest-xdist; tests/conftest.py makes their torch threads wait
+# passively instead of spinning on each other's cores), idle workers taking tests queued on busy
+# ones (worksteal: durations range from milliseconds to a minute); then, in one process, the
+# tests marked serial, whose wall-clock budgets do not hold beside another worker.
+# TEST_WORKERS=0: the first part in one process too. DEFAULT_TESTS repeats pyproject's addopts
+# (a -m given here replaces it).
+TEST_WORKERS ?= logical
+DEFAULT_TESTS := not slow and not gpu and not vllm
 
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/pytest -q -n $(TEST_WORKERS)
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "$(DEFAULT_TESTS) and not serial"; \
+	status=$$?; $(BIN)/pytest -q -m "$(DEFAULT_TESTS) and serial" && exit $$status
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

@@ -220,6 +220,7 @@ def test_the_first_failure_in_configured_order_is_raised():
     reward.close()
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_an_async_verifier_past_its_budget_is_cancelled_and_scores_the_minimum(caplog):
     specs = [{"name": "test_async_stuck"}, {"name": "test_async_slow_b", "params": {"seconds": 0}}]
     reward = build_reward(specs, timeout_s=0.3)

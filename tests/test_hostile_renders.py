@@ -111,6 +111,7 @@ def test_hostile_reports_and_outputs_score_zero_in_bounded_time_and_memory(bar, 
     assert got == {name: (0.0, reason) for name, reason in EXPECTED.items()}
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_verify_returns_within_its_budget_when_a_render_does_not(bar, tmp_path):
     """A render that would run for a minute: ``mmrft verify`` scores it ``timeout`` after its
     2 s budget and the process exits at once, its sandbox processes with it."""

@@ -210,6 +210,7 @@ def test_a_judge_down_for_the_whole_batch_stops_scoring_naming_the_endpoint(serv
         )
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_the_http_judge_is_an_async_verifier_cancelled_at_the_reward_budget(server, caplog):
     """backend http: a coroutine on the reward's event loop (never a worker process), cancelled
     at reward.timeout_s; backend local stays a sync verifier."""

@@ -227,6 +227,7 @@ def test_verify_exits_2_with_one_line(tmp_path, capsys, plugin, name, expected):
     assert "Traceback" not in captured.err and captured.out == ""
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_verify_has_a_time_budget(tmp_path, capsys, plugin):
     path = completions_file(tmp_path)
     start = time.monotonic()

@@ -270,6 +270,7 @@ def test_svg_failures_score_minus_one(svg_sample, doc, reason):
     assert (score.value, score.reason) == (-1.0, reason)
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_svg_external_image_refused_inside_the_sandbox_too(svg_sample, monkeypatch):
     """Past the textual pre-check, cairosvg's URL fetcher in the sandbox refuses the fetch."""
     monkeypatch.setattr(render, "_EXTERNAL_RE", render.re.compile(r"(?!)"))

@@ -205,6 +205,7 @@ def test_failure_reasons(pool, code, reason, exit_code):
 # --------------------------------------------------------------------------- hostile code
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_infinite_loop_times_out(pool):
     start = time.monotonic()
     result = _run(pool, "while True: pass", timeout_s=1)
@@ -217,6 +218,7 @@ def test_cpu_limit(pool):
     assert (result.reason, result.signal) == ("cpu limit", signal.SIGXCPU)
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_fork_bomb_is_contained(pool):
     code = """
         while True:
@@ -252,6 +254,7 @@ def test_workdir_quota(pool):
     assert "No space left" in result.stderr and result.isolation["workdir"].startswith("tmpfs")
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_printing_gigabytes_is_cut_short(pool):
     start = time.monotonic()
     result = _run(pool, "while True: sys.stdout.write('x' * 1_000_000)", timeout_s=10)
@@ -417,6 +420,7 @@ def test_dead_server_is_replaced(pool):
     assert result.ok and result.stdout == "again\n"
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_pool_runs_jobs_in_parallel(pool):
     pool.start()
     start = time.monotonic()
@@ -683,6 +687,7 @@ def test_nothing_survives_a_killed_caller_and_its_directories_are_removed_later(
     assert all(os.path.exists(p) for p in mine)
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_closing_a_pool_does_not_wait_for_its_jobs():
     with SandboxPool(1) as pool:
         pool.start()

@@ -212,6 +212,7 @@ def test_a_server_that_dies_mid_request(fake) -> None:
         request_json(fake.url + "/die", {}, 5.0, 1000)
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_a_server_that_stops_answering_times_out(fake) -> None:
     fake.routes["/slow"] = lambda h, body: time.sleep(3)
     start = time.monotonic()

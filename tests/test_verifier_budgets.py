@@ -105,6 +105,7 @@ def alive(pid: int) -> bool:
     return False
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 @pytest.mark.parametrize(
     ("name", "culprit", "good"),
     [
@@ -143,6 +144,7 @@ def test_on_timeout_stop_raises_naming_the_culprit(plugin):
         reward.close()
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_isolation_time_is_bounded(plugin, caplog):
     """Six completions that all hang: isolation stops starting calls after 2 × timeout_s of
     them, the rest score timeout unexamined, counted in the warning."""
@@ -183,6 +185,7 @@ def test_train_stops_on_timeout_with_a_failure_record(tmp_path, capsys, plugin):
     assert failure["samples"] and failure["reason"] == err[0].removeprefix("error: ")
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 @pytest.mark.parametrize(
     ("how", "what"),
     [
@@ -349,6 +352,7 @@ def test_reward_isolation_and_workers_are_checked():
 # -- the built-in verifiers' own defences (in this process, no worker) -------------------------
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_accuracy_math_refuses_numbers_too_large_to_build():
     from mmrft.verifiers.accuracy import accuracy
 
@@ -382,6 +386,7 @@ def test_math_too_large_bounds(text, too_large):
     assert math_too_large(text) is too_large
 
 
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
 def test_format_pattern_has_a_time_limit():
     from mmrft.verifiers.format import PATTERN_TIMEOUT_S, check_format
 
