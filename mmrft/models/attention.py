@@ -23,9 +23,10 @@ as under ``sdpa``. Masks that transformers builds itself (generation) are SDPA's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported where used: plugin loading imports this module in
+    import torch  # verifier worker processes, which need no torch
 
 NAME = "block_sparse"  # the value of model.attn_implementation
 REGISTERED = "mmrft_block_sparse"  # the name transformers knows the kernel by
@@ -36,6 +37,7 @@ _compiled: dict[str, Any] = {}
 def _flex(device: torch.device) -> Any:
     """FlexAttention ``torch.compile``d once (the fused block-sparse kernel; eager FlexAttention
     materialises the whole score matrix)."""
+    import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     if "cuda" not in _compiled:
@@ -90,6 +92,8 @@ def dense_mask(block_mask: Any, device: torch.device | str = "cpu") -> torch.Ten
     """``[B, 1, Lq, Lk]`` bool: what FlexAttention computes under ``block_mask``: tiles not
     listed are masked, *full* tiles attend everywhere without the rule, *partial* tiles where
     the rule (``mask_mod``) says. ``L²`` memory: for CPU runs and checks only."""
+    import torch
+
     Lq, Lk = block_mask.seq_lengths
     bq, bk = block_mask.BLOCK_SIZE
     kv_num = block_mask.kv_num_blocks[:, 0].cpu()
