@@ -312,7 +312,7 @@ def test_rate_limit_keeps_requests_and_tokens_per_minute():
 
 
 def test_clients_of_one_endpoint_share_its_rate_limit():
-    # the verifier builds a client per call and a step may be scored in several batches
+    # two judges on one endpoint and model (judge and caption_qa, two rewards) share its limit
     first = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-shared", rpm=2)
     second = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-shared", rpm=2)
     other = HTTPJudge(base_url="http://127.0.0.1:9/v1", model="m-other", rpm=2)

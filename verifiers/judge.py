@@ -22,6 +22,7 @@ from mmrft.rewards.judges import (
     Request,
     build_backend,
     cache_key,
+    check_params,
     check_template,
     current_cache,
     quote,
@@ -37,8 +38,16 @@ CAPTION_TEMPLATE = (
 )
 
 
+_BACKENDS: dict[tuple[Any, ...], Any] = {}
+"""The judge of each verifier configuration (backend and parameters) in this process: one
+HTTP client (connection pool, rate limit, gate) for every batch it scores, not one per batch."""
+
+
 def _client(backend: str, **params: Any) -> Any:
-    """The backend with the parameters that apply to it (``ValueError`` naming what is missing)."""
+    """The backend with the parameters that apply to it, built once per configuration
+    (``ValueError`` naming what is missing or out of range). Every number of the verifier is
+    checked, whichever backend uses it (:data:`mmrft.rewards.judges.PARAM_RANGES`)."""
+    check_params(params)
     if backend == "http":
         if not params["base_url"] or not params["model"]:
             raise ValueError("backend http needs base_url (…/v1) and model")
@@ -50,7 +59,10 @@ def _client(backend: str, **params: Any) -> Any:
         keep = ("path", "device", "batch_size", "max_tokens")
     else:
         raise ValueError(f"backend '{backend}': choose http or local")
-    return build_backend(backend, {k: params[k] for k in keep})
+    key = (backend, *((k, params[k]) for k in keep))
+    if key not in _BACKENDS:
+        _BACKENDS[key] = build_backend(backend, {k: params[k] for k in keep})
+    return _BACKENDS[key]
 
 
 def _ask(client: Any, requests: dict[str, Request], labels: list[str] | None) -> dict[str, Reply]:
@@ -147,10 +159,16 @@ def judge(
     default; ``{kind: label, labels: {yes: 1, no: 0}}``; ``{kind: json, field: score, low: 1,
     high: 5}``; ``{kind: prob, labels: {yes: 1, no: 0}}`` for a local judge). ``backend: http``
     takes ``base_url`` (…/v1), ``model``, ``api_key_env`` (the *name* of the environment variable
-    holding the key), ``concurrency``, ``timeout_s`` per call, ``budget_s`` per batch,
+    holding the key), ``concurrency``, ``timeout_s`` per attempt, ``budget_s`` per batch,
     ``retries``, ``rpm`` / ``tpm``, ``max_tokens``; ``backend: local`` takes ``path``, ``device``,
-    ``batch_size``, ``max_tokens``. Verdicts are cached (``cache``) in the run directory; a
-    failed call scores 0 with ``judge <why>``; if every call of a batch fails, the run stops.
+    ``batch_size``, ``max_tokens``. Every number is range-checked at start-up
+    (``mmrft.rewards.judges.PARAM_RANGES``: ``timeout_s`` in (0, 3600] seconds per attempt,
+    request to the end of the body; ``budget_s`` in (0, 86400]; ``retries`` 0–20;
+    ``concurrency`` 1–1024; ``max_answer_chars`` 1–1,000,000; ...), ``base_url`` must be
+    http(s) without credentials. A reply body over 1 MB is not read further (``judge
+    response_too_large``). Verdicts are cached (``cache``) in the run directory, replies
+    scrubbed of keys; a failed call scores 0 with ``judge <why>``; if every call of a batch
+    fails, the run stops.
     With ``backend: http`` this is an async verifier (it returns the awaitable of its
     requests, awaited on the reward's event loop); with ``backend: local`` a sync one.
     """

@@ -11,11 +11,16 @@ Backends, with the same serving properties:
   a paid API), the API key read from the environment variable the config names (never logged,
   never in ``config.yaml``), images as data URLs when the judge sees media. Up to
   ``concurrency`` requests in flight to the endpoint and model (asyncio + httpx; one gate
-  shared by the batches scored at the same time), each under ``timeout_s``, all of a
-  batch under ``budget_s``; connection errors, 429 and 5xx retried ``retries`` times with
-  exponential backoff and jitter (a ``Retry-After`` header is obeyed); request and token rates
-  kept under ``rpm`` / ``tpm`` per minute by a sliding window shared by every client of the
-  endpoint and model in the process. The ``judge`` and ``caption_qa``
+  shared by the batches scored at the same time), each attempt under ``timeout_s`` of wall
+  clock from the request to the end of the body (not only per read: a server that dribbles
+  bytes is cut there), its body read as a stream up to :data:`MAX_RESPONSE_BYTES` (over it:
+  ``response_too_large``, nothing more is read), all of a batch under ``budget_s``;
+  connection errors, timeouts, 408, 429 and 5xx retried ``retries`` times with exponential
+  backoff and jitter (a ``Retry-After`` header is obeyed, 60 s at most); request and token
+  rates kept under ``rpm`` / ``tpm`` per minute by a sliding window shared by every client of
+  the endpoint and model in the process. One connection pool per judge and event loop, kept
+  for every batch on that loop and closed when the loop's tasks are cancelled at its end
+  (``asyncio.run``'s, the reward's ``close``). The ``judge`` and ``caption_qa``
   verifiers await it (:meth:`HTTPJudge.acomplete`): they are async verifiers on the reward's
   event loop (:mod:`mmrft.rewards`), overlapped with the other verifiers and with generation.
 * :class:`LocalJudge`: a transformers causal or image-text model loaded once per process (kept
@@ -28,9 +33,17 @@ A :class:`VerdictCache` (JSON lines, in the run directory the trainer sets with
 :func:`use_run_dir`) keeps every verdict under a key of (judge, template, prompt, answer), so
 a resumed run asks nothing twice; within a batch, identical (prompt, answer) pairs are asked
 once. A failed call scores the minimum with its reason (``judge timeout``, ``judge HTTP 503``,
-``judge unparsable: …``, ``judge answer too long``); when every call of a batch failed,
+``judge response_too_large``, ``judge unparsable: …``, ``judge answer too long``); when every
+call of a batch failed,
 :class:`JudgeUnavailable` is raised, which stops the run with a failure record naming the
 endpoint instead of training on zeros.
+
+Secrets: the API key is read from the environment at each batch, sent as a header, and
+removed (:func:`scrub`, with anything that looks like a key or an ``Authorization`` value)
+from every reply text before it is kept in the cache, so an endpoint that echoes its request
+headers cannot write the key to disk. Every number a judge takes is checked when it is built
+(:func:`check_params`): a wrong value fails at start-up with one line naming the key and its
+range.
 """
 
 from __future__ import annotations
@@ -47,7 +60,10 @@ import random
 import re
 import threading
 import time
+import unicodedata
+import urllib.parse
 import weakref
+import zlib
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -72,15 +88,181 @@ DEFAULT_TEMPLATE = (
 )
 TEMPLATE_FIELDS = ("question", "target", "answer")
 
+MAX_RESPONSE_BYTES = 1_000_000
+"""Bytes of a judge's response body read at most (decoded); past it the call fails with
+``response_too_large`` and the connection is dropped."""
+MAX_REPLY_CHARS = 20_000
+"""Characters of a judge's reply text kept (parsed and cached)."""
+
 
 class JudgeUnavailable(RuntimeError):
     """Every judge call of a batch failed: the run stops rather than train on minimum scores."""
 
 
+# ---------------------------------------------------------------------------------------------
+# parameters
+
+#: The range of every number a judge takes: (low, high, low is open, integer, unit). Checked
+#: by the backends when built and by the ``judge`` / ``caption_qa`` verifiers at start-up.
+PARAM_RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
+    "concurrency": (1, 1024, False, True, "requests in flight"),
+    "timeout_s": (0, 3600, True, False, "seconds per attempt"),
+    "budget_s": (0, 86_400, True, False, "seconds per batch"),
+    "retries": (0, 20, False, True, "retries per call"),
+    "backoff_s": (0, 60, False, False, "seconds"),
+    "rpm": (0, 1_000_000_000, False, True, "requests per minute, 0 = no limit"),
+    "tpm": (0, 1_000_000_000, False, True, "tokens per minute, 0 = no limit"),
+    "max_tokens": (1, 1_000_000, False, True, "tokens"),
+    "temperature": (0, 100, False, False, ""),
+    "batch_size": (1, 4096, False, True, "requests per forward"),
+    "max_answer_chars": (1, 1_000_000, False, True, "characters"),
+    "max_length": (1, 1_000_000, False, True, "tokens"),
+}
+
+
+def check_number(
+    key: str,
+    value: Any,
+    low: float,
+    high: float,
+    *,
+    open_low: bool = False,
+    integer: bool = False,
+    unit: str = "",
+) -> None:
+    """``ValueError`` (one line naming ``key`` and the range) unless ``value`` is a finite number
+    (an integer when ``integer``) in ``[low, high]`` (``(low, high]`` when ``open_low``)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (isinstance(value, int) or math.isfinite(value))  # an int is never NaN or inf
+    ok = ok and (value > low if open_low else value >= low) and value <= high
+    ok = ok and (not integer or float(value).is_integer())
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        where = f"{'(' if open_low else '['}{_shown(low)}, {_shown(high)}]"
+        unit = f" ({unit})" if unit else ""
+        given = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
+        raise ValueError(f"{key}: must be {kind} in {where}{unit}, got {given}")
+
+
+def _shown(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e10 else f"{bound:g}"
+
+
+def check_params(params: dict[str, Any]) -> None:
+    """:func:`check_number` for each key of ``params`` that :data:`PARAM_RANGES` names."""
+    for key, value in params.items():
+        if key in PARAM_RANGES:
+            low, high, open_low, integer, unit = PARAM_RANGES[key]
+            check_number(key, value, low, high, open_low=open_low, integer=integer, unit=unit)
+
+
+def check_base_url(url: str) -> None:
+    """``ValueError`` unless ``url`` is an ``http(s)://host[:port]/path`` without credentials
+    (the key goes in the variable ``api_key_env`` names, never in the URL)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("base_url: must be an http:// or https:// URL with a host (…/v1)")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(
+            "base_url: must not hold credentials; put the key in an environment variable "
+            "and name it in api_key_env"
+        )
+    if port == 0 or any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError("base_url: must be an http:// or https:// URL with a host (…/v1)")
+
+
+def check_env_name(name: str) -> None:
+    """``ValueError`` unless ``name`` looks like an environment variable's name (not a key;
+    the value is not repeated in the message, in case it is one)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", name):
+        raise ValueError(
+            "api_key_env: must be the name of an environment variable ([A-Za-z_][A-Za-z0-9_]*), "
+            "not the key itself"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# secrets
+
+_SECRETS: set[str] = set()
+"""API keys read in this process (:meth:`HTTPJudge._headers`), removed from kept text."""
+_SECRET_PATTERNS = (
+    # a header or field that carries a secret, with its value: Authorization: Bearer …,
+    # "api_key": "…", x-api-key=…
+    re.compile(
+        r"(?i)((?:proxy-)?authorization|x-api-key|api[-_ ]?key|access[-_]?token|secret|"
+        r"password|passwd)([\"']?\s*[:=]\s*[\"']?)((?:bearer|basic|token)\s+)?[^\s\"',;&}\]]+"
+    ),
+    re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{6,}"),  # a credential alone
+    re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_-]{12,}"),  # a key in the OpenAI style
+)
+REDACTED = "[redacted]"
+
+
+def _without_keys(text: str) -> str:
+    """``text`` with every API key read in this process replaced by ``[redacted]``."""
+    for secret in sorted(_SECRETS, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, REDACTED)
+    return text
+
+
+def scrub(text: str) -> str:
+    """``text`` with every API key read in this process, every ``Authorization`` / ``api_key``
+    / ``x-api-key`` / ``password`` value and anything shaped like a bearer token or an
+    ``sk-…`` key replaced by ``[redacted]``: what is kept on disk or logged of a reply."""
+    text = _without_keys(text)
+    text = _SECRET_PATTERNS[0].sub(
+        lambda m: m.group(1) + m.group(2) + (m.group(3) or "") + REDACTED, text
+    )
+    text = _SECRET_PATTERNS[1].sub(lambda m: f"{m.group(1)} {REDACTED}", text)
+    return _SECRET_PATTERNS[2].sub(REDACTED, text)
+
+
+# ---------------------------------------------------------------------------------------------
+# the quotation
+
+_LOOKALIKES = {
+    **dict.fromkeys("‹«≪《〈⟨⟪❮❰ᐸ˂⋘⧼", "<"),
+    **dict.fromkeys("›»≫》〉⟩⟫❯❱ᐳ˃⋙⧽", ">"),
+    **dict.fromkeys("ˋ‵", "`"),
+}
+# A run of this many fence characters or more inside an answer is broken up.
+_FENCE_RUN = {"<": 2, ">": 2, "`": 3}
+
+
+def _fence_char(c: str) -> str | None:
+    """The fence character (``<``, ``>`` or a backtick) ``c`` is or looks like: itself, its NFKC
+    form (full-width ``＜``, ``｀``, small ``﹤``) or a look-alike NFKC keeps (``《``, ``≪``, ``‹``)."""
+    normal = unicodedata.normalize("NFKC", c)
+    if normal in _FENCE_RUN:
+        return normal
+    return _LOOKALIKES.get(c) or _LOOKALIKES.get(normal)
+
+
 def quote(answer: str) -> str:
-    """``answer`` between the fences, with any fence-like run inside it broken up."""
-    safe = re.sub(r"<{2,}|>{2,}", lambda m: " ".join(m.group(0)), answer)
-    return f"{FENCE}\n{safe}\n{FENCE_END}"
+    """``answer`` between the fences, with any fence-like run inside it broken up: a run of two
+    or more ``<`` / ``>`` or three or more backticks, look-alikes included (compared after NFKC,
+    with invisible format characters such as zero-width spaces removed), becomes its ASCII
+    characters spaced apart (``<<<`` → ``< < <``); every other character is kept as it was."""
+    chars = [c for c in answer if unicodedata.category(c) != "Cf"]
+    out: list[str] = []
+    i = 0
+    while i < len(chars):
+        kind = _fence_char(chars[i])
+        j = i + 1
+        while kind is not None and j < len(chars) and _fence_char(chars[j]) == kind:
+            j += 1
+        if kind is not None and j - i >= _FENCE_RUN[kind]:
+            out.append(" ".join(kind * (j - i)))
+        else:
+            out.extend(chars[i:j])
+        i = j
+    return f"{FENCE}\n{''.join(out)}\n{FENCE_END}"
 
 
 def render(template: str, question: str, target: Any, answer: str) -> str:
@@ -131,8 +313,21 @@ class VerdictRule:
             raise ValueError(f"verdict kind '{self.kind}': choose tag, number, label, json or prob")
         if self.kind in ("label", "prob") and not self.labels:
             raise ValueError(f"verdict kind '{self.kind}' needs labels, e.g. {{yes: 1, no: 0}}")
+        for key in ("low", "high"):
+            check_number(f"verdict.{key}", getattr(self, key), -1e12, 1e12)
         if not self.low < self.high:
             raise ValueError(f"verdict range: low ({self.low}) must be below high ({self.high})")
+        if not re.fullmatch(r"[A-Za-z_][\w-]{0,63}", str(self.tag)):
+            raise ValueError("verdict.tag: must be a tag name ([A-Za-z_][A-Za-z0-9_-]*)")
+        if not isinstance(self.field, str) or not self.field:
+            raise ValueError("verdict.field: must be a non-empty string")
+        if self.labels is not None:
+            if not isinstance(self.labels, dict):
+                raise ValueError("verdict.labels: must be a mapping of label to value")
+            for label, value in self.labels.items():
+                if not isinstance(label, str) or not label.strip():
+                    raise ValueError(f"verdict.labels: {label!r} is not a non-empty string")
+                check_number(f"verdict.labels.{label}", value, -1e12, 1e12)
 
     def parse(self, reply: str) -> tuple[float | None, str | None]:
         """``(score in [0, 1], None)`` or ``(None, reason)``: exactly one verdict is accepted."""
@@ -158,7 +353,7 @@ class VerdictRule:
             body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text)
             try:
                 data = json.loads(body)
-            except ValueError:
+            except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested too deep
                 return None, "not JSON"
             value = data.get(self.field) if isinstance(data, dict) else None
             if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -219,16 +414,25 @@ class VerdictCache:
 
     def put(self, entries: Sequence[dict[str, Any]]) -> None:
         """Keep ``entries`` (only successful verdicts are worth keeping: a timeout is asked
-        again next time)."""
+        again next time), their reply text scrubbed of secrets (:func:`scrub`)."""
+        entries = [_kept(e) for e in entries]
         with self._lock:
             for entry in entries:
                 self.entries[entry["key"]] = entry
             if self.path is not None and entries:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 with open(self.path, "a", encoding="utf-8") as f:
-                    f.write("".join(json.dumps(e) + "\n" for e in entries))
+                    f.write("".join(json.dumps(_kept(e)) + "\n" for e in entries))
                     f.flush()
                     os.fsync(f.fileno())
+
+
+def _kept(entry: dict[str, Any]) -> dict[str, Any]:
+    """A cache entry as it is kept: its reply scrubbed (:func:`scrub`) and bounded."""
+    reply = entry.get("reply")
+    if isinstance(reply, str):
+        return {**entry, "reply": scrub(reply[:MAX_REPLY_CHARS])}
+    return entry
 
 
 _RUN: list[Path | None] = [None]
@@ -330,9 +534,9 @@ _GATES: weakref.WeakKeyDictionary[Any, dict[tuple[str, str, int], asyncio.Semaph
 
 
 def shared_limit(url: str, model: str, rpm: int, tpm: int) -> RateLimit:
-    """The one :class:`RateLimit` of an endpoint and model in this process: the ``judge``
-    verifier builds its client per call, and the collector may score several batches of a step
-    (one per decode round), so the per-minute budget must outlive a client."""
+    """The one :class:`RateLimit` of an endpoint and model in this process: every judge on it
+    (the ``judge`` and ``caption_qa`` verifiers, two rewards) counts against the endpoint's one
+    per-minute budget."""
     with _LIMITS_LOCK:
         return _LIMITS.setdefault((url, model, rpm, tpm), RateLimit(rpm, tpm))
 
@@ -348,9 +552,55 @@ def shared_gate(url: str, model: str, concurrency: int) -> asyncio.Semaphore:
         return gates.setdefault((url, model, concurrency), asyncio.Semaphore(max(1, concurrency)))
 
 
+_HOLDERS: set[asyncio.Task] = set()
+"""The running :func:`_hold` tasks (an event loop keeps only weak references to its tasks)."""
+
+
+async def _hold(client: Any) -> None:
+    """Keep ``client`` open for its event loop's life, then close it: the cancellation of the
+    loop's tasks at its end (``asyncio.run``'s, :meth:`WeightedReward.close`'s) closes it."""
+    try:
+        await asyncio.sleep(10**9)
+    finally:
+        await client.aclose()
+
+
+class _TooLarge(Exception):
+    """A response body over :data:`MAX_RESPONSE_BYTES`."""
+
+
+async def read_body(response: Any, cap: int = MAX_RESPONSE_BYTES) -> bytes:
+    """A streamed httpx response's body, decoded (identity, gzip or deflate), read up to ``cap``
+    bytes: :class:`_TooLarge` as soon as the declared length or the bytes decoded so far pass
+    it (a compressed body is inflated no further than ``cap``); ``ValueError`` for another
+    content encoding or a corrupt one."""
+    declared = response.headers.get("content-length", "").strip()
+    if declared.isascii() and declared.isdigit() and (len(declared) > 15 or int(declared) > cap):
+        raise _TooLarge
+    encoding = response.headers.get("content-encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        inflate = None
+    elif encoding in ("gzip", "x-gzip", "deflate"):
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS if "gzip" in encoding else zlib.MAX_WBITS)
+    else:
+        raise ValueError(f"content-encoding {encoding[:20]!r}")
+    body = bytearray()
+    async for chunk in response.aiter_raw():
+        if inflate is not None:
+            try:  # at most what is left of the cap, plus one byte to tell "over"
+                chunk = inflate.decompress(chunk, cap + 1 - len(body))
+            except zlib.error as exc:
+                raise ValueError("corrupt compressed body") from exc
+        body += chunk
+        if len(body) > cap:
+            raise _TooLarge
+    return bytes(body)
+
+
 @dataclass
 class HTTPJudge:
-    """An OpenAI-compatible chat endpoint (see the module docstring)."""
+    """An OpenAI-compatible chat endpoint (see the module docstring). Every number is checked
+    when it is built (:data:`PARAM_RANGES`), ``base_url`` too (:func:`check_base_url`)."""
 
     base_url: str
     model: str
@@ -366,12 +616,22 @@ class HTTPJudge:
     temperature: float = 0.0
 
     def __post_init__(self) -> None:
+        check_base_url(self.base_url)
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise ValueError("model: must be the served model's name")
+        if self.api_key_env:
+            check_env_name(self.api_key_env)
+        check_params({k: getattr(self, k) for k in PARAM_RANGES if hasattr(self, k)})
+        for key in ("concurrency", "retries", "rpm", "tpm", "max_tokens"):
+            setattr(self, key, int(getattr(self, key)))  # 3.0 → 3: range() takes ints
         self.url = self.base_url.rstrip("/") + "/chat/completions"
         self.limit = shared_limit(self.url, self.model, self.rpm, self.tpm)
+        self._clients: weakref.WeakKeyDictionary[Any, weakref.ref] = weakref.WeakKeyDictionary()
 
     @property
     def name(self) -> str:
-        return f"{self.url} ({self.model})"
+        """The endpoint (its query, if any, left out) and model, for messages."""
+        return f"{self.url.split('?', 1)[0]} ({self.model})"
 
     async def acomplete(self, requests: Sequence[Request]) -> list[Reply]:
         """One reply per request, in order, within ``budget_s`` in all, on the caller's event
@@ -382,9 +642,32 @@ class HTTPJudge:
         """:meth:`acomplete` for a caller without an event loop (``asyncio.run``)."""
         return asyncio.run(self._all(requests))
 
-    async def _all(self, requests: Sequence[Request]) -> list[Reply]:
+    def client(self) -> Any:
+        """This judge's ``httpx.AsyncClient`` on the running event loop: made on first use,
+        kept for every later batch on that loop (one connection pool of at most
+        ``concurrency`` connections), closed at the loop's end (:func:`_hold`)."""
         import httpx
 
+        loop = asyncio.get_running_loop()
+        held = self._clients.get(loop)
+        client = held() if held is not None else None
+        if client is None or client.is_closed:
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.timeout_s),
+                limits=httpx.Limits(
+                    max_connections=self.concurrency, max_keepalive_connections=self.concurrency
+                ),
+                headers={"Accept-Encoding": "identity"},
+            )
+            holder = loop.create_task(_hold(client))
+            _HOLDERS.add(holder)  # until the loop's end cancels it
+            holder.add_done_callback(_HOLDERS.discard)
+            self._clients[loop] = weakref.ref(client)
+        return client
+
+    def _headers(self) -> dict[str, str]:
+        """The request's headers, with the key read from the environment now (a key rotated
+        between batches is used from the next one); :class:`JudgeUnavailable` when unset."""
         headers = {"Content-Type": "application/json"}
         if self.api_key_env:
             key = os.environ.get(self.api_key_env)
@@ -393,23 +676,32 @@ class HTTPJudge:
                     f"judge {self.name}: the environment variable {self.api_key_env} "
                     "(reward.verifiers[].params.api_key_env) is not set"
                 )
+            _SECRETS.add(key)
             headers["Authorization"] = f"Bearer {key}"
-        gate = shared_gate(self.url, self.model, self.concurrency)
-        timeout = httpx.Timeout(self.timeout_s)
-        async with httpx.AsyncClient(timeout=timeout, headers=headers) as client:
-            tasks = [asyncio.ensure_future(self._one(client, gate, r)) for r in requests]
-            done, pending = await asyncio.wait(tasks, timeout=self.budget_s)
-            for task in pending:
-                task.cancel()
-            replies = []
-            for task in tasks:
-                if task in done and not task.cancelled() and task.exception() is None:
-                    replies.append(task.result())
-                else:
-                    replies.append(Reply(None, "timeout"))
-            return replies
+        return headers
 
-    async def _one(self, client: Any, gate: asyncio.Semaphore, request: Request) -> Reply:
+    async def _all(self, requests: Sequence[Request]) -> list[Reply]:
+        headers = self._headers()
+        gate = shared_gate(self.url, self.model, self.concurrency)
+        client = self.client()
+        tasks = [asyncio.ensure_future(self._one(client, gate, r, headers)) for r in requests]
+        done, pending = await asyncio.wait(tasks, timeout=self.budget_s) if tasks else ((), ())
+        for task in pending:
+            task.cancel()
+        replies = []
+        for task in tasks:
+            if task in done and not task.cancelled() and task.exception() is None:
+                replies.append(task.result())
+            elif task in done and not task.cancelled():
+                error = task.exception()
+                replies.append(Reply(None, f"error {type(error).__name__}"))
+            else:
+                replies.append(Reply(None, "timeout"))
+        return replies
+
+    async def _one(
+        self, client: Any, gate: asyncio.Semaphore, request: Request, headers: dict[str, str]
+    ) -> Reply:
         import httpx
 
         content: Any = request.text
@@ -433,23 +725,43 @@ class HTTPJudge:
                 while (wait := self.limit.delay(len(request.text) // 4 + self.max_tokens)) > 0:
                     await asyncio.sleep(wait)
                 retry_after = None
-                try:
-                    response = await client.post(self.url, json=body)
-                except httpx.TimeoutException:
+                try:  # the whole attempt, request to the end of the body, under timeout_s
+                    status, retry_after, reply = await asyncio.wait_for(
+                        self._post(client, body, headers), self.timeout_s
+                    )
+                except (asyncio.TimeoutError, httpx.TimeoutException):
                     error = "timeout"
                 except httpx.HTTPError:
                     error = "connection"
                 else:
-                    if response.status_code == 200:
-                        return _reply_text(response)
-                    error = f"HTTP {response.status_code}"
-                    if response.status_code not in (408, 429) and response.status_code < 500:
+                    if reply is not None:
+                        return reply
+                    error = f"HTTP {status}"
+                    if status not in (408, 429) and status < 500:
                         return Reply(None, error)  # a 4xx other than these will not change
-                    retry_after = _seconds(response.headers.get("retry-after"))
                 if attempt < self.retries:
                     pause = retry_after or self.backoff_s * 2**attempt * (0.5 + random.random())
                     await asyncio.sleep(min(pause, 60.0))
         return Reply(None, error)
+
+    async def _post(
+        self, client: Any, body: dict[str, Any], headers: dict[str, str]
+    ) -> tuple[int, float | None, Reply | None]:
+        """One attempt: ``(status, Retry-After seconds, reply)``, the reply ``None`` unless the
+        status is 200. Only a 200's body is read, and only up to :data:`MAX_RESPONSE_BYTES`."""
+        async with client.stream("POST", self.url, json=body, headers=headers) as response:
+            if response.status_code != 200:
+                return response.status_code, _seconds(response.headers.get("retry-after")), None
+            try:
+                raw = await read_body(response)
+            except _TooLarge:
+                return 200, None, Reply(None, "response_too_large")
+            except ValueError:
+                return 200, None, Reply(None, "bad response")
+        reply = _reply_text(raw)
+        if reply.text is not None:  # an endpoint that echoes the key does not hand it on
+            reply.text = _without_keys(reply.text)
+        return 200, None, reply
 
 
 def _seconds(value: str | None) -> float | None:
@@ -459,17 +771,17 @@ def _seconds(value: str | None) -> float | None:
         return None
 
 
-def _reply_text(response: Any) -> Reply:
-    """The first choice's message text of a chat-completions response, bounded (1 MB read at
-    most, 20,000 characters kept); anything malformed is ``bad response``."""
-    raw = response.content[:1_000_000]
+def _reply_text(raw: bytes) -> Reply:
+    """The first choice's message text of a chat-completions response body (already bounded,
+    :func:`read_body`), :data:`MAX_REPLY_CHARS` characters kept; anything malformed (not
+    JSON, nested too deep, no string where the text belongs) is ``bad response``."""
     try:
         text = json.loads(raw)["choices"][0]["message"]["content"]
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         return Reply(None, "bad response")
     if not isinstance(text, str):
         return Reply(None, "bad response")
-    return Reply(text[:20_000])
+    return Reply(text[:MAX_REPLY_CHARS])
 
 
 _LOADED: dict[tuple[str, str], Any] = {}
@@ -484,6 +796,11 @@ class LocalJudge:
     batch_size: int = 8
     max_tokens: int = 64
     dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        check_params({"batch_size": self.batch_size, "max_tokens": self.max_tokens})
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype: {self.dtype!r} is not auto, float32, bfloat16 or float16")
 
     @property
     def name(self) -> str:
@@ -600,6 +917,9 @@ class LocalScorer:
     batch_size: int = 8
     max_length: int = 4096
 
+    def __post_init__(self) -> None:
+        check_params({"batch_size": self.batch_size, "max_length": self.max_length})
+
     def _load(self) -> tuple[Any, Any]:
         key = ("scorer", self.path, self.device)
         if key not in _LOADED:
@@ -620,7 +940,8 @@ class LocalScorer:
         return _LOADED[key]
 
     def score(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """The model's logit for each (prompt, answer)."""
+        """The model's logit for each (prompt, answer), as the model gave it (the caller
+        checks the count and that each is finite: a broken model may give NaN)."""
         import torch
 
         model, tokenizer = self._load()

@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import logging
 import math
@@ -250,6 +251,15 @@ def _run_now(awaitable: Awaitable[Any]) -> Any:
     return _Running(lambda: asyncio.run(main()), "verifier start-up").result(0)
 
 
+async def _cancel_all() -> None:
+    """Cancel the other tasks of the running loop and let them finish (3 s at most)."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=3.0)
+
+
 class _LoopThread:
     """An asyncio event loop running in a daemon thread: where a reward's async verifiers run.
 
@@ -273,6 +283,11 @@ class _LoopThread:
     def close(self) -> None:
         if self.loop.is_closed():
             return
+        if threading.current_thread() is not self.thread:
+            # as asyncio.run ends: cancel what is left (a judge's HTTP client closes, a batch
+            # in flight ends); a loop stuck in a blocking call is stopped all the same
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(5.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5.0)
         if not self.thread.is_alive():
