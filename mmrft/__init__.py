@@ -32,7 +32,9 @@ __version__ = "0.1.0"
 
 # The Python API (what the CLI runs), imported on first use so that a plugin's
 # `from mmrft import verifier` stays light: load_config(config, overrides) → RunConfig,
-# train(cfg) → summary dict, evaluate_config(cfg) → EvalResult.
+# train(cfg) → summary dict, evaluate_config(cfg) → EvalResult. train and evaluate_config
+# check a config built or changed in code as load_config checks a file, before anything is
+# written (mmrft.config.validate_config: types, unknown attributes, nesting, ranges).
 _API = {
     "load_config": "mmrft.config",
     "train": "mmrft.training.trainer",

@@ -11,8 +11,10 @@ directory. Relative paths are anchored as :func:`load_config` says.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,7 +22,7 @@ from typing import Any, Literal
 import yaml
 
 from mmrft.plugins import did_you_mean
-from mmrft.typecheck import ConfigError, coerce, type_name
+from mmrft.typecheck import ConfigError, coerce, shown, type_name
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -653,7 +655,10 @@ class CheckpointConfig:
 
 @dataclass
 class RunConfig:
-    name: str = _f("", "Run name; empty = <task>__<model>__<seed>.")
+    name: str = _f(
+        "",
+        "Run name; empty = <task>__<model>__<seed>. A plain folder name: no '/', '\\', '..' or control characters (a newline), at most 255 bytes.",
+    )
     output_dir: str = _f(
         "runs",
         "Parent directory of run directories (run dir = output_dir/name); a relative path means the current directory.",
@@ -710,9 +715,106 @@ def _from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def check_config(cfg: RunConfig) -> None:
+MAX_CONFIG_DEPTH = 32
+"""Deepest nesting of mappings and lists a config may hold, sections included (the bundled
+configs nest at most 5 deep: a verifier's parameters, a tool's settings). Deeper input is
+refused with one line; unbounded, Python's YAML reader, ``config.yaml`` and the config diff
+would recurse into a RecursionError."""
+
+
+MAX_CONFIG_VALUES = 100_000
+"""Most values (mappings, lists and scalars, a YAML alias counted each time it is used) one
+config value may hold: a "billion laughs" file of nested aliases is refused, not expanded."""
+
+
+def check_depth(value: Any, key: str, limit: int = MAX_CONFIG_DEPTH) -> None:
+    """Refuse ``value`` when its mappings and lists nest more than ``limit`` deep (a mapping
+    that holds itself counts as endless) or hold more than :data:`MAX_CONFIG_VALUES` values,
+    naming ``key`` (for a whole config, ``""``: the key where it happened, two levels down)
+    and the path down to the limit. Iterative: any depth is checked without recursion."""
+    stack: list[tuple[Any, int, str]] = [(value, 0, key)]
+    seen = 0
+    while stack:
+        node, depth, where = stack.pop()
+        seen += 1
+        if isinstance(node, Mapping):
+            children = [(v, f"{where}.{k}" if where else str(k)) for k, v in node.items()]
+        elif isinstance(node, (list, tuple)):
+            children = [(v, f"{where}[{i}]") for i, v in enumerate(node)]
+        else:
+            continue
+        too_deep = bool(children) and depth >= limit
+        if too_deep or seen > MAX_CONFIG_VALUES:
+            head = key or re.match(r"[^.\[]*(\.[^.\[]+)?", where).group()  # type: ignore[union-attr]
+            at = where if len(where) <= 120 else where[:120] + "…"
+            what = (
+                f"nested deeper than {limit} levels of mappings and lists (at {at})"
+                if too_deep
+                else f"holds more than {MAX_CONFIG_VALUES} values (YAML aliases count each "
+                "time they are used)"
+            )
+            raise ConfigError(f"{head or 'config'}: {what}")
+        stack.extend((child, depth + 1, at) for child, at in children)
+
+
+def validate_config(
+    cfg: Any, where: str = "mmrft.train", console: Any = None, training: bool = True
+) -> RunConfig:
+    """Check a config built or changed in Python as :func:`load_config` checks a file, before
+    anything is written (the Python API's ``train`` and ``evaluate_config`` call it): every
+    field's type as ``mmrft train --help-config`` shows it (an int where a float goes becomes a
+    float, a section given as a mapping becomes its section), no attribute that is not a key
+    (``cfg.train.stepz = 3``: the closest valid key is named), nesting at most
+    :data:`MAX_CONFIG_DEPTH` deep, then :func:`check_config` (``training=False``: an
+    evaluation, which needs no training file). A bad value or key is a
+    :class:`ConfigError`; a ``cfg`` that is no :class:`RunConfig`, or a ``console`` without a
+    ``print``, a :class:`TypeError` naming ``where`` and what it expects. Returns ``cfg``."""
+    if not isinstance(cfg, RunConfig):
+        raise TypeError(
+            f"{where}: cfg: expected a RunConfig (mmrft.load_config(...) or "
+            f"mmrft.config.RunConfig()), got {type(cfg).__name__} {shown(cfg)}"
+        )
+    if console is not None and not callable(getattr(console, "print", None)):
+        raise TypeError(
+            f"{where}: console: expected a rich.console.Console or None, got "
+            f"{type(console).__name__} {shown(console)}"
+        )
+    _check_section(cfg, RunConfig, "")
+    check_config(cfg, training)
+    return cfg
+
+
+def _check_section(node: Any, cls: type, prefix: str) -> None:
+    """:func:`validate_config` of one section, in place."""
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for name in vars(node):
+        if name not in hints:
+            full = f"{prefix}{name}"
+            valid = [f"{prefix}{k}" for k in names]
+            raise ConfigError(f"unknown config key '{full}'; {did_you_mean(full, valid)}")
+    for name in names:
+        full, value, hint = f"{prefix}{name}", getattr(node, name), hints[name]
+        if dataclasses.is_dataclass(hint):
+            if isinstance(value, Mapping):
+                check_depth(value, full)
+                setattr(node, name, _from_dict(hint, dict(value), f"{full}."))
+            elif type(value) is hint:
+                _check_section(value, hint, f"{full}.")
+            else:
+                raise ConfigError(
+                    f"{full}: expected the {full} section ({hint.__name__}, or a mapping of its "
+                    f"keys), got {shown(value)}"
+                )
+        else:
+            check_depth(value, full)
+            setattr(node, name, coerce(value, hint, full))
+
+
+def check_config(cfg: RunConfig, training: bool = True) -> None:
     """Cross-field checks that no single type can express (run by ``load_config``, and again by
-    the trainer after a launcher's settings were applied)."""
+    the trainer after a launcher's settings were applied); ``training=False`` skips the one an
+    evaluation does not need (a training file)."""
 
     def need(ok: bool, key: str, message: str) -> None:
         if not ok:
@@ -832,16 +934,27 @@ def check_config(cfg: RunConfig) -> None:
         "must not exceed model.max_pixels",
     )
     need(
-        bool(cfg.data.train) or cfg.train.steps == 0,
+        bool(cfg.data.train) or cfg.train.steps == 0 or not training,
         "data.train",
         "a training file is needed when train.steps > 0",
     )
     need(
-        not re.search(r"[/\\\x00]", cfg.name) and cfg.name not in (".", ".."),
+        not re.search(r"[/\\\x00-\x1f\x7f]", cfg.name)
+        and cfg.name not in (".", "..")
+        and len(cfg.name.encode("utf-8", "surrogatepass")) <= 255,
         "name",
-        f"{cfg.name!r} must be a plain folder name inside output_dir (no '/', '\\', '..' or "
-        "absolute path)",
+        f"{shown(cfg.name)} must be a plain folder name inside output_dir (no '/', '\\', '..', "
+        "control characters such as a newline, or absolute path; at most 255 bytes)",
     )
+    for key in ("output_dir", *PATH_KEYS):
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        need(
+            not (isinstance(value, str) and "\x00" in value),
+            key,
+            "has a NUL byte, which no file path may hold",
+        )
     for key in (
         "max_prompt_tokens",
         "max_image_pixels",
@@ -950,6 +1063,10 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except RecursionError:
+        raise ConfigError(
+            f"override {key}: nested deeper than {MAX_CONFIG_DEPTH} levels of mappings and lists"
+        ) from None
     return key, value
 
 
@@ -1015,8 +1132,9 @@ def _is_hub_id(value: str) -> bool:
 def anchor_path(value: str, base: Path, hub_id_ok: bool = False) -> str:
     """``value`` made absolute against ``base`` when it is a relative local path (``~``
     expanded); URLs, empty strings and, with ``hub_id_ok``, hub ids (``Qwen/Qwen2-VL-2B``) that
-    do not exist under ``base`` are kept as written."""
-    if not value or "://" in value:
+    do not exist under ``base`` are kept as written, and so is a value with a NUL byte (no path:
+    :func:`check_config` refuses it by its key)."""
+    if not value or "://" in value or "\x00" in value:
         return value
     path = Path(value).expanduser()
     if path.is_absolute():
@@ -1072,6 +1190,16 @@ def load_config(
     absolute: relative ones in the YAML file against the file's folder, on the command line
     against the current directory; ``output_dir`` against the current directory.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            "load_config: path: expected a config name or file path (str or pathlib.Path) or "
+            f"None, got {type(path).__name__} {shown(path)}"
+        )
+    if not isinstance(overrides, (list, tuple)) or not all(isinstance(o, str) for o in overrides):
+        raise TypeError(
+            "load_config: overrides: expected a list of 'key=value' strings, got "
+            f"{type(overrides).__name__} {shown(overrides)}"
+        )
     tree: dict[str, Any] = {}
     if path is not None:
         file = resolve_config_path(path)
@@ -1079,6 +1207,10 @@ def load_config(
             tree = yaml_load(file.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as exc:  # a syntax error, or a tag safe_load refuses (!!python/…)
             raise ConfigError(yaml_error(file, exc)) from None
+        except RecursionError:  # PyYAML's reader recurses once per level
+            raise ConfigError(
+                f"{file}: nested deeper than {MAX_CONFIG_DEPTH} levels of mappings and lists"
+            ) from None
         except UnicodeDecodeError as exc:
             raise ConfigError(f"{file}: not UTF-8 text (byte {exc.start + 1})") from None
         if not isinstance(tree, dict):
@@ -1105,6 +1237,7 @@ def load_config(
             max_new_tokens = RolloutConfig.max_new_tokens
         tree["algorithm"] = {**preset_fields(preset, max_new_tokens), **tree["algorithm"]}
     try:
+        check_depth(tree, "")
         cfg = _from_dict(RunConfig, tree, "")
         cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
         check_config(cfg)

@@ -8,6 +8,7 @@ the key, the expected type and the closest valid key.
 from __future__ import annotations
 
 import inspect
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -31,6 +32,19 @@ def require_extra(module: str, extra: str, what: str) -> Any:
         raise ConfigError(
             f"{what} needs the '{module}' package: pip install 'mmrft[{extra}]'"
         ) from None
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother = 3, 80, 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, bounded: 80 characters of a string, 3 levels of nesting
+    (a config value nested thousands deep must not raise RecursionError while it is named)."""
+    try:
+        return _SHOWN.repr(value)
+    except Exception:  # a user object whose __repr__ raises
+        return f"<{type(value).__name__}>"
 
 
 def type_name(annotation: Any) -> str:
@@ -62,8 +76,10 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
         choices = get_args(annotation)
         if value in choices:
             return value
-        hint = did_you_mean(str(value), [str(c) for c in choices])
-        raise ConfigError(f"{key}: {value!r} is not one of {type_name(annotation)}; {hint}")
+        hint = did_you_mean(
+            value[:200] if isinstance(value, str) else shown(value), [str(c) for c in choices]
+        )
+        raise ConfigError(f"{key}: {shown(value)} is not one of {type_name(annotation)}; {hint}")
     if origin in (Union, types.UnionType):
         errors = []
         for arg in get_args(annotation):
@@ -71,43 +87,49 @@ def coerce(value: Any, annotation: Any, key: str) -> Any:
                 return coerce(value, arg, key)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got {shown(value)}")
     if annotation is type(None):
         if value is None:
             return None
-        raise ConfigError(f"{key}: expected null, got {value!r}")
+        raise ConfigError(f"{key}: expected null, got {shown(value)}")
     if origin in (list, tuple):
         if isinstance(value, (list, tuple)):
             args = get_args(annotation)
             item = args[0] if args else Any
             out = [coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
             return tuple(out) if origin is tuple else out
-        raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+        raise ConfigError(f"{key}: expected {type_name(annotation)}, got {shown(value)}")
     if origin is dict or annotation is dict:
         if isinstance(value, Mapping):
             return dict(value)
-        raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        raise ConfigError(f"{key}: expected a mapping, got {shown(value)}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number (float), got {value!r}")
+            try:
+                return float(value)
+            except OverflowError:  # an int past 1.8e308
+                digits = int(value.bit_length() * 0.30103) + 1
+                raise ConfigError(
+                    f"{key}: an integer of about {digits} digits is too large for a number (float)"
+                ) from None
+        raise ConfigError(f"{key}: expected a number (float), got {shown(value)}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer, got {shown(value)}")
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+        raise ConfigError(f"{key}: expected true or false, got {shown(value)}")
     if annotation is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
+        raise ConfigError(f"{key}: expected a string, got {shown(value)}")
     if isinstance(annotation, type) and isinstance(value, annotation):
         return value
-    raise ConfigError(f"{key}: expected {type_name(annotation)}, got {value!r}")
+    raise ConfigError(f"{key}: expected {type_name(annotation)}, got {shown(value)}")
 
 
 def bind_keyword_params(fn: Callable[..., Any], params: Mapping[str, Any], where: str) -> dict:

@@ -3,7 +3,15 @@ from pathlib import Path
 
 import pytest
 
-from mmrft.config import RunConfig, help_table, load_config, parse_override, to_yaml
+from mmrft.config import (
+    RunConfig,
+    check_config,
+    help_table,
+    load_config,
+    parse_override,
+    to_yaml,
+    validate_config,
+)
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -206,3 +214,107 @@ def test_config_diff_shows_only_what_differs_from_the_defaults():
     assert diff["train"] == {"steps": 0}
     assert diff["task"] == {"params": {"think": "none"}}
     assert "optim" not in diff and "algorithm" not in diff
+
+
+# ---------------------------------------------------------------------------------------------
+# Budgets (issue 38): nesting, run names, paths, argument types
+
+
+def nested(levels: int) -> dict:
+    out: dict = {"leaf": 1}
+    for _ in range(levels):
+        out = {"a": out}
+    return out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task:\n params:\n" + "".join(" " * (i + 2) + "a:\n" for i in range(1000)),
+        "task:\n  params:\n    x: " + "[" * 5000 + "]" * 5000 + "\n",
+        to_yaml({"task": {"params": nested(40)}}),
+        "task:\n  params:\n    a: &a [*a]\n",  # a list that holds itself
+        "task:\n  params:\n    a: &a [x, x, x, x, x, x, x, x, x]\n"  # "billion laughs"
+        + "".join(
+            f"    {b}: &{b} [{', '.join([f'*{a}'] * 9)}]\n" for a, b in zip("abcdefgh", "bcdefghi")
+        ),
+    ],
+    ids=["block-1000", "flow-5000", "block-40", "self-alias", "billion-laughs"],
+)
+def test_a_config_nested_thousands_deep_is_one_line(tmp_path, text):
+    """The old reader raised RecursionError (a traceback) on the first two; the third loaded,
+    deeper than any config needs; the self-holding list was a RecursionError when written, and
+    the billion laughs expanded 9⁹ values when config.yaml was written."""
+    with pytest.raises(
+        ConfigError,
+        match=r"c.yaml(:\d+: task.params)?: (nested deeper than 32 levels|holds more than)",
+    ):
+        load_config(write(tmp_path, "train:\n  steps: 0\n" + text))
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "task.params={x: " + "[" * 5000 + "]" * 5000 + "}",
+        "train.deepspeed." + ".".join(["a"] * 3000) + "=1",
+        "task.params=" + "{a: " * 40 + "1" + "}" * 40,
+    ],
+    ids=["flow-5000", "dotted-3000", "flow-40"],
+)
+def test_an_override_nested_thousands_deep_is_one_line(override):
+    with pytest.raises(ConfigError, match=r"nested deeper than 32 levels"):
+        load_config(None, ["train.steps=0", override])
+
+
+def test_a_config_nested_within_the_limit_loads():
+    cfg = load_config(None, ["train.steps=0", "task.params=" + "{a: " * 29 + "1" + "}" * 29])
+    assert cfg.task.params["a"]["a"]["a"]
+
+
+@pytest.mark.parametrize(
+    "name", ["a\nb", "a\rb", "tab\there", "bell\x07", "del\x7f", "nul\x00", "x" * 256, "é" * 128]
+)
+def test_a_run_name_with_control_characters_or_too_long_is_refused(name):
+    cfg = load_config(None, ["train.steps=0"])
+    cfg.name = name
+    with pytest.raises(ConfigError, match=r"^name: .* must be a plain folder name"):
+        check_config(cfg)
+
+
+def test_a_run_name_with_a_newline_is_refused_from_a_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"c.yaml:1: name: 'one\\ntwo' must be a plain folder"):
+        load_config(write(tmp_path, 'name: "one\\ntwo"\ntrain:\n  steps: 0\n'))
+    assert load_config(None, ["train.steps=0", "name=ünïcode-ok_1.2"]).name == "ünïcode-ok_1.2"
+
+
+@pytest.mark.parametrize(
+    ("key", "text"),
+    [
+        ("output_dir", 'output_dir: "x\\0y"\n'),
+        ("data.train", 'data:\n  train: "x\\0y"\n'),
+        ("data.media_root", 'data:\n  media_root: "x\\0y"\n'),
+        ("model.path", 'model:\n  path: "x\\0y"\n'),
+    ],
+)
+def test_a_nul_byte_in_a_path_key_is_refused(tmp_path, key, text):
+    with pytest.raises(ConfigError, match=rf"{key}: has a NUL byte"):
+        load_config(write(tmp_path, "train:\n  steps: 0\n" + text))
+
+
+def test_load_config_names_what_its_arguments_should_be():
+    with pytest.raises(TypeError, match=r"^load_config: path: expected a config name or file path"):
+        load_config(42)
+    with pytest.raises(TypeError, match=r"^load_config: overrides: expected a list of 'key=value'"):
+        load_config("demo", "train.steps=3")
+    with pytest.raises(TypeError, match=r"^load_config: overrides: .* got list \[3\]"):
+        load_config("demo", [3])
+    assert load_config(Path(REPO / "configs" / "demo.yaml"), ("train.steps=0",)).train.steps == 0
+
+
+def test_a_number_past_the_float_range_is_one_line():
+    cfg = load_config(None, ["train.steps=0"])
+    cfg.optim.lr = 10**400
+    with pytest.raises(
+        ConfigError, match=r"^optim.lr: an integer of about 401 digits is too large for a number"
+    ):
+        validate_config(cfg)

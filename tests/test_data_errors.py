@@ -4,6 +4,7 @@ found before any model is loaded (issue 12, item 7)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -97,3 +98,38 @@ def test_train_reports_bad_data_before_loading_the_model(broken, tmp_path, capsy
     monkeypatch.setattr(mmrft.training.setup, "load_policy", no_model)
     assert main(train_args(tmp_path, broken["jsonl"])) == 2
     assert f"{broken['jsonl']}:2: " in capsys.readouterr().err
+
+
+# -- hostile media values in parquet rows (issue 38) ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("image", "says"),
+    [
+        ({"bytes": b"\x89PNG\r\n\x1a\n", "path": "x.p\x00ng"}, "NUL byte in a media path"),
+        ({"bytes": None, "path": "x\x00.png"}, "NUL byte in a media path"),
+        ("x\x00.png", "NUL byte in a media path"),
+        ({"bytes": "not bytes", "path": "x.png"}, "a media value's 'bytes' must be bytes"),
+    ],
+    ids=["bytes-and-nul-path", "nul-path", "nul-string", "bytes-as-text"],
+)
+def test_a_parquet_media_value_with_a_nul_byte_is_one_line(tmp_path, monkeypatch, image, says):
+    """Stored bytes with a NUL in their path were written to a cache file named by its suffix:
+    ValueError 'embedded null byte', a traceback, on the old code (JSONL paths already said
+    it in one line). Under data.on_error=skip the row is skipped and counted."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from mmrft.data.readers import parse_mmrft_record, read_records, standard_or_project
+
+    monkeypatch.setenv("MMRFT_CACHE", str(tmp_path / "cache"))
+    rows = [{"question": "what?", "answer": "a", "image": image}]
+    path = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+    def parse(record, base, where):
+        return parse_mmrft_record(standard_or_project(record, base, where), base, where)
+
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))} row 1: {re.escape(says)}"):
+        read_records(path, parse)
+    kept, stats = read_records(path, parse, on_error="skip")
+    assert kept == [] and stats.read == 1 and stats.kept == 0

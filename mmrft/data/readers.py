@@ -753,11 +753,15 @@ def media_source(value: Any, base: Path, where: str) -> str:
         return _resolve_media(value, base)
     if isinstance(value, dict) and (value.get("bytes") or value.get("path")):
         data, name = value.get("bytes"), value.get("path") or ""
+        if "\x00" in str(name):  # with bytes too: its suffix names the cached file
+            raise DataError(f"{where}: NUL byte in a media path")
         if not data:
-            if "\x00" in str(name):
-                raise DataError(f"{where}: NUL byte in a media path")
             return _resolve_media(str(name), base)
-        suffix = Path(name).suffix or next((s for m, s in _MAGIC if data.startswith(m)), "")
+        if not isinstance(data, (bytes, bytearray)):
+            raise DataError(
+                f"{where}: a media value's 'bytes' must be bytes, got {type(data).__name__}"
+            )
+        suffix = Path(str(name)).suffix or next((s for m, s in _MAGIC if data.startswith(m)), "")
         if not suffix and data[4:8] == b"ftyp":
             suffix = ".mp4"
         target = media_cache_dir() / f"{hashlib.sha256(data).hexdigest()[:24]}{suffix or '.bin'}"

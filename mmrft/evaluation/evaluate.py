@@ -163,6 +163,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     API's evaluation): the config's task, data format and media budgets, greedy decoding with
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
     data (lines and media) is checked before any weights load."""
+    from mmrft.config import validate_config
     from mmrft.evaluation.runlog import progress_bar
     from mmrft.plugins import load_plugins
     from mmrft.policy.model import load_policy, resolve_family
@@ -171,6 +172,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     from mmrft.runtime.device import pick_device, seed_everything
     from mmrft.typecheck import ConfigError
 
+    cfg = validate_config(cfg, "mmrft.evaluate_config", console, training=False)
     console = console or Console()
     seed_everything(cfg.train.seed)
     load_plugins(cfg.plugins)

@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mmrft.algorithms import group_advantages, group_stats
-from mmrft.config import RunConfig, to_dict
+from mmrft.config import RunConfig, to_dict, validate_config
 from mmrft.data import Sample, skip_counts
 from mmrft.evaluation.evaluate import EvalResult, evaluate, print_table, write_eval
 from mmrft.evaluation.prompt_view import row_prompt_text
@@ -81,7 +81,10 @@ log = logging.getLogger("mmrft")
 def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary. A
     finished run (its checkpoint at ``train.steps``) changes nothing and returns its summary;
-    a resume with a changed config is refused (:func:`resume_point`)."""
+    a resume with a changed config is refused (:func:`resume_point`). A config built or
+    changed in Python is checked first as a file is (:func:`mmrft.config.validate_config`:
+    types, unknown attributes, ranges), before anything is written."""
+    cfg = validate_config(cfg, "mmrft.train", console)
     finished = finished_summary(cfg, resume_point(cfg), console or Console())
     if finished is not None:
         return finished
