@@ -4,6 +4,8 @@ trainings per sampler that resume exactly after an interruption, on 1 and on 2 p
 from __future__ import annotations
 
 import json
+import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +24,7 @@ from mmrft.rollout.sampling import (
     PromptStats,
     SampledStream,
     Sampler,
+    SamplerError,
     SamplerView,
     build_sampler,
     curriculum_share,
@@ -234,7 +237,7 @@ def test_sampler_errors_name_the_key():
         ConfigError, match=r"^data.sampler_params.readmit_after: expected an integer"
     ):
         build_sampler("difficulty", {"readmit_after": "soon"}, data)
-    with pytest.raises(ConfigError, match=r"^data.sampler_params: needs 0 ≤ low < high ≤ 1"):
+    with pytest.raises(ConfigError, match=r"^data.sampler_params.low: needs 0 ≤ low < high ≤ 1"):
         build_sampler("difficulty", {"low": 0.9, "high": 0.5}, data)
     with pytest.raises(ConfigError, match=r"^data.sampler_params.key: d.jsonl:3: meta.difficulty"):
         build_sampler("curriculum", {}, data)
@@ -260,6 +263,224 @@ def test_a_plugin_sampler_registers_and_is_type_checked():
     assert stream.take(1, PromptStats(0.5), 1) == [3]
     with pytest.raises(ConfigError, match="data.sampler_params.weight: expected a number"):
         build_sampler("test_last_only", {"weight": "x"}, data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Budgets: the sampler's numbers and its contract (issue 38)
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [[np.nan] * 4, [1.0, np.nan, 1.0, 1.0], [np.inf, 1.0, 1.0, 1.0], [1.0, -1.0, 1.0, 1.0]],
+)
+def test_weighted_draw_refuses_weights_that_are_not_finite_and_non_negative(weights):
+    """A NaN weight was in neither pool (not > 0, not ≤ 0): the draw looped for ever."""
+    with pytest.raises(ValueError, match="one finite weight ≥ 0 per sample"):
+        weighted_draw(np.array(weights), 6, set(), np.random.default_rng(0))
+
+
+def test_weighted_draw_of_huge_weights_is_a_draw():
+    drawn = weighted_draw(np.array([1e308, 1e308, 0.0]), 2, set(), np.random.default_rng(0))
+    assert sorted(drawn) == [0, 1]  # their sum is inf: normalised by the largest first
+
+
+class _Broken(Sampler):
+    """A plugin sampler that breaks its contract as ``how`` says."""
+
+    def __init__(self, *, how: str = "nan") -> None:
+        self.how = how
+
+    def weights(self, view: SamplerView) -> np.ndarray:
+        n = len(view.samples)
+        table = {
+            "nan": np.full(n, np.nan),
+            "one_nan": np.where(np.arange(n) == 2, np.nan, 1.0),
+            "inf": np.full(n, np.inf),
+            "negative": -np.ones(n),
+            "short": np.ones(3),
+            "long": np.ones(n + 1),
+            "matrix": np.ones((n, 2)),
+            "text": ["a"] * n,
+        }
+        if self.how == "raises":
+            raise ZeroDivisionError("boom\nsecond line")
+        return table[self.how]
+
+    def draw(self, view: SamplerView) -> list[int]:
+        drawn = {
+            "minus_one": [-1] * view.count,
+            "too_big": [len(view.samples)] * view.count,
+            "float": [0.0] * view.count,
+            "bool": [True] * view.count,
+            "few": [0],
+            "endless": iter(int, 1),  # 0, 0, 0, ... for ever
+            "none": None,
+            "bad": [next(iter(view.bad), 0)] * view.count,
+        }
+        if self.how in drawn:
+            return drawn[self.how]
+        return super().draw(view)
+
+
+sampler("test_broken")(_Broken)
+
+
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [
+        ("nan", r"gave weights that are not finite \(nan for 8 of 8 samples: s0, s1, "),
+        ("one_nan", r"gave weights that are not finite \(nan for 1 of 8 samples: s2\)"),
+        ("inf", r"not finite \(inf for 8 of 8"),
+        ("negative", r"gave weights that are negative \(-1.0 for 8 of 8"),
+        ("short", r"gave weights of shape \(3,\) for 8 training samples"),
+        ("long", r"gave weights of shape \(9,\) for 8 training samples"),
+        ("matrix", r"gave weights of shape \(8, 2\)"),
+        ("text", r"gave weights that are not numbers"),
+        ("raises", r"raised ZeroDivisionError: boom second line"),
+        ("minus_one", r"returned index -1, outside \[0, 7\]"),
+        ("too_big", r"returned index 8, outside \[0, 7\]"),
+        ("float", r"returned 0.0, not a sample index"),
+        ("bool", r"returned True, not a sample index"),
+        ("few", r"returned 1 indices for a round of 3 prompts"),
+        ("endless", r"returned 3\+ indices for a round of 3 prompts"),
+        ("none", r"returned NoneType None, not a list of sample indices"),
+        ("bad", r"returned index 5, a sample whose media failed"),
+    ],
+)
+def test_a_sampler_that_breaks_its_contract_is_one_line_naming_it_and_the_step(how, says):
+    """The old draw looped for ever on NaN, drew only the first prompts of a short array,
+    indexed from the end on -1 and raised the plugin's own error with a traceback."""
+    data = samples(8)
+    stream = SampledStream(build_sampler("test_broken", {"how": how}, data), data, 0, 5)
+    stream.bad.add(5)
+    with pytest.raises(SamplerError) as caught:
+        stream.take(3, PromptStats(0.5), 3)
+    message = str(caught.value)
+    assert re.search(says, message), message
+    assert message.startswith("data.sampler 'test_broken' ") and "\n" not in message
+    assert "at step 3 (a round of 3 prompts at data position 0)" in message
+    record = caught.value.failure()
+    assert record["step"] == 3 and record["sampler"] == "test_broken"
+    every = [f"s{i}" for i in range(8)]
+    named = {"nan": every, "inf": every, "negative": every, "one_nan": ["s2"]}.get(how, [])
+    assert record["samples"] == named
+    assert stream.position == 0  # nothing drawn
+
+
+def test_a_replacement_draw_is_held_to_the_contract_too():
+    data = samples(4)
+    stream = SampledStream(build_sampler("test_broken", {"how": "one_nan"}, data), data, 0, 5)
+    stream._latest = ({0: 1}, PromptStats(0.5), 2)
+    stream.bad.add(1)  # its media failed: index_at draws again
+    with pytest.raises(SamplerError, match="at step 2 .* data position 0"):
+        stream.index_at(0)
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "says"),
+    [
+        ("variance", {"floor": math.nan}, r"data.sampler_params.floor: must be a finite number"),
+        ("variance", {"unseen": math.inf}, r"data.sampler_params.unseen: must be a finite"),
+        ("variance", {"floor": -0.5}, r"data.sampler_params.floor: must be a finite number ≥ 0"),
+        ("variance", {"variance_weight": -1}, r"data.sampler_params.variance_weight: must be"),
+        ("variance", {"mix": math.nan}, r"data.sampler_params.mix: must be a finite number"),
+        ("variance", {"mix": 1.5}, r"data.sampler_params.mix: must be in \[0, 1\]"),
+        ("difficulty", {"aside_weight": math.nan}, r"data.sampler_params.aside_weight: must be a"),
+        ("difficulty", {"low": math.nan}, r"data.sampler_params.low: must be a finite"),
+        ("difficulty", {"min_drawn": 0}, r"data.sampler_params.min_drawn: must be ≥ 1, got 0"),
+        ("curriculum", {"by": "accuracy", "unseen": 2.0}, r"data.sampler_params.unseen: must be"),
+        ("curriculum", {"stages": 1}, r"data.sampler_params.stages: must be ≥ 2"),
+        ("curriculum", {"steps": -1}, r"data.sampler_params.steps: must be ≥ 0"),
+        ("test_broken", {"how": 10**400}, r"data.sampler_params.how: expected a string"),
+    ],
+)
+def test_every_sampler_number_is_checked_at_start_up(name, params, says):
+    data = samples(3, difficulty=[1, 2, 3])
+    with pytest.raises(ConfigError, match=says):
+        build_sampler(name, params, data)
+
+
+def test_a_plugin_samplers_numbers_and_its_own_errors_are_one_line_at_start_up():
+    @sampler("test_params")
+    class Params(Sampler):
+        def __init__(self, *, boost: float = 1.0, levels: list[float] | None = None) -> None:
+            if boost == 7:
+                raise TypeError("seven is unlucky")
+            self.boost, self.levels = boost, levels
+
+        def check(self, data: list[Sample]) -> None:
+            if self.boost == 8:
+                raise KeyError("no such column")
+
+        def weights(self, view: SamplerView) -> np.ndarray:
+            return np.full(len(view.samples), self.boost)
+
+    data = samples(3)
+    for params, says in [
+        ({"boost": math.nan}, r"^data.sampler_params.boost: must be a finite number, got nan$"),
+        ({"boost": -math.inf}, r"^data.sampler_params.boost: must be a finite number, got -inf"),
+        (
+            {"boost": 10**400},
+            r"^data.sampler_params.boost: an integer of about 401 digits is too large",
+        ),
+        ({"levels": [1.0, math.nan]}, r"^data.sampler_params.levels\[1\]: must be a finite"),
+        ({"boost": 7}, r"^data.sampler: 'test_params' raised TypeError: seven is unlucky"),
+        ({"boost": 8}, r"^data.sampler: 'test_params' check\(\) raised KeyError"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            build_sampler("test_params", params, data)
+    assert build_sampler("test_params", {"boost": 2}, data).boost == 2.0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 10**400, "hard", None, True])
+def test_curriculum_refuses_a_difficulty_that_is_not_a_finite_number(bad):
+    """NaN passed the old check (a float) and sorted anywhere among the difficulties."""
+    data = samples(3, difficulty=[1, bad, 2])
+    with pytest.raises(
+        ConfigError,
+        match=r"^data.sampler_params.key: d.jsonl:2: meta.difficulty should be a "
+        "finite number",
+    ):
+        build_sampler("curriculum", {}, data)
+
+
+NAN_SAMPLER = """
+import numpy as np
+from mmrft.rollout.sampling import Sampler, sampler
+
+
+@sampler("test_nan_from_step_2")
+class NanFromStep2(Sampler):
+    def weights(self, view):
+        return np.full(len(view.samples), np.nan if view.step >= 2 else 1.0)
+"""
+
+
+def test_train_stops_on_a_sampler_with_one_line_and_failure_json(tmp_path, capsys):
+    """As a verifier plugin's failure: exit 2, one line naming the sampler, the step and the
+    samples, failure.json, step 1's checkpoint intact (the old draw hung before step 2)."""
+    from helpers import NO_EVAL, short_run
+
+    from mmrft.cli import main
+
+    plugin = tmp_path / "nan_sampler.py"
+    plugin.write_text(NAN_SAMPLER)
+    args = [
+        "train", *short_run(tmp_path, "nan", steps=3), *NO_EVAL, "data.max_train_samples=4",
+        "checkpoint.every=1", f"plugins=[{plugin}]", "data.sampler=test_nan_from_step_2",
+        "train.threads=1",
+    ]  # fmt: skip
+    assert main(args) == 2
+    captured = capsys.readouterr().err
+    err = [line for line in captured.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and "Traceback" not in captured, captured
+    assert err[0].startswith("error: data.sampler 'test_nan_from_step_2' at step 2 (a round of")
+    assert "gave weights that are not finite (nan for 4 of 4 samples: " in err[0]
+    failure = json.loads((tmp_path / "nan" / "failure.json").read_text())
+    assert failure["step"] == 2 and failure["sampler"] == "test_nan_from_step_2"
+    assert len(failure["samples"]) == 4 and failure["reason"] in " ".join(captured.split())
+    assert (tmp_path / "nan" / "checkpoints" / "step-000001" / "trainer_state.pt").is_file()
+    assert not (tmp_path / "nan" / "checkpoints" / "step-000002").exists()
 
 
 def test_correctness_verifier_of_the_statistics():

@@ -17,14 +17,22 @@ Built-ins: ``uniform`` (the seeded epoch order, the default), ``variance`` (MMR1
 al. 2019). A user's sampler subclasses :class:`Sampler`, takes keyword-only parameters
 (``data.sampler_params``, type-checked at start-up) and implements :meth:`Sampler.weights`
 (or :meth:`Sampler.draw` for an order that is not a weighted draw).
+
+A sampler is held to its contract as a verifier is: every number of ``data.sampler_params`` is
+checked at start-up (finite, in its range), and a draw that raises, gives weights that are not
+one finite number ≥ 0 per training sample, or indices that are not training samples, stops the
+run with one line (:class:`SamplerError`: the sampler, the step, the samples) and
+``failure.json``.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -255,25 +263,128 @@ class SamplerView:
         return out
 
 
+class SamplerContractError(ValueError):
+    """What a sampler gave breaks its contract (:func:`checked_weights`, :func:`checked_indices`);
+    ``sample_ids`` are the samples concerned. :class:`SampledStream` turns it into a
+    :class:`SamplerError` naming the sampler and the step."""
+
+    def __init__(self, message: str, sample_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.sample_ids = list(sample_ids)
+
+
+class SamplerError(DataError):
+    """A sampler broke its contract while drawing: it raised, or gave weights or indices
+    :func:`checked_weights` / :func:`checked_indices` refuse. The message is one line naming
+    the sampler, the step and the samples; :meth:`failure` is the ``failure.json`` record.
+
+    Attributes:
+        sampler: its name (``data.sampler``).
+        step: the training step whose draw failed.
+        sample_ids: the samples concerned (those of a bad weight), in order; may be empty.
+    """
+
+    def __init__(
+        self, message: str, *, sampler: str, step: int, sample_ids: Sequence[str] = ()
+    ) -> None:
+        self.sampler, self.step = sampler, step
+        self.sample_ids = list(dict.fromkeys(sample_ids))
+        super().__init__(" ".join(message.split()))  # one line, whatever the plugin's message
+
+    def failure(self) -> dict[str, Any]:
+        """The ``failure.json`` record: step, reason, sampler, samples."""
+        return {
+            "step": self.step,
+            "reason": str(self),
+            "sampler": self.sampler,
+            "samples": self.sample_ids,
+        }
+
+
+def _ids(ids: Sequence[str], most: int = 10) -> str:
+    shown = ", ".join(ids[:most])
+    return shown + (f" (+{len(ids) - most} more)" if len(ids) > most else "")
+
+
+def checked_weights(weights: Any, samples: Sequence[Sample]) -> np.ndarray:
+    """``weights`` as a float64 array when it holds one finite number ≥ 0 per sample, else a
+    :class:`SamplerContractError` naming the samples whose weight is NaN, ±inf or negative
+    (a NaN weight once sent the draw into an endless loop; a short array drew only the first
+    prompts)."""
+    try:
+        out = np.asarray(weights, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise SamplerContractError(f"gave weights that are not numbers ({exc})") from None
+    if out.ndim != 1 or len(out) != len(samples):
+        raise SamplerContractError(
+            f"gave weights of shape {out.shape} for {len(samples)} training samples "
+            "(one weight per sample)"
+        )
+    for broken, what in ((~np.isfinite(out), "not finite"), (out < 0, "negative")):
+        where = np.flatnonzero(broken)
+        if len(where):
+            ids = [samples[int(i)].id for i in where]
+            raise SamplerContractError(
+                f"gave weights that are {what} ({float(out[where[0]])!r} for {len(where)} of "
+                f"{len(samples)} samples: {_ids(ids)}); a weight is a finite number ≥ 0",
+                ids,
+            )
+    return out
+
+
+def checked_indices(drawn: Any, count: int, size: int, bad: set[int]) -> list[int]:
+    """The ``count`` indices a draw returned as ints, each a training sample (0 ≤ i <
+    ``size``) not in ``bad``, else a :class:`SamplerContractError` (an iterator is read up to
+    ``count + 1`` items, so an endless one cannot hang the run)."""
+    try:
+        items = list(itertools.islice(iter(drawn), count + 1))
+    except TypeError:
+        raise SamplerContractError(
+            f"returned {type(drawn).__name__} {drawn!r:.60}, not a list of sample indices"
+        ) from None
+    if len(items) != count:
+        got = f"{count}+" if len(items) > count else str(len(items))
+        raise SamplerContractError(f"returned {got} indices for a round of {count} prompts")
+    out = []
+    for i in items:
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise SamplerContractError(f"returned {i!r:.60}, not a sample index (an int)")
+        if not 0 <= int(i) < size:
+            raise SamplerContractError(f"returned index {int(i)}, outside [0, {size - 1}]")
+        if int(i) in bad:
+            raise SamplerContractError(
+                f"returned index {int(i)}, a sample whose media failed (view.bad)"
+            )
+        out.append(int(i))
+    return out
+
+
 def weighted_draw(
     weights: np.ndarray, count: int, bad: set[int], rng: np.random.Generator
 ) -> list[int]:
     """``count`` indices drawn without replacement with probability ∝ ``weights`` among the
     samples of positive weight; when those run out the rest come uniformly from the samples of
     weight 0, and only when every sample was drawn does a new pass begin (so a round's prompts
-    are distinct whenever the data allows). Bad samples are never drawn.
+    are distinct whenever the data allows). Bad samples are never drawn. ``weights`` must be
+    finite and ≥ 0 (:class:`ValueError` otherwise: a NaN would leave samples in no pool).
 
     >>> weighted_draw(np.array([0.0, 1.0, 0.0, 2.0]), 3, set(), np.random.default_rng(0))[:2]
     [3, 1]
     """
+    weights = np.asarray(weights, dtype=np.float64)
     size = len(weights)
+    if weights.ndim != 1 or not np.isfinite(weights).all() or (weights < 0).any():
+        raise ValueError("weighted_draw needs one finite weight ≥ 0 per sample")
     usable = np.ones(size, dtype=bool)
     usable[sorted(bad)] = False
     if not usable.any():
         raise DataError(f"every one of the {size} training samples failed to load")
-    weights = np.where(usable, np.asarray(weights, dtype=np.float64), 0.0)
+    weights = np.where(usable, weights, 0.0)
+    top = weights.max()
+    if top > 0:
+        weights = weights / top  # the sum of huge weights stays finite
     out: list[int] = []
-    while len(out) < count:
+    while len(out) < count:  # each pass draws ≥ 1: the two pools cover every usable sample
         for weighted, pool in ((True, weights > 0), (False, usable & (weights <= 0))):
             indices = np.flatnonzero(pool)
             k = min(count - len(out), len(indices))
@@ -300,8 +411,10 @@ class Sampler:
         raise NotImplementedError
 
     def draw(self, view: SamplerView) -> list[int]:
-        """The round's ``view.count`` indices: :func:`weighted_draw` of :meth:`weights`."""
-        return weighted_draw(self.weights(view), view.count, view.bad, view.rng())
+        """The round's ``view.count`` indices: :func:`weighted_draw` of :meth:`weights`
+        (checked first: :func:`checked_weights`)."""
+        weights = checked_weights(self.weights(view), view.samples)
+        return weighted_draw(weights, view.count, view.bad, view.rng())
 
 
 def sampler(name: str) -> Callable[[type[Sampler]], type[Sampler]]:
@@ -338,9 +451,32 @@ class SampledStream:
             self.reward_range,
         )  # fmt: skip
 
+    def _draw(self, position: int, count: int, stats: PromptStats, step: int) -> list[int]:
+        """The sampler's draw, held to its contract: anything it raises, and weights or
+        indices it should not give, become a :class:`SamplerError`."""
+        if len(self.bad) >= len(self.samples):
+            raise DataError(f"every one of the {len(self.samples)} training samples failed to load")
+        name = self.sampler.name or type(self.sampler).__name__
+        prompts = f"{count} prompt{'s' * (count != 1)}"
+        where = f"at step {step} (a round of {prompts} at data position {position})"
+        try:
+            drawn = self.sampler.draw(self._view(position, count, stats, step))
+            return checked_indices(drawn, count, len(self.samples), self.bad)
+        except SamplerContractError as exc:
+            ids = exc.sample_ids
+            raise SamplerError(
+                f"data.sampler '{name}' {where} {exc}", sampler=name, step=step, sample_ids=ids
+            ) from None
+        except Exception as exc:  # a plugin's own error: one line, as a verifier's
+            raise SamplerError(
+                f"data.sampler '{name}' {where} raised {type(exc).__name__}: {exc}",
+                sampler=name,
+                step=step,
+            ) from exc
+
     def take(self, count: int, stats: PromptStats | None = None, step: int = 0) -> list[int]:
         stats = stats if stats is not None else PromptStats(1.0)
-        out = self.sampler.draw(self._view(self.position, count, stats, step))
+        out = self._draw(self.position, count, stats, step)
         self._latest = ({self.position + i: j for i, j in enumerate(out)}, stats, step)
         self.position += count
         return out
@@ -352,7 +488,7 @@ class SampledStream:
         index = drawn.get(position)
         if index is not None and index not in self.bad:
             return index
-        return self.sampler.draw(self._view(position, 1, stats, step))[0]
+        return self._draw(position, 1, stats, step)[0]
 
 
 def build_sampler(name: str, params: Mapping[str, Any], samples: list[Sample]) -> Sampler:
@@ -364,12 +500,50 @@ def build_sampler(name: str, params: Mapping[str, Any], samples: list[Sample]) -
     except UnknownNameError as exc:
         raise ConfigError(f"data.sampler: {exc}") from None
     checked = bind_keyword_params(cls, params, where="data.sampler_params")
+    for key, value in checked.items():
+        check_finite(value, f"data.sampler_params.{key}")
     try:
         out = cls(**checked)
-    except ValueError as exc:
-        raise ConfigError(f"data.sampler_params: {exc}") from None
-    out.check(samples)
+    except ValueError as exc:  # "floor: must be ≥ 0, ..." names its parameter
+        named = re.match(r"[A-Za-z_]\w*: ", str(exc)) is not None
+        raise ConfigError(
+            f"data.sampler_params.{exc}" if named else f"data.sampler_params: {exc}"
+        ) from None
+    except Exception as exc:  # a plugin's constructor: one line, not a traceback
+        raise ConfigError(
+            f"data.sampler: '{name}' raised {type(exc).__name__}: {exc} on its parameters"
+        ) from None
+    try:
+        out.check(samples)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(
+            f"data.sampler: '{name}' check() raised {type(exc).__name__}: {exc}"
+        ) from None
     return out
+
+
+def _finite(value: float) -> bool:
+    """A finite number that fits a float (``10**400`` does not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def check_finite(value: Any, key: str, depth: int = 0) -> None:
+    """Refuse a NaN or infinite number in a sampler parameter (inside lists and mappings too,
+    to 8 levels), naming ``key``."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and not _finite(value):
+        raise ConfigError(f"{key}: must be a finite number, got {value!r:.60}")
+    if depth < 8 and isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            check_finite(item, f"{key}[{i}]", depth + 1)
+    if depth < 8 and isinstance(value, Mapping):
+        for k, item in value.items():
+            check_finite(item, f"{key}.{k}", depth + 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,10 +591,14 @@ class Variance(Sampler):
         unseen: float = 1.0,
         mix: float = 1.0,
     ) -> None:
-        if min(variance_weight, diversity_weight, floor, unseen) < 0:
-            raise ValueError("variance_weight, diversity_weight, floor and unseen must be ≥ 0")
+        for key, value in (
+            ("variance_weight", variance_weight), ("diversity_weight", diversity_weight),
+            ("floor", floor), ("unseen", unseen),
+        ):  # fmt: skip
+            if not 0 <= value < math.inf:
+                raise ValueError(f"{key}: must be a finite number ≥ 0, got {value}")
         if not 0 <= mix <= 1:
-            raise ValueError(f"mix must be in [0, 1], got {mix}")
+            raise ValueError(f"mix: must be in [0, 1], got {mix}")
         self.mix = mix
         self.alpha, self.beta, self.floor, self.unseen = (
             variance_weight, diversity_weight, floor, unseen,
@@ -465,11 +643,12 @@ class Difficulty(Sampler):
         aside_weight: float = 0.0,
     ) -> None:
         if not 0 <= low < high <= 1:
-            raise ValueError(f"needs 0 ≤ low < high ≤ 1, got low={low}, high={high}")
-        if readmit_after < 1 or min_drawn < 1:
-            raise ValueError("readmit_after and min_drawn must be ≥ 1")
+            raise ValueError(f"low: needs 0 ≤ low < high ≤ 1, got low={low}, high={high}")
+        for key, value in (("readmit_after", readmit_after), ("min_drawn", min_drawn)):
+            if value < 1:
+                raise ValueError(f"{key}: must be ≥ 1, got {value}")
         if not 0 <= aside_weight <= 1:
-            raise ValueError(f"aside_weight must be in [0, 1], got {aside_weight}")
+            raise ValueError(f"aside_weight: must be in [0, 1], got {aside_weight}")
         self.low, self.high, self.readmit_after = low, high, readmit_after
         self.min_drawn, self.aside_weight = min_drawn, aside_weight
 
@@ -536,9 +715,15 @@ class Curriculum(Sampler):
         unseen: float = 0.5,
     ) -> None:
         if not 0 < start <= 1:
-            raise ValueError(f"start must be in (0, 1], got {start}")
-        if steps < 0 or stages < 2:
-            raise ValueError("steps must be ≥ 0 and stages ≥ 2")
+            raise ValueError(f"start: must be in (0, 1], got {start}")
+        if steps < 0:
+            raise ValueError(f"steps: must be ≥ 0 (0 = train.steps), got {steps}")
+        if stages < 2:
+            raise ValueError(f"stages: must be ≥ 2, got {stages}")
+        if not 0 <= unseen <= 1:
+            raise ValueError(
+                f"unseen: must be in [0, 1] (a difficulty, 1 − accuracy), got {unseen}"
+            )
         self.by, self.key, self.schedule, self.start = by, key, schedule, start
         self.steps, self.stages, self.unseen = steps, stages, unseen
 
@@ -547,10 +732,11 @@ class Curriculum(Sampler):
             return
         for sample in samples:
             value = sample.meta.get(self.key)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or not _finite(value):  # NaN would sort anywhere
                 raise ConfigError(
                     f"data.sampler_params.key: {sample.where or sample.id}: meta.{self.key} "
-                    f"should be a number (the sample's difficulty), got {value!r}"
+                    f"should be a finite number (the sample's difficulty), got {value!r:.60}"
                 )
 
     def difficulty(self, view: SamplerView) -> np.ndarray:

@@ -52,6 +52,7 @@ from mmrft.policy.model import Policy, save_pretrained
 from mmrft.rewards.verifier import RewardError, write_failure
 from mmrft.rollout.base import Rollouts
 from mmrft.rollout.collector import BadMediaError, StepBatch
+from mmrft.rollout.sampling import SamplerError
 from mmrft.runtime import distributed, zero
 from mmrft.runtime.checkpoint import (
     find_resume_checkpoint,
@@ -202,12 +203,17 @@ def collect(run: Run, step: int) -> StepBatch:
     returns a value outside its range, NaN, over its budget under ``on_timeout: stop``) stops
     the run with ``failure.json`` naming the step, the verifier and the samples; so do media
     that fail when drawn under ``data.on_error=raise`` (``bad_media``: each sample's id,
-    dataset line and error, which a resume skips: :func:`skip_failed_media`)."""
+    dataset line and error, which a resume skips: :func:`skip_failed_media`), and a sampler
+    that breaks its contract (``sampler``: its name; the step whose draw failed)."""
     try:
         return run.collector.collect(step)
     except RewardError as exc:
         if run.rank == 0:
             write_failure(run.run_dir, exc, step)
+        raise
+    except SamplerError as exc:
+        if run.rank == 0:
+            write_step_failure(run.run_dir, exc.step, str(exc), exc.sample_ids, sampler=exc.sampler)
         raise
     except BadMediaError as exc:
         if run.rank == 0:
