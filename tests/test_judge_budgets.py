@@ -390,8 +390,9 @@ def test_bad_reward_model_numbers_fail_at_start_up(params, says):
 
 
 def test_reward_model_outputs_are_checked_before_use(monkeypatch):
-    """A NaN or infinite logit scores 0 with a reason (it used to be clamped into σ = 1.0, the
-    top reward), is left out of the ranks; a wrong count or no finite score at all stops."""
+    """A NaN or infinite logit scores 0 with a reason and is left out of the ranks (it used to
+    be clamped into σ = 1.0, the top reward, and then stop the whole run at the NaN check of
+    its ``raw`` sub-score); a wrong count, or no finite score in the batch, stops."""
     given: list = []
     monkeypatch.setattr(judges.LocalScorer, "score", lambda self, pairs: list(given))
     completions = ["a", "b", "c", "d"]
