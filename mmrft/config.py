@@ -363,6 +363,10 @@ class ToolsConfig:
         True,
         "Tell the model which tools exist: a system message in Qwen's function-calling form (the '# Tools' block Qwen's chat templates write from tools=) built from the tools' JSON schemas; off when the data's prompts describe the tools themselves.",
     )
+    worker_memory_mb: int | None = _f(
+        4096,
+        "Memory (MiB) the tool worker process may map beyond what it holds after loading the tools (RLIMIT_AS, Linux): a call that allocates past it is a failed call with reason 'memory', never the kernel's OOM killer in the trainer. None = no cap.",
+    )
 
 
 @dataclass
@@ -917,6 +921,11 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
     need(
         cfg.reward.worker_memory_mb is None or cfg.reward.worker_memory_mb >= 64,
         "reward.worker_memory_mb",
+        "must be ≥ 64 (MiB) or null (no cap)",
+    )
+    need(
+        cfg.rollout.tools.worker_memory_mb is None or cfg.rollout.tools.worker_memory_mb >= 64,
+        "rollout.tools.worker_memory_mb",
         "must be ≥ 64 (MiB) or null (no cap)",
     )
     need(cfg.train.warn_no_signal_steps >= 0, "train.warn_no_signal_steps", "must be ≥ 0")

@@ -1,4 +1,4 @@
-"""Verifier worker processes: ``reward.timeout_s`` enforced by the operating system.
+"""Verifier (and tool) worker processes: ``reward.timeout_s`` enforced by the operating system.
 
 A Python thread cannot be stopped while it holds the GIL in one long C call (a big-integer
 power inside sympy, a regular expression backtracking), so a deadline kept by a thread never
@@ -45,6 +45,12 @@ tensors (``media``, ``engine_media``), which verifiers do not read. The demo's b
 completions of 16 samples) pickles to 3.3 KB in 0.06 ms, and a call costs about 1 ms more than
 in the parent; a dataset that keeps decoded images in ``meta`` pays for them (16 distinct
 1024² RGB images: 50 MB, about 0.2 s per call).
+
+The machinery is generic (:class:`WorkerPool`: processes that re-create one registry's
+functions, a deadline per call kept by SIGKILL, the memory cap, replacement after a timeout,
+``MemoryError`` or death, shutdown with the parent); :class:`VerifierPool` adds the batch
+splitting and isolation above, and the rollout's tools use :meth:`WorkerPool.call_one` with
+their own request handler (:class:`mmrft.rollout.tool.ToolPool`).
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ ISOLATION_FACTOR = 2.0
 """Isolation's budget of call time, in multiples of ``timeout_s`` (module docstring)."""
 CLOSE_GRACE_S = 2.0
 """Seconds a worker has to exit after the pool closes before it is killed."""
+WORKER_MEMORY_MB = 4096
+"""Default memory cap of a worker (MiB beyond what it holds after loading its functions), as
+``reward.worker_memory_mb`` and ``rollout.tools.worker_memory_mb`` default to."""
+_REGISTRIES = {"verifiers": "VERIFIERS", "tools": "TOOLS"}
+"""The registries a pool's functions come from (:mod:`mmrft.plugins`' names)."""
 
 
 class _Timeout:
@@ -189,10 +200,16 @@ def compact_trajectory(trajectory: Any) -> Any:
 
 
 class _Worker:
-    """Parent-side handle of one worker process and its socket."""
+    """Parent-side handle of one worker process and its socket; ``what`` names what it holds
+    (``verifier``, ``tool``) in messages, ``hint`` says how to keep a function out of it."""
 
-    def __init__(self, init: bytes) -> None:
+    def __init__(self, init: bytes, what: str = "verifier", hint: str = "") -> None:
         from mmrft.rewards.sandbox import _spawn  # Popen from a thread that lives as long as we do
+
+        self.what = what
+        self.hint = hint or (
+            "set reward.isolation=inline, or declare the verifier with @verifier(..., isolate=False)"
+        )
 
         ours, theirs = socket.socketpair()
         self.proc = _spawn(
@@ -212,22 +229,26 @@ class _Worker:
             return
         if not self.conn.poll(START_TIMEOUT_S):
             self.kill()
-            raise ConfigError(f"a verifier worker process did not start in {START_TIMEOUT_S:g} s")
+            raise ConfigError(
+                f"a {self.what} worker process did not start in {START_TIMEOUT_S:g} s"
+            )
         try:
             status, payload = self.conn.recv()
         except (EOFError, OSError):
             how = self.exit_status()
-            raise ConfigError(f"a verifier worker process ended at start-up ({how})") from None
+            raise ConfigError(f"a {self.what} worker process ended at start-up ({how})") from None
         if status != "ready":
             self.kill()
-            raise ConfigError(f"a verifier worker process could not load the verifiers: {payload}")
+            raise ConfigError(
+                f"a {self.what} worker process could not load the {self.what}s: {payload}"
+            )
         for name, want in expected.items():
             if payload.get(name) != want:
                 self.kill()
                 raise ConfigError(
-                    f"verifier '{name}': a worker process found {payload.get(name) or 'nothing'} "
-                    f"under that name instead of {want}; set reward.isolation=inline, or declare "
-                    "the verifier with @verifier(..., isolate=False)"
+                    f"{self.what} '{name}': a worker process found "
+                    f"{payload.get(name) or 'nothing'} under that name instead of {want}; "
+                    f"{self.hint}"
                 )
         self.ready = True
 
@@ -264,29 +285,57 @@ def _shutdown(workers: list[_Worker], owner: int) -> None:
     workers.clear()
 
 
-class VerifierPool:
-    """``workers`` processes holding the verifiers ``specs`` (name → :class:`VerifierSpec`)."""
+class WorkerPool:
+    """``workers`` processes holding the functions ``specs`` (name → spec with ``fn`` and
+    ``name``) of the registry ``registry`` (``verifiers`` or ``tools``, :mod:`mmrft.plugins`),
+    each call under a deadline kept by SIGKILL, each process's memory capped at what it holds
+    after loading them plus ``memory_mb`` MiB (None = no cap).
+
+    ``handler``: ``"module:function"`` that serves one request in a worker (imported there;
+    ``None``: a verifier call, :meth:`VerifierPool.call`). ``start=False`` starts the processes at
+    the first call instead of now. ``what`` and ``hint`` word the messages (``tool``; how to keep
+    a function in the caller's process).
+    """
 
     def __init__(
-        self, specs: dict[str, Any], workers: int = 1, memory_mb: int | None = None
+        self,
+        specs: dict[str, Any],
+        workers: int = 1,
+        memory_mb: int | None = None,
+        *,
+        registry: str = "verifiers",
+        handler: str | None = None,
+        start: bool = True,
+        what: str = "verifier",
+        hint: str = "",
     ) -> None:
         if workers < 1:
             raise ConfigError(f"reward.workers: must be ≥ 1, got {workers}")
+        if registry not in _REGISTRIES:
+            raise ValueError(f"registry: one of {', '.join(_REGISTRIES)}, got {registry!r}")
         sources = []
         for spec in specs.values():
             where = source(spec.fn)
             if where is None:
-                raise ValueError(f"verifier '{spec.name}' cannot be re-created in a worker")
+                raise ValueError(f"{what} '{spec.name}' cannot be re-created in a worker")
             if where not in sources:
                 sources.append(where)
         self.names = set(specs)
+        self.what, self.hint, self.count = what, hint, workers
         self._expected = {name: origin(spec.fn) for name, spec in specs.items()}
-        self._init = pickle.dumps((list(sys.path), sources, sorted(specs), memory_mb))
+        self._init = pickle.dumps(
+            (list(sys.path), sources, sorted(specs), memory_mb, registry, handler)
+        )
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, os.getpid())
-        for _ in range(workers):
-            self._workers.append(_Worker(self._init))
+        if start:
+            self._start()
+
+    def _start(self) -> None:
+        """Start the processes and wait until each holds the functions (ConfigError else)."""
+        for _ in range(self.count):
+            self._workers.append(_Worker(self._init, self.what, self.hint))
         try:
             for worker in self._workers:
                 worker.wait_ready(self._expected)
@@ -303,71 +352,19 @@ class VerifierPool:
         """The workers' process ids (for tests and the log)."""
         return [w.proc.pid for w in self._workers]
 
-    def call(
-        self,
-        name: str,
-        params: dict[str, Any],
-        completions: Sequence[str],
-        samples: Sequence[Any],
-        trajectories: Sequence[Any] | None,
-        timeout_s: float,
-    ) -> Call:
-        """Score one batch with verifier ``name`` (module docstring): one call per part, then
-        one call per completion of a part that ran past ``timeout_s`` (0 = no deadline).
-
-        ``trajectories``: a list (one per completion) for a verifier that takes them, else
-        ``None``. Raises :class:`WorkerRaised`, :class:`WorkerDied`, :class:`WrongCount` or
-        :class:`NotSendable`. One call at a time (a lock serialises callers' threads).
-        """
+    def call_one(self, request: Any, timeout_s: float) -> tuple[str, Any]:
+        """Send ``request`` to the handler in a worker and wait at most ``timeout_s`` seconds
+        (0 = no deadline) from when the worker has it (a start-up is not counted). Returns
+        ``("ok", reply)``, ``("timeout", None)`` (the worker was killed and is replaced) or
+        ``("memory", None)`` (the call raised ``MemoryError`` under the cap; the worker is
+        replaced). Raises :class:`WorkerRaised`, :class:`WorkerDied` or :class:`NotSendable`;
+        the workers start here if they have not. One call at a time (a lock)."""
         with self._lock:
+            if not self._finalizer.alive:
+                raise RuntimeError(f"the {self.what} pool is closed")
             if not self._workers:
-                raise RuntimeError("the verifier pool is closed")
-            n = len(completions)
-            if n == 0:
-                return Call([], [], [])
-            if trajectories is not None:
-                trajectories = [compact_trajectory(t) for t in trajectories]
-
-            def payload(job: list[int]) -> tuple:
-                return (
-                    name,
-                    params,
-                    [completions[i] for i in job],
-                    [samples[i] for i in job],
-                    None if trajectories is None else [trajectories[i] for i in job],
-                )
-
-            bounds = _split(n, len(self._workers))
-            jobs = [list(range(a, b)) for a, b in bounds]
-            results: list[Any] = [TIMEOUT] * n
-            outcomes = self._run(payload, jobs, timeout_s)
-            late: list[int] = []
-            counts = 0
-            for job, (kind, value) in zip(jobs, outcomes):
-                if kind in ("timeout", "memory"):
-                    late.extend(job)
-                    counts += len(job)
-                    continue
-                counts += len(value)
-                if len(value) == len(job):
-                    for i, result in zip(job, value):
-                        results[i] = result
-            if counts != n:
-                raise WrongCount(counts, n)
-            if not late:
-                return Call(results, [], [])
-            budget = ISOLATION_FACTOR * timeout_s
-            singles = [[i] for i in late]
-            outcomes = self._run(payload, singles, timeout_s, budget)
-            alone: dict[str, list[int]] = {"timeout": [], "unreached": [], "memory": []}
-            for (i,), (kind, value) in zip(singles, outcomes):
-                if kind == "ok" and len(value) != 1:
-                    raise WrongCount(len(value), 1)
-                if kind == "ok":
-                    results[i] = value[0]
-                else:
-                    alone[kind].append(i)
-            return Call(results, alone["timeout"], alone["unreached"], alone["memory"])
+                self._start()
+            return self._run(lambda job: request, [[0]], timeout_s)[0]
 
     def _run(
         self,
@@ -441,7 +438,7 @@ class VerifierPool:
             self._workers[w].conn.send_bytes(data)
         except OSError:
             how = self._workers[w].exit_status()
-            log.warning("a verifier worker process ended while idle (%s); replaced it", how)
+            log.warning("a %s worker process ended while idle (%s); replaced it", self.what, how)
             self._recycle(w)
             self._workers[w].wait_ready(self._expected)
             self._workers[w].conn.send_bytes(data)
@@ -470,7 +467,82 @@ class VerifierPool:
     def _recycle(self, w: int) -> None:
         """Kill worker ``w`` and start its replacement (ready checked on its next job)."""
         self._workers[w].kill()
-        self._workers[w] = _Worker(self._init)
+        self._workers[w] = _Worker(self._init, self.what, self.hint)
+
+
+class VerifierPool(WorkerPool):
+    """``workers`` processes holding the verifiers ``specs`` (name → :class:`VerifierSpec`)."""
+
+    def __init__(
+        self, specs: dict[str, Any], workers: int = 1, memory_mb: int | None = None
+    ) -> None:
+        super().__init__(specs, workers, memory_mb)
+
+    def call(
+        self,
+        name: str,
+        params: dict[str, Any],
+        completions: Sequence[str],
+        samples: Sequence[Any],
+        trajectories: Sequence[Any] | None,
+        timeout_s: float,
+    ) -> Call:
+        """Score one batch with verifier ``name`` (module docstring): one call per part, then
+        one call per completion of a part that ran past ``timeout_s`` (0 = no deadline).
+
+        ``trajectories``: a list (one per completion) for a verifier that takes them, else
+        ``None``. Raises :class:`WorkerRaised`, :class:`WorkerDied`, :class:`WrongCount` or
+        :class:`NotSendable`. One call at a time (a lock serialises callers' threads).
+        """
+        with self._lock:
+            if not self._finalizer.alive or not self._workers:
+                raise RuntimeError("the verifier pool is closed")
+            n = len(completions)
+            if n == 0:
+                return Call([], [], [])
+            if trajectories is not None:
+                trajectories = [compact_trajectory(t) for t in trajectories]
+
+            def payload(job: list[int]) -> tuple:
+                return (
+                    name,
+                    params,
+                    [completions[i] for i in job],
+                    [samples[i] for i in job],
+                    None if trajectories is None else [trajectories[i] for i in job],
+                )
+
+            bounds = _split(n, len(self._workers))
+            jobs = [list(range(a, b)) for a, b in bounds]
+            results: list[Any] = [TIMEOUT] * n
+            outcomes = self._run(payload, jobs, timeout_s)
+            late: list[int] = []
+            counts = 0
+            for job, (kind, value) in zip(jobs, outcomes):
+                if kind in ("timeout", "memory"):
+                    late.extend(job)
+                    counts += len(job)
+                    continue
+                counts += len(value)
+                if len(value) == len(job):
+                    for i, result in zip(job, value):
+                        results[i] = result
+            if counts != n:
+                raise WrongCount(counts, n)
+            if not late:
+                return Call(results, [], [])
+            budget = ISOLATION_FACTOR * timeout_s
+            singles = [[i] for i in late]
+            outcomes = self._run(payload, singles, timeout_s, budget)
+            alone: dict[str, list[int]] = {"timeout": [], "unreached": [], "memory": []}
+            for (i,), (kind, value) in zip(singles, outcomes):
+                if kind == "ok" and len(value) != 1:
+                    raise WrongCount(len(value), 1)
+                if kind == "ok":
+                    results[i] = value[0]
+                else:
+                    alone[kind].append(i)
+            return Call(results, alone["timeout"], alone["unreached"], alone["memory"])
 
 
 def _split(n: int, parts: int) -> list[tuple[int, int]]:
@@ -506,10 +578,14 @@ def _first_line(exc: BaseException, most: int = 200) -> str:
     return text if len(text) <= most else text[: most - 1] + "…"
 
 
-def _load(sources: list[tuple[str, str]], names: list[str]) -> dict[str, str]:
-    from mmrft.plugins import VERIFIERS, load_builtins, load_plugin
+def _load(
+    sources: list[tuple[str, str]], names: list[str], registry: str = "verifiers"
+) -> dict[str, str]:
+    from mmrft import plugins
+    from mmrft.plugins import load_builtins, load_plugin
     from mmrft.rewards.functions import register_function
 
+    found = getattr(plugins, _REGISTRIES[registry])
     load_builtins()
     for kind, value in sources:
         if kind == "file":
@@ -518,12 +594,27 @@ def _load(sources: list[tuple[str, str]], names: list[str]) -> dict[str, str]:
             importlib.import_module(value)
         else:
             register_function(value)
-    return {name: origin(VERIFIERS.get(name).fn) for name in names if name in VERIFIERS}
+    return {name: origin(found.get(name).fn) for name in names if name in found}
 
 
-def _serve(conn: Connection) -> None:
+def _verify(request: tuple) -> list[Any]:
+    """A verifier call in a worker: its raw results for a batch (a :class:`VerifierPool`
+    request: name, parameters, completions, samples, trajectories or None)."""
     from mmrft.plugins import VERIFIERS
 
+    name, params, completions, samples, trajectories = request
+    spec = VERIFIERS.get(name)
+    if trajectories is not None:
+        raw = spec.fn(completions, samples, trajectories, **params)
+    else:
+        raw = spec.fn(completions, samples, **params)
+    len(raw)  # a result without a length raises here, as in the parent
+    return list(raw)
+
+
+def _serve(conn: Connection, handle: Callable[[Any], Any] = _verify) -> None:
+    """Answer requests until the pool closes: ``("ok", handle(request))``, ``("memory",)``
+    when the call raised ``MemoryError`` (the cap), or the exception (:func:`_raised`)."""
     while True:
         try:
             request = conn.recv_bytes()
@@ -531,15 +622,8 @@ def _serve(conn: Connection) -> None:
             return
         if not request:  # the pool closes
             return
-        name, params, completions, samples, trajectories = pickle.loads(request)
-        spec = VERIFIERS.get(name)
         try:
-            if trajectories is not None:
-                raw = spec.fn(completions, samples, trajectories, **params)
-            else:
-                raw = spec.fn(completions, samples, **params)
-            len(raw)  # a result without a length raises here, as in the parent
-            reply = ("ok", list(raw))
+            reply = ("ok", handle(pickle.loads(request)))
         except MemoryError:
             reply = ("memory",)
         except Exception as exc:
@@ -589,13 +673,17 @@ def main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     os.dup2(2, 1)  # a verifier's print goes to stderr; the socket carries the replies
     conn = Connection(fd)
-    path, sources, names, memory_mb = pickle.loads(conn.recv_bytes())
+    path, sources, names, memory_mb, registry, handler = pickle.loads(conn.recv_bytes())
     sys.path[:] = path
     try:
-        found = _load(sources, names)
+        found = _load(sources, names, registry)
+        handle = _verify
+        if handler is not None:  # "module:function", e.g. the tools' (mmrft.rollout.tool)
+            module, function = handler.split(":")
+            handle = getattr(importlib.import_module(module), function)
     except BaseException as exc:
         conn.send(("failed", f"{type(exc).__name__}: {_first_line(exc)}"))
         return
     cap_memory(memory_mb)
     conn.send(("ready", found))
-    _serve(conn)
+    _serve(conn, handle)

@@ -23,6 +23,7 @@ from mmrft.plugins import VERIFIERS
 from mmrft.rewards.functions import is_function_spec, register_function
 from mmrft.rewards.pool import (
     TIMEOUT,
+    WORKER_MEMORY_MB,
     NotSendable,
     VerifierPool,
     WorkerDied,
@@ -436,13 +437,14 @@ def build_reward(
     on_timeout: str = "zero",
     isolation: str = "process",
     workers: int = 1,
-    worker_memory_mb: int | None = None,
+    worker_memory_mb: int | None = WORKER_MEMORY_MB,
 ) -> WeightedReward:
     """Build the reward from ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]``.
 
     ``isolation="process"`` starts ``workers`` verifier worker processes now (start-up, not
     step 0) for the verifiers that can run there (:mod:`mmrft.rewards.pool`), each allowed
-    ``worker_memory_mb`` MiB beyond what it holds after loading them (None = no cap);
+    ``worker_memory_mb`` MiB beyond what it holds after loading them (default as
+    ``reward.worker_memory_mb``; None = no cap);
     ``"inline"`` runs every verifier in this process. Close the pool with
     :meth:`WeightedReward.close`.
     """

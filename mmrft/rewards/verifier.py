@@ -47,7 +47,10 @@ samples, and which carries them as attributes for ``failure.json`` (:func:`write
 
 Where verifiers run: :func:`build_reward` starts verifier worker processes
 (:mod:`mmrft.rewards.pool`, ``reward.isolation: process``) that are killed at
-``reward.timeout_s``; the contract checks above stay in this process.
+``reward.timeout_s``; the contract checks above stay in this process. Running out of memory
+is not a contract breach: a call that raises ``MemoryError`` (over a worker's cap, or in this
+process for the verifiers that run here) scores its completions the verifier's minimum with
+reason ``memory``, and the run goes on.
 
 **Asynchronous verifiers.** A verifier may be an ``async def`` (batched or ``group=True``),
 for a verifier that waits on something (a served judge, a sandbox, a remote check)::
@@ -539,6 +542,8 @@ class BoundVerifier:
                     raw.close()
                 raise TypeError("an awaitable, where its start-up call returned results")
             count = len(raw)
+        except MemoryError:
+            return self.over_memory(samples, context)
         except Exception as exc:
             raise self.failed(_raised(exc), samples, context) from exc
         return self._counted(raw, count, completions, samples, context, what)
@@ -558,6 +563,8 @@ class BoundVerifier:
             if inspect.isawaitable(raw):
                 raw = await raw
             count = len(raw)
+        except MemoryError:
+            return self.over_memory(samples, context)
         except Exception as exc:
             raise self.failed(_raised(exc), samples, context) from exc
         return self._counted(raw, count, completions, samples, context, what)
@@ -579,6 +586,24 @@ class BoundVerifier:
                 context,
             )
         return self.check(raw, samples, context)
+
+    def over_memory(self, samples: Sequence[Sample], context: str) -> list[Score | None]:
+        """A call in this process that raised ``MemoryError``: each of its completions scores
+        the verifier's minimum (0 for an unbounded one) with reason ``memory`` (counted, logged
+        with the sample ids), as a worker over its cap does; the run goes on."""
+        low = self.spec.low if math.isfinite(self.spec.low) else 0.0
+        ids = sorted({_sample_id(s) for s in samples})
+        where = f" {context}" if context else ""
+        log.warning(
+            "verifier '%s' raised MemoryError%s on %d completions of samples %s; scored %g "
+            "with reason 'memory'",
+            self.name,
+            where,
+            len(samples),
+            _ids(ids),
+            low,
+        )
+        return [Score(low, reason="memory") for _ in samples]
 
     def failed(self, what: str, samples: Sequence[Sample], context: str) -> VerifierError:
         """``verifier '<name>' <what> <context> on samples <ids>`` as a VerifierError."""

@@ -430,7 +430,14 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
         if value < 1:
             raise ConfigError(f"rollout.tools.{name}: must be at least 1, got {value}")
     limits = LoopLimits(tools.max_turns, tools.max_tokens, tools.max_media, tools.max_visual_tokens)
-    return ToolLoop(family, policy.processor, enabled, limits, describe=tools.describe)
+    return ToolLoop(
+        family,
+        policy.processor,
+        enabled,
+        limits,
+        describe=tools.describe,
+        worker_memory_mb=tools.worker_memory_mb,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,7 +529,9 @@ class Collector:
         }
 
     def close(self) -> None:
-        """Nothing runs in the background."""
+        """Stop the tool worker process, if one started; nothing else runs in the background."""
+        if self.tool_loop is not None:
+            self.tool_loop.close()
 
     def collect(self, step: int) -> StepBatch:
         """This process's share of step ``step``'s batch (collective under several processes:

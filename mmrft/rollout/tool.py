@@ -38,17 +38,34 @@ reason                      when
 ``missing_argument``        a required argument is absent
 ``bad_argument``            an argument of the wrong type, non-finite, out of range, or unknown
 ``timeout``                 the tool ran past its ``timeout_s``
-``tool_error``              the tool raised, or returned something that is not an Observation
+``memory``                  the tool went over its worker's memory cap (or raised MemoryError)
+``tool_error``              the tool raised, ended its worker, or returned something that is not
+                            a well-formed Observation (a non-image, an empty clip, a wrong type)
 tool-specific               a :class:`ToolFailure` raised by the tool (``box_outside_image``,
                             ``box_too_small``, ``box_aspect_ratio``, ``too_many_frames``, ...)
 ==========================  ===================================================================
 
-**Time budget.** A tool runs in a daemon worker thread; :func:`run_tool_call` waits at most
-``timeout_s`` seconds. A Python thread cannot be killed: a timed-out thread is *abandoned*, it
-keeps running until its function returns (or the process ends) and its result is dropped.
-:func:`tool_stats` counts ``timeout`` and reports ``abandoned_running`` (abandoned threads
-still alive). Tools that can hang for good (untrusted code) belong in the sandbox
-(:mod:`mmrft.rewards.sandbox`), which kills its processes.
+**Budgets.** In a rollout (:class:`mmrft.rollout.tool_loop.ToolLoop`) a tool runs in a tool
+worker process (:func:`tool_pool`, the verifiers' machinery: :class:`mmrft.rewards.pool.WorkerPool`):
+one process per loop, started at the first call and kept for the run, SIGKILLed and replaced
+when a call runs past ``timeout_s`` (reported ``timeout``: a tool stuck in C code or holding
+the GIL cannot stall the rollout), its address space capped at what it holds after loading
+the tools plus ``rollout.tools.worker_memory_mb`` (a call past it is ``memory``). What it
+returns is checked and bounded in the worker before it is sent back (:func:`_checked`: media
+downscaled, text cut to what the trajectory's remaining tokens can hold), so a result of tens
+of MB costs neither the transfer nor a tokenisation. The call and its context are pickled:
+the context's images go with every call (a 1536² RGB image: about 7 MB, some ms; the measured
+cost is in ``docs/tools.md``). Tools that run untrusted code belong in the sandbox
+(:mod:`mmrft.rewards.sandbox`) too, which isolates their files and network.
+
+A tool declared ``@tool(..., isolate=False)`` (it needs the policy's process: its model, a
+GPU tensor, an open handle), one defined in ``__main__`` or inside a function (a worker cannot
+re-create it; warned), and every call of :func:`run_tool_call` without a ``pool`` run in a
+daemon thread of this process instead, waited for at most ``timeout_s`` seconds. A Python
+thread cannot be killed: a timed-out thread is *abandoned*, it keeps running until its
+function returns (or the process ends) and its result is dropped, and one holding the GIL
+stalls the caller until it lets go. :func:`tool_stats` counts ``timeout`` and reports
+``abandoned_running`` (abandoned threads still alive).
 
 **Boxes.** A tool reads boxes in the model family's own frame (:mod:`mmrft.rewards.boxes`,
 ``ToolContext.box_frame``) and maps them to pixels of the ORIGINAL full-resolution image with
@@ -60,12 +77,15 @@ resized input size (``ModelFamily.input_size``: ``smart_resize`` with the family
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
+import logging
 import math
+import re
 import threading
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,12 +94,15 @@ from typing import TYPE_CHECKING, Any
 from mmrft.data.video import VideoBudget
 from mmrft.plugins import TOOLS, Registry, UnknownNameError, did_you_mean, first_paragraph
 from mmrft.rewards.boxes import to_pixels
+from mmrft.rewards.pool import WORKER_MEMORY_MB
 
 if TYPE_CHECKING:
     from PIL import Image
 
     from mmrft.data import Sample
     from mmrft.models.family import ModelFamily
+
+log = logging.getLogger(__name__)
 
 MAX_CALL_BYTES = 8192
 """Largest text of one ``<tool_call>`` body (UTF-8 bytes) that is handed to the JSON parser."""
@@ -88,6 +111,14 @@ MAX_CALLS = 8
 """Most tool calls read from one model turn; further ones are one ``too_many_calls`` error."""
 
 OPEN_TAG, CLOSE_TAG = "<tool_call>", "</tool_call>"
+THINK_CLOSE = "</think>"
+
+MAX_INFO_CHARS = 16384
+"""Largest JSON text of an observation's ``info`` (characters); a larger one is a
+``tool_error``."""
+
+_REASON = re.compile(r"[a-z][a-z0-9_]{0,39}")
+"""A failure reason: a short identifier (it names a metric, ``failed/<reason>``)."""
 
 # JSON-schema keywords the argument validator implements; a schema using others is refused at
 # registration (rather than silently not enforced).
@@ -337,6 +368,8 @@ class ToolSpec:
         parameters: JSON schema of the arguments (an object schema).
         aliases: further registered names of the same tool.
         timeout_s: time budget of one call (seconds; 0 = no limit).
+        isolate: run it in a tool worker process, killed at ``timeout_s`` (module docstring);
+            ``False``: in the caller's process, under a thread's budget.
     """
 
     name: str
@@ -345,6 +378,7 @@ class ToolSpec:
     parameters: dict[str, Any]
     aliases: tuple[str, ...] = ()
     timeout_s: float = 10.0
+    isolate: bool = True
 
     def schema(self, name: str | None = None) -> dict[str, Any]:
         """The function description for a chat template's ``tools=``:
@@ -421,6 +455,7 @@ def tool(
     aliases: Iterable[str] = (),
     timeout_s: float = 10.0,
     description: str | None = None,
+    isolate: bool = True,
 ) -> Callable[[ToolFn], ToolFn]:
     """Register ``fn(context, **arguments) -> Observation`` as tool ``name`` (and ``aliases``).
 
@@ -432,6 +467,10 @@ def tool(
         aliases: further names of the same tool.
         timeout_s: time budget of one call (seconds; 0 = no limit).
         description: one line for the model; default the docstring's first paragraph.
+        isolate: in a rollout, run the tool in a worker process that is killed at
+            ``timeout_s`` and whose memory is capped (the default); ``False`` keeps it in the
+            policy's process under a thread's budget, which a call stuck in C code outlives
+            (for a tool that needs that process's state; module docstring).
     """
     check_schema(parameters, f"tool '{name}' parameters")
     if parameters.get("type") != "object":
@@ -451,6 +490,7 @@ def tool(
             parameters=parameters,
             aliases=aliases,
             timeout_s=float(timeout_s),
+            isolate=bool(isolate),
         )
         for key in (name, *aliases):
             TOOLS.add(key, spec)
@@ -564,6 +604,14 @@ def parse_tool_calls(
     floats that the argument check (:func:`run_tool_call`) refuses. ``closed_by_stop``: the
     generation stopped at ``</tool_call>`` and the stop string was cut off, so a final
     unclosed call is read as if it were closed. Text outside the tags is ignored.
+
+    **Thinking.** An unclosed ``<tool_call>`` followed by ``</think>`` (before any further
+    ``<tool_call>``) sits in the model's reasoning, which the model then closed: it is thinking
+    aloud about a call ("I could <tool_call> zoom in, but ..."), not a call, and is ignored,
+    so a turn that goes on to answer is an answer (what a reasoning parser in front of a
+    hermes tool parser gives: calls are read from the text after the reasoning). A *closed*
+    call inside a think block is still a call, as before; an unclosed one that no ``</think>``
+    follows is still ``unterminated_tag`` (the model tried to call and did not close it).
     """
     out: list[ToolCall | ParseError] = []
     pos = 0
@@ -579,6 +627,14 @@ def parse_tool_calls(
         body_start = start + len(OPEN_TAG)
         end = text.find(CLOSE_TAG, body_start)
         reopen = text.find(OPEN_TAG, body_start)
+        reopened = reopen >= 0 and (end < 0 or reopen < end)
+        open_ended = end < 0 and reopen < 0 and not closed_by_stop
+        stop = reopen if reopened else len(text)
+        if (reopened or open_ended) and text.find(THINK_CLOSE, body_start, stop) >= 0:
+            if not reopened:  # reasoning about a call, closed by </think>: not a call
+                return out
+            pos = reopen
+            continue
         if reopen >= 0 and (end < 0 or reopen < end):
             out.append(
                 ParseError(
@@ -736,23 +792,347 @@ def _finish(obs: Observation) -> Observation:
     return obs
 
 
+def _cut_text(text: str, most: int | None) -> str:
+    """``text`` cut to at most ``most`` characters, ending with a note that says it was cut
+    (None: as is). Cutting twice changes nothing."""
+    if most is None or len(text) <= most:
+        return text
+    note = f"\n[cut: {len(text)} characters are more than this conversation's token budget]"
+    return text[: most - len(note)] + note if most > len(note) else text[: max(0, most)]
+
+
+def _checked(
+    obs: Any,
+    name: str,
+    context: ToolContext,
+    max_text_chars: int | None = None,
+    max_media: int | None = None,
+) -> Observation:
+    """What a tool returned, checked and bounded before anything renders or tokenises it.
+
+    A value that is not a well-formed :class:`Observation` is a ``tool_error`` (the field and
+    type named): ``ok`` a bool, ``text`` a str, ``reason`` a short identifier or ``None``,
+    ``info`` a dict whose JSON is at most :data:`MAX_INFO_CHARS`, ``images`` a list of
+    non-empty PIL images, ``videos`` a list of :class:`VideoClip` whose ``frames`` are 1 to
+    ``context.video_budget.max_frames`` PIL images of one size, ``timestamps_s`` one finite
+    number per frame and ``fps`` finite and > 0. Then the bounds: media past ``max_media + 1``
+    are dropped (a trajectory with ``max_media`` left still stops ``max_media``, as it would
+    with all of them), images and frames are made RGB and downscaled to
+    ``context.max_pixels`` / ``context.video_budget.max_pixels`` (:func:`fit_pixels`), and the
+    text is cut to ``max_text_chars`` characters (:func:`_cut_text`)."""
+    from PIL import Image
+
+    def bad(what: str) -> Observation:
+        return Observation.fail("tool_error", f"Tool '{name}' failed: it returned {what}")
+
+    if not isinstance(obs, Observation):
+        return bad(f"{type(obs).__name__}, not an Observation")
+    for field_name, kinds in (
+        ("ok", bool),
+        ("text", str),
+        ("images", list),
+        ("videos", list),
+        ("info", dict),
+        ("reason", (str, type(None))),
+    ):
+        value = getattr(obs, field_name)
+        if not isinstance(value, kinds):
+            return bad(f"an Observation whose {field_name} is a {type(value).__name__}")
+    if obs.reason is not None and not _REASON.fullmatch(obs.reason):
+        return bad("an Observation whose reason is not a short identifier ([a-z0-9_], ≤ 40)")
+    try:
+        info_chars = len(json.dumps(obs.info))
+    except (TypeError, ValueError, RecursionError):
+        return bad("an Observation whose info is not JSON-serialisable")
+    if info_chars > MAX_INFO_CHARS:
+        return bad(f"an Observation whose info is over {MAX_INFO_CHARS} characters of JSON")
+    if max_media is not None:
+        keep = max(0, max_media) + 1
+        obs.images = obs.images[:keep]
+        obs.videos = obs.videos[: max(0, keep - len(obs.images))]
+    for i, image in enumerate(obs.images):
+        if not isinstance(image, Image.Image) or min(image.size) < 1:
+            return bad(f"images[{i}] that is not a non-empty PIL image ({type(image).__name__})")
+    max_frames = context.video_budget.max_frames
+    for i, clip in enumerate(obs.videos):
+        if not isinstance(clip, VideoClip):
+            return bad(f"videos[{i}] that is a {type(clip).__name__}, not a VideoClip")
+        frames, times, fps = clip.frames, clip.timestamps_s, clip.fps
+        if not isinstance(frames, list) or not frames:
+            return bad(f"videos[{i}] without frames")
+        if len(frames) > max_frames:
+            return bad(f"a clip over {max_frames} frames")
+        if not all(isinstance(f, Image.Image) and min(f.size) >= 1 for f in frames):
+            return bad(f"videos[{i}] whose frames are not all non-empty PIL images")
+        if len({f.size for f in frames}) != 1:
+            return bad(f"videos[{i}] whose frames differ in size")
+        if (
+            not isinstance(times, list)
+            or len(times) != len(frames)
+            or not all(_finite_number(t) for t in times)
+        ):
+            return bad(f"videos[{i}] without one finite timestamp per frame")
+        if not _finite_number(fps) or fps <= 0:
+            return bad(f"videos[{i}] whose fps is not a finite number > 0")
+    obs.images = [fit_pixels(_rgb(im), context.max_pixels) for im in obs.images]
+    for clip in obs.videos:
+        clip.frames = [fit_pixels(_rgb(f), context.video_budget.max_pixels) for f in clip.frames]
+    obs.text = _cut_text(obs.text, max_text_chars)
+    return obs
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rgb(image: Image.Image) -> Image.Image:
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
+def _invoke(
+    spec: ToolSpec,
+    name: str,
+    arguments: dict[str, Any],
+    context: ToolContext,
+    max_text_chars: int | None,
+    max_media: int | None,
+) -> Observation:
+    """Run the tool and check what it returned (:func:`_checked`): a :class:`ToolFailure` is
+    its observation, any other exception a ``tool_error``; ``MemoryError`` is raised (the
+    caller reports ``memory``). The same in a worker process and in a thread."""
+    try:
+        obs = spec.fn(context, **arguments)
+    except ToolFailure as exc:
+        reason = exc.reason if isinstance(exc.reason, str) and _REASON.fullmatch(exc.reason) else ""
+        text = _cut_text(str(exc.message), max_text_chars)
+        return Observation.fail(reason or "tool_error", text)
+    except MemoryError:
+        raise
+    except Exception as exc:
+        text = f"Tool '{name}' failed: {type(exc).__name__}: {_short(exc, 160)}"
+        return Observation.fail("tool_error", text)
+    return _checked(obs, name, context, max_text_chars, max_media)
+
+
+IMAGE_CACHE_BYTES = 512 * 2**20
+"""Bytes of decoded context images (W·H·bands) a tool worker keeps between calls, so that the
+sample's full-resolution images cross to it once, not with every call."""
+
+
+class CacheMiss(Exception):
+    """A worker was sent a reference to an image it no longer holds (it was replaced): the
+    call is sent again with every image."""
+
+
+class _ImageLRU:
+    """Least-recently-used images by key, at most ``capacity`` bytes (the newest always
+    kept). The tool worker holds the images; :class:`ToolPool` a mirror of the keys and sizes,
+    changed by the same operations in the same order, so it knows what the worker holds."""
+
+    def __init__(self, capacity: int = IMAGE_CACHE_BYTES) -> None:
+        self.capacity = capacity
+        self.items: OrderedDict[int, tuple[Any, int]] = OrderedDict()
+        self.total = 0
+
+    def touch(self, key: int) -> Any:
+        """Mark ``key`` used; its value. KeyError when absent."""
+        self.items.move_to_end(key)
+        return self.items[key][0]
+
+    def put(self, key: int, size: int, value: Any = None) -> None:
+        if key in self.items:
+            self.total -= self.items.pop(key)[1]
+        self.items[key] = (value, size)
+        self.total += size
+        while self.total > self.capacity and len(self.items) > 1:
+            self.total -= self.items.popitem(last=False)[1][1]
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.total = 0
+
+
+def _image_bytes(image: Any) -> int:
+    """The decoded size of a PIL image (W·H·bands); 0 for anything else."""
+    try:
+        return int(image.width) * int(image.height) * len(image.getbands())
+    except Exception:
+        return 0
+
+
+_WORKER_IMAGES = _ImageLRU()
+"""The images this process holds as a tool worker (:func:`serve_call`)."""
+
+
+def serve_call(request: tuple) -> Observation:
+    """One tool call in a tool worker process (the handler of :class:`ToolPool`):
+    ``(name, arguments, context fields, images, reset, max_text_chars, max_media)`` → its
+    checked :class:`Observation`. ``images``: per context image ``("new", key, image)`` or
+    ``("ref", key)`` for one sent before (:class:`CacheMiss` when it is not held);
+    ``reset``: forget the images held first."""
+    name, arguments, fields, images, reset, max_text_chars, max_media = request
+    if reset:
+        _WORKER_IMAGES.clear()
+    resolved = []
+    for entry in images:
+        if entry[0] == "new":
+            if entry[1] >= 0:  # -1: an image the parent does not track
+                _WORKER_IMAGES.put(entry[1], _image_bytes(entry[2]), entry[2])
+            resolved.append(entry[2])
+        else:
+            try:
+                resolved.append(_WORKER_IMAGES.touch(entry[1]))
+            except KeyError:
+                raise CacheMiss(f"image {entry[1]} is not held") from None
+    context = ToolContext(images=resolved, **fields)
+    return _invoke(TOOLS.get(name), name, arguments, context, max_text_chars, max_media)
+
+
+class ToolPool:
+    """The tool worker process of a loop (:class:`mmrft.rewards.pool.WorkerPool` with the
+    handler :func:`serve_call`), started at its first call, and what it holds of the contexts'
+    images: each image object crosses once (while the worker keeps it,
+    :data:`IMAGE_CACHE_BYTES`), later calls send its key.
+
+    Attributes:
+        names: the tools it runs (registry names, aliases as enabled).
+    """
+
+    def __init__(self, tools: dict[str, ToolSpec], memory_mb: int | None) -> None:
+        from mmrft.rewards.pool import WorkerPool
+
+        self.pool = WorkerPool(
+            tools,
+            1,
+            memory_mb,
+            registry="tools",
+            handler="mmrft.rollout.tool:serve_call",
+            start=False,
+            what="tool",
+            hint="declare the tool with @tool(..., isolate=False)",
+        )
+        self.names = set(tools)
+        self._held = _ImageLRU()  # the mirror of _WORKER_IMAGES in the worker
+        self._held_by: int | None = None  # the worker process it mirrors
+        self._keys: dict[int, tuple[weakref.ref[Any], int]] = {}  # id(image) → (image, key)
+        self._next_key = 0
+        self._lock = threading.Lock()
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker's process id (none before the first call)."""
+        return self.pool.pids
+
+    def close(self) -> None:
+        """Stop the worker (idempotent)."""
+        self.pool.close()
+
+    def call(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        context: ToolContext,
+        timeout_s: float,
+        limits: tuple[int | None, int | None],
+    ) -> tuple[str, Any]:
+        """:meth:`WorkerPool.call_one` of the call: ``("ok", observation)``, ``("timeout",
+        None)`` or ``("memory", None)``; raises what it raises. A worker that lost the images
+        (replaced between calls) is sent them all again, once."""
+        from mmrft.rewards.pool import WorkerRaised
+
+        fields = {f.name: getattr(context, f.name) for f in dataclasses.fields(context)}
+        del fields["images"]
+        with self._lock:
+            for attempt in (0, 1):
+                pids = self.pool.pids
+                reset = attempt == 1 or not pids or pids[0] != self._held_by
+                if reset:
+                    self._held.clear()
+                images = [self._entry(image) for image in context.images]
+                request = (name, arguments, fields, images, reset, *limits)
+                self._held_by = None  # until the worker has answered
+                try:
+                    kind, value = self.pool.call_one(request, timeout_s)
+                except WorkerRaised as exc:
+                    if exc.kind == CacheMiss.__name__ and attempt == 0:
+                        continue
+                    raise
+                if kind == "ok":  # else the worker was replaced: it holds nothing
+                    self._held_by = self.pool.pids[0]
+                return kind, value
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _entry(self, image: Any) -> tuple:
+        """``("ref", key)`` for an image the worker holds, else ``("new", key, image)``."""
+        known = self._keys.get(id(image))
+        if known is not None and known[0]() is image:
+            key = known[1]
+        else:
+            try:
+                ref = weakref.ref(image)
+            except TypeError:  # not weak-referenceable: sent every time
+                return ("new", -1, image)
+            self._next_key += 1
+            key = self._next_key
+            if len(self._keys) > 4096:  # forget the images that are gone
+                self._keys = {i: k for i, k in self._keys.items() if k[0]() is not None}
+            self._keys[id(image)] = (ref, key)
+        if key in self._held.items:
+            self._held.touch(key)
+            return ("ref", key)
+        self._held.put(key, _image_bytes(image))
+        return ("new", key, image)
+
+
+def tool_pool(
+    tools: Mapping[str, ToolSpec], memory_mb: int | None = WORKER_MEMORY_MB
+) -> ToolPool | None:
+    """The worker process of the ``isolate`` tools of ``tools`` (name → spec, aliases kept), or
+    ``None`` when there are none; it starts at the first call and stops with
+    :meth:`ToolPool.close` (or at exit). A tool a worker cannot re-create (defined in
+    ``__main__`` or inside a function) stays in this process, with a warning. ``memory_mb``:
+    what the worker may map beyond what it holds after loading the tools (MiB; None = no
+    cap)."""
+    from mmrft.rewards.pool import source
+
+    pooled = {}
+    for name, spec in tools.items():
+        if not spec.isolate:
+            continue
+        if source(spec.fn) is None:
+            log.warning(
+                "tool '%s' is defined in __main__ or inside a function, where a worker process "
+                "cannot re-create it: it runs in this process, where its timeout_s cannot stop "
+                "a call stuck in C code (define it in a plugin file, or declare "
+                "@tool(..., isolate=False))",
+                name,
+            )
+            continue
+        pooled[name] = spec
+    return ToolPool(pooled, memory_mb) if pooled else None
+
+
 def run_tool_call(
     call: ToolCall | ParseError,
     context: ToolContext,
     registry: ToolRegistry = TOOLS,
     *,
     timeout_s: float | None = None,
+    pool: ToolPool | None = None,
+    max_text_chars: int | None = None,
+    max_media: int | None = None,
 ) -> Observation:
     """Run one parsed call and return its :class:`Observation`; never raises on model output.
 
     Steps: a :class:`ParseError` becomes a failed observation with its reason; the tool is
     looked up in ``registry`` (the global :data:`~mmrft.plugins.TOOLS` or the mapping of
     :func:`enabled_tools`, ``unknown_tool`` with the closest names otherwise); the arguments are
-    checked against its schema (:func:`validate_arguments`); then the tool runs in a daemon
-    worker thread for at most ``timeout_s`` seconds (default the tool's own; 0 = no limit). A
-    timed-out thread is abandoned, not killed (module docstring). Returned images over
-    ``context.max_pixels`` are downscaled (:func:`fit_pixels`); a clip over
-    ``context.video_budget.max_frames`` frames is a ``tool_error``.
+    checked against its schema (:func:`validate_arguments`); then the tool runs for at most
+    ``timeout_s`` seconds (default the tool's own; 0 = no limit): in ``pool``'s worker process
+    (:func:`tool_pool`) when the pool holds it, killed at the deadline; else in a daemon
+    thread of this process, abandoned at the deadline (module docstring). What it returns is
+    checked and bounded (:func:`_checked`): ``max_text_chars`` (characters of text; None = no
+    bound), ``max_media`` (images and clips the trajectory may still add; None = no bound).
     """
     _count("calls")
     if isinstance(call, ParseError):
@@ -768,11 +1148,14 @@ def run_tool_call(
             Observation.fail(exc.reason, f"{exc.message}. Usage: {_usage(spec, call.name)}.")
         )
     budget = spec.timeout_s if timeout_s is None else timeout_s
+    limits = (max_text_chars, max_media)
+    if pool is not None and spec.isolate and call.name in pool.names:
+        return _finish(_in_worker(pool, spec, call.name, arguments, context, budget, limits))
     box: dict[str, Any] = {}
 
     def work() -> None:
         try:
-            box["value"] = spec.fn(context, **arguments)
+            box["value"] = _invoke(spec, call.name, arguments, context, *limits)
         except BaseException as exc:  # handed to the caller's thread
             box["error"] = exc
 
@@ -782,24 +1165,57 @@ def run_tool_call(
     if thread.is_alive():
         with _STATS_LOCK:
             _ABANDONED.add(thread)
-        return _finish(
-            Observation.fail(
-                "timeout", f"Tool '{call.name}' ran past its {budget:g} s budget and was stopped."
-            )
-        )
+        return _finish(_timed_out(call.name, budget))
     error = box.get("error")
-    if isinstance(error, ToolFailure):
-        return _finish(Observation.fail(error.reason, error.message))
+    if isinstance(error, MemoryError):
+        return _finish(_over_memory(call.name))
     if error is not None:
         text = f"Tool '{call.name}' failed: {type(error).__name__}: {_short(error, 160)}"
         return _finish(Observation.fail("tool_error", text))
-    obs = box.get("value")
-    if not isinstance(obs, Observation):
-        text = f"Tool '{call.name}' failed: it returned {type(obs).__name__}, not an Observation"
-        return _finish(Observation.fail("tool_error", text))
-    max_frames = context.video_budget.max_frames
-    if any(len(clip.frames) > max_frames for clip in obs.videos):
-        text = f"Tool '{call.name}' failed: it returned a clip over {max_frames} frames"
-        return _finish(Observation.fail("tool_error", text))
-    obs.images = [fit_pixels(im, context.max_pixels) for im in obs.images]
-    return _finish(obs)
+    return _finish(box["value"])
+
+
+def _timed_out(name: str, budget: float) -> Observation:
+    return Observation.fail(
+        "timeout", f"Tool '{name}' ran past its {budget:g} s budget and was stopped."
+    )
+
+
+def _over_memory(name: str) -> Observation:
+    return Observation.fail(
+        "memory", f"Tool '{name}' ran out of memory (its worker's cap) and was stopped."
+    )
+
+
+def _in_worker(
+    pool: ToolPool,
+    spec: ToolSpec,
+    name: str,
+    arguments: dict[str, Any],
+    context: ToolContext,
+    budget: float,
+    limits: tuple[int | None, int | None],
+) -> Observation:
+    """The call in the pool's worker process: killed at ``budget`` seconds (``timeout``), over
+    the memory cap (``memory``); a worker that raised, died or could not be sent the call is a
+    ``tool_error``. The reply is checked again here (:func:`_checked`: cheap on a checked
+    observation), so nothing unchecked joins a trajectory."""
+    from mmrft.rewards.pool import NotSendable, PoolError, WorkerDied, WorkerRaised
+
+    try:
+        kind, value = pool.call(name, arguments, context, budget, limits)
+    except NotSendable as exc:
+        text = f"Tool '{name}' failed: its call could not be sent to its worker ({exc})"
+        return Observation.fail("tool_error", text)
+    except WorkerDied as exc:
+        return Observation.fail("tool_error", f"Tool '{name}' failed: its worker ended ({exc})")
+    except WorkerRaised as exc:
+        text = f"Tool '{name}' failed: {exc.kind}: {_short(exc.message, 160)}"
+        return Observation.fail("tool_error", text)
+    except PoolError as exc:  # pragma: no cover - the pool raises only the ones above
+        return Observation.fail("tool_error", f"Tool '{name}' failed: {_short(exc, 160)}")
+    if kind == "timeout":
+        return _timed_out(name, budget)
+    if kind == "memory":
+        return _over_memory(name)
+    return _checked(value, name, context, *limits)

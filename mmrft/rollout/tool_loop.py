@@ -20,7 +20,14 @@ report: drifting separators, image-count mismatches, unseen late images):
 * **Budgets before media.** An observation joins a trajectory only after the token budget
   (``rollout.tools.max_tokens``) and the media budgets (``max_media``,
   ``max_visual_tokens``) passed; a trajectory they cut ends without it, so no image is ever
-  appended to a turn that does not get its placeholders.
+  appended to a turn that does not get its placeholders. What a tool returns is bounded
+  before it is rendered or tokenised (:func:`mmrft.rollout.tool.run_tool_call`): its text to
+  :data:`CHARS_PER_TOKEN` characters per token the trajectory has left (cut, with a note),
+  its images and clips to one more than the media the trajectory may still add.
+* **Tools in a worker process.** The loop's tools run in its tool worker process
+  (:func:`mmrft.rollout.tool.tool_pool`), started at the first call, killed at a call's
+  ``timeout_s``, memory-capped; :meth:`ToolLoop.close` stops it (the collector's close, or
+  exit).
 * **Positions over the final sequence.** The engine continues a trajectory from its whole
   row (:func:`joined_row`) with the family's position function (mRoPE for Qwen-VL), and the
   training forward computes them over the same whole sequence, so turn-k tokens sit where the
@@ -52,18 +59,26 @@ from typing import Any
 from mmrft.data import Sample
 from mmrft.policy.trajectory import Trajectory, _short, joined_row
 from mmrft.rollout.tool import (
+    WORKER_MEMORY_MB,
     Observation,
     ParseError,
     ToolContext,
     ToolSpec,
     parse_tool_calls,
     run_tool_call,
+    tool_pool,
     tool_schemas,
 )
 
 log = logging.getLogger(__name__)
 
 STOPS = ("answer", "length", "max_turns", "max_tokens", "max_media", "max_visual_tokens")
+
+CHARS_PER_TOKEN = 32
+"""Characters of a tool's text kept per token the trajectory has left (before tokenising):
+more than any tokenizer of the supported families averages per token, so a text cut by it
+would not have fitted anyway, and a tool returning tens of MB costs at most this many
+characters per remaining token to render and tokenise."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,6 +227,8 @@ class ToolLoop:
         limits: the budgets.
         context_kwargs: extra :meth:`ToolContext.from_sample` arguments.
         describe: describe the tools in a system message (:meth:`with_tools`).
+        worker_memory_mb: the tool worker's memory cap (MiB beyond what it holds after loading
+            the tools; None = no cap), :func:`mmrft.rollout.tool.tool_pool`.
 
     Attributes:
         schemas: the tools' descriptions :meth:`with_tools` prepends (none when ``describe``
@@ -229,8 +246,10 @@ class ToolLoop:
         limits: LoopLimits,
         context_kwargs: dict[str, Any] | None = None,
         describe: bool = True,
+        worker_memory_mb: int | None = WORKER_MEMORY_MB,
     ) -> None:
         self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
+        self.pool = tool_pool(tools, worker_memory_mb)
         self.schemas = tool_descriptions(tools, describe)
         self.template = ObservationTemplate(family, processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -243,6 +262,11 @@ class ToolLoop:
         self.token_key = family.token_keys[0] if family.token_keys else None
         self.context_kwargs = context_kwargs or {}
         self.counts: Counter = Counter()
+
+    def close(self) -> None:
+        """Stop the tool worker process, if one started (idempotent; also done at exit)."""
+        if self.pool is not None:
+            self.pool.close()
 
     # -- prompts -------------------------------------------------------------------------------
     def with_tools(
@@ -377,7 +401,18 @@ class ToolLoop:
         if len(t.turns) >= self.limits.max_turns:
             t.stop = "max_turns"
             return False
-        observations = [run_tool_call(c, context, self.tools) for c in calls]
+        left = max(0, budget - len(t.ids))  # tokens the observations may still take
+        observations = [
+            run_tool_call(
+                c,
+                context,
+                self.tools,
+                pool=self.pool,
+                max_text_chars=left * CHARS_PER_TOKEN,
+                max_media=max(0, self.limits.max_media - t.images - t.videos),
+            )
+            for c in calls
+        ]
         record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
         t.stop = self._append(t, context, observations, ids, budget)
         return not t.stop
