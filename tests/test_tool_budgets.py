@@ -603,3 +603,21 @@ def test_context_images_cross_once_and_a_replaced_worker_gets_them_again(policy)
     finally:
         workers.close()
     assert first.ok and again.ok and first.images[0].tobytes() == again.images[0].tobytes()
+
+
+@pytest.mark.serial  # wall-clock budget: make test runs it alone
+def test_an_in_process_tool_that_held_the_gil_past_its_deadline_is_a_timeout():
+    """isolate=False keeps the thread budget, which a GIL-holding call outlives: the caller
+    gets control back only when the call ends. It is then a 'timeout', not a success (the old
+    loop counted it a success)."""
+    import re
+
+    @tool("test_tb_regex_here", isolate=False, timeout_s=0.05, parameters={"type": "object"})
+    def regex_here(context):
+        re.fullmatch(r"(a|aa)*", "a" * 31 + "!")  # about 0.3 s holding the GIL
+        return Observation(ok=True, text="matched")
+
+    obs = run_tool_call(
+        call("test_tb_regex_here"), ToolContext(), enabled_tools(["test_tb_regex_here"])
+    )
+    assert (obs.ok, obs.reason) == (False, "timeout"), obs

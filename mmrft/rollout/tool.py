@@ -64,7 +64,7 @@ re-create it; warned), and every call of :func:`run_tool_call` without a ``pool`
 daemon thread of this process instead, waited for at most ``timeout_s`` seconds. A Python
 thread cannot be killed: a timed-out thread is *abandoned*, it keeps running until its
 function returns (or the process ends) and its result is dropped, and one holding the GIL
-stalls the caller until it lets go. :func:`tool_stats` counts ``timeout`` and reports
+stalls the caller until it lets go (its call is then ``timeout`` too, however it ended). :func:`tool_stats` counts ``timeout`` and reports
 ``abandoned_running`` (abandoned threads still alive).
 
 **Boxes.** A tool reads boxes in the model family's own frame (:mod:`mmrft.rewards.boxes`,
@@ -84,6 +84,7 @@ import logging
 import math
 import re
 import threading
+import time
 import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -768,8 +769,8 @@ def _count(key: str) -> None:
 
 def tool_stats() -> dict[str, int]:
     """Counters since start-up: ``calls``, ``ok``, ``failed/<reason>`` per failure reason
-    (``failed/timeout`` = threads abandoned), and ``abandoned_running``: abandoned worker
-    threads still running now."""
+    (``failed/timeout``: worker processes killed and threads abandoned at their deadline), and
+    ``abandoned_running``: abandoned threads (of tools run in this process) still running now."""
     with _STATS_LOCK:
         out = dict(_STATS)
         out["abandoned_running"] = sum(t.is_alive() for t in list(_ABANDONED))
@@ -1160,11 +1161,14 @@ def run_tool_call(
             box["error"] = exc
 
     thread = threading.Thread(target=work, name=f"mmrft-tool:{spec.name}", daemon=True)
+    started = time.monotonic()
     thread.start()
     thread.join(budget or None)
     if thread.is_alive():
         with _STATS_LOCK:
             _ABANDONED.add(thread)
+        return _finish(_timed_out(call.name, budget))
+    if budget and time.monotonic() - started > budget:  # it held the GIL past the deadline
         return _finish(_timed_out(call.name, budget))
     error = box.get("error")
     if isinstance(error, MemoryError):
