@@ -206,6 +206,8 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     finally:
         if verifiers is not None:
             verifiers.close()  # their worker processes
+        if tool_loop is not None:
+            tool_loop.close()  # its tool worker process
 
 
 def eval_verifiers(cfg: Any) -> Any:

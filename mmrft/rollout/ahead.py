@@ -308,7 +308,8 @@ class AheadCollector:
         return self.collector.resume_state(step)
 
     def close(self) -> None:
-        """Stop the rollout thread (between two decode steps, or after its current call)."""
+        """Stop the rollout thread (between two decode steps, or after its current call), then
+        the collector's tool worker."""
         with self._cond:
             self._stop = True
             self._cond.notify_all()
@@ -317,6 +318,7 @@ class AheadCollector:
             if self._thread.is_alive():
                 log.warning("the rollout thread did not stop in %.0f s", JOIN_TIMEOUT_S)
         self.engine.between_tokens = None
+        self.collector.close()
 
     # -- the rollout thread ------------------------------------------------------------------
     def _produce(self, first_step: int, last_step: int) -> None:
