@@ -15,9 +15,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # two short demo runs side by side took 75 s each instead of 19 s alone. Waiting passively, two
 # side by side take 23 s each. Set before torch is imported (here: before the test modules);
 # the processes the tests start inherit it. A single-process run keeps the default (spinning
-# is a little faster alone: 19-21 s against 23 s).
+# is a little faster alone: 19-21 s against 23 s). A worker per core also means one torch thread
+# per worker (OMP_NUM_THREADS=1, read when torch is imported; runs whose config names
+# train.threads keep it): two workers of two threads each on two cores took 300 s of wall
+# clock where one thread each took 190 s, on the same 27 training tests.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "assets"
