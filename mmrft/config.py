@@ -11,18 +11,21 @@ directory. Relative paths are anchored as :func:`load_config` says.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
 from mmrft.plugins import did_you_mean
 from mmrft.typecheck import ConfigError, coerce, shown, type_name
+
+log = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -234,11 +237,17 @@ class DataConfig:
 @dataclass
 class TaskConfig:
     name: str = _f("classification", "Registered task name (`mmrft list tasks`).")
-    params: dict[str, Any] = _f({}, "Keyword parameters of the task (e.g. think: none).")
+    params: dict[str, Any] = _f(
+        {},
+        "Keyword parameters of the task (e.g. think: none). They belong to the task: a command line that names another task than the config file's (task.name=prompt over demo.yaml's classification) drops the file's task.params and keeps only those it sets itself.",
+    )
     system_prompt: str = _f(
         "",
         "A system message before every prompt (training, evaluation, warm start) unless the sample has its own; empty = the chat template's default.",
     )
+    param_sources: ClassVar[dict[str, str]] = {}
+    """Where each of ``params`` was set (``configs/demo.yaml: task.params.think``, ``the
+    command line: task.params.template``), filled by :func:`load_config`; not a config key."""
 
 
 @dataclass
@@ -1198,6 +1207,14 @@ def load_config(
     Paths (:data:`PATH_KEYS`, ``task.params.*_root`` and the like, plugin files) come out
     absolute: relative ones in the YAML file against the file's folder, on the command line
     against the current directory; ``output_dir`` against the current directory.
+
+    ``task.params`` belong to their task: when the overrides name another task
+    (``task.name=prompt`` over a file whose task is ``classification``, the default task when
+    the file names none), the file's ``task.params`` are dropped and only those the overrides
+    set (``task.params.template=...``, in any order) are kept; when they name the file's task
+    or none, file and overrides merge key by key. Where each param came from is recorded in
+    ``cfg.task.param_sources`` (``configs/demo.yaml: task.params.think``), which a task's
+    parameter error names.
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(
@@ -1225,6 +1242,10 @@ def load_config(
         if not isinstance(tree, dict):
             raise ConfigError(f"{path}: a config file must be a YAML mapping")
         _anchor_tree(tree, file.resolve().parent)
+    # the file's task and params as the file has them (the overrides below edit them in place)
+    was = _section(tree, "task").get("name", TaskConfig.name)
+    file_params = dict(_section(_section(tree, "task"), "params"))
+    cmdline: dict[str, Any] = {}  # what the overrides set, on their own
     for item in overrides:  # each replaces what it names, its paths anchored at the cwd
         key, value = parse_override(item)
         layer: dict[str, Any] = {}
@@ -1233,6 +1254,24 @@ def load_config(
         for name in key.split("."):
             layer = layer[name]
         _set_dotted(tree, key, layer)
+        _set_dotted(cmdline, key, layer)
+    given_task = _section(cmdline, "task")
+    given_params = _section(given_task, "params")
+    if "name" in given_task and given_task["name"] != was and isinstance(tree.get("task"), dict):
+        dropped = sorted(set(file_params) - set(given_params))
+        if dropped:
+            log.info(
+                "task.name=%s replaces the config file's task '%s': its task.params %s "
+                "are dropped (they belong to that task)",
+                given_task["name"],
+                was,
+                ", ".join(dropped),
+            )
+        if "params" in given_task:  # what the command line set, checked as it stands
+            tree["task"]["params"] = given_task["params"]
+        else:
+            tree["task"].pop("params", None)
+        file_params = {}
     preset = (tree.get("algorithm") or {}).get("preset")
     if preset is not None:
         from mmrft.algorithms import LOSS_PRESETS
@@ -1249,12 +1288,35 @@ def load_config(
         check_depth(tree, "")
         cfg = _from_dict(RunConfig, tree, "")
         cfg.output_dir = anchor_path(cfg.output_dir, Path.cwd())
+        if isinstance(cfg.task.params, dict):
+            cfg.task.param_sources = {
+                key: f"the command line: task.params.{key}"
+                if key in given_params
+                else f"{_shown_path(file)}: task.params.{key}"
+                for key in cfg.task.params
+                if key in given_params or (path is not None and key in file_params)
+            }
         check_config(cfg)
     except ConfigError as exc:  # a key the file sets (not the command line): its file:line
         given = {parse_override(o)[0] for o in overrides}
         line = None if path is None else _key_line(file, str(exc), given)
         raise ConfigError(f"{file}:{line}: {exc}" if line else str(exc)) from None
     return cfg
+
+
+def _section(tree: Any, key: str) -> dict[str, Any]:
+    """``tree[key]`` when both are mappings, else an empty mapping (a malformed section is
+    refused later, by :func:`_from_dict`, naming its key)."""
+    value = tree.get(key) if isinstance(tree, dict) else None
+    return value if isinstance(value, dict) else {}
+
+
+def _shown_path(file: Path) -> str:
+    """``file`` relative to the current directory when it lies under it, else as it is."""
+    try:
+        return str(file.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(file)
 
 
 def _key_line(file: Path, message: str, overridden: set[str]) -> int | None:

@@ -318,3 +318,84 @@ def test_a_number_past_the_float_range_is_one_line():
         ConfigError, match=r"^optim.lr: an integer of about 401 digits is too large for a number"
     ):
         validate_config(cfg)
+
+
+# --- task.params belong to their task (issue 39): a new task.name on the command line does not
+# inherit the config file's params; a param a task refuses names where it was set
+
+
+def _task_params(path, overrides):
+    cfg = load_config(path, ["train.steps=0", *overrides])
+    return cfg, cfg.task.params
+
+
+def test_a_new_task_on_the_command_line_drops_the_files_task_params(monkeypatch):
+    from mmrft.rewards.task import build_task
+
+    monkeypatch.chdir(REPO)
+    demo = REPO / "configs" / "demo.yaml"
+    # the README's TRL-style path over the implicit demo.yaml (task classification, think: none)
+    cfg, params = _task_params(demo, ["task.name=prompt"])
+    assert params == {}
+    assert cfg.task.param_sources == {}
+    assert build_task(cfg.task.name, params, "", cfg.task.param_sources).template == "{question}"
+    # the params given with the new task are kept, wherever they stand on the command line
+    for order in (
+        ["task.params.template={question}!", "task.name=prompt"],
+        ["task.name=prompt", "task.params.template={question}!"],
+        ["task={name: prompt, params: {template: '{question}!'}}"],
+    ):
+        cfg, params = _task_params(demo, order)
+        assert params == {"template": "{question}!"}, order
+        assert cfg.task.param_sources == {"template": "the command line: task.params.template"}
+    # the same task named again, or none: file and command line merge key by key
+    cfg, params = _task_params(demo, ["task.name=classification", "task.params.lettered=true"])
+    assert params == {"think": "none", "lettered": True}
+    assert cfg.task.param_sources == {
+        "think": "configs/demo.yaml: task.params.think",
+        "lettered": "the command line: task.params.lettered",
+    }
+    assert _task_params(demo, ["task.params.think=optional"])[1] == {"think": "optional"}
+    assert _task_params(demo, ["task.system_prompt=Be brief."])[1] == {"think": "none"}
+
+
+def test_a_file_without_task_name_has_the_default_task(tmp_path):
+    path = write(tmp_path, "task:\n  params: {think: none}\n")
+    assert _task_params(path, ["task.name=prompt"])[1] == {}
+    assert _task_params(path, ["task.name=classification"])[1] == {"think": "none"}
+    assert _task_params(path, [])[1] == {"think": "none"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["task.name=prompt", "task.params=[1, 2]"], r"task.params: expected a mapping"),
+        (["task.name=prompt", "task=3"], r"task\.?: expected a mapping"),
+        (["task.params=7", "task.name=prompt"], r"task.params: expected a mapping"),
+    ],
+)
+def test_a_malformed_task_on_the_command_line_is_still_refused(tmp_path, overrides, message):
+    """A new task.name must not wash away a wrong task.params the command line gives."""
+    path = write(tmp_path, "task:\n  name: classification\n  params: {think: none}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(path, overrides)
+
+
+def test_a_task_param_the_task_refuses_names_where_it_was_set(tmp_path):
+    from mmrft.rewards.task import build_task
+
+    path = write(tmp_path, "task:\n  name: prompt\n  params: {think: none}\n")
+    cfg = load_config(path, ["train.steps=0"])
+    with pytest.raises(
+        ConfigError,
+        match=rf"^task 'prompt': unknown parameter 'think'; .*\(set by {re.escape(str(path))}: "
+        r"task.params.think\)$",
+    ):
+        build_task(cfg.task.name, cfg.task.params, "", cfg.task.param_sources)
+    cfg = load_config(path, ["train.steps=0", "task.params.template=3"])  # from the command line
+    with pytest.raises(ConfigError, match=r"\(set by the command line: task.params.template\)$"):
+        build_task("prompt", {"template": 3}, "", cfg.task.param_sources)
+    path = write(tmp_path, "task:\n  name: classification\n  params: {think: sometimes}\n")
+    cfg = load_config(path, ["train.steps=0"])
+    with pytest.raises(ConfigError, match=r"think.*\(set by .*c.yaml: task.params.think\)$"):
+        build_task(cfg.task.name, cfg.task.params, "", cfg.task.param_sources)

@@ -178,7 +178,9 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     load_plugins(cfg.plugins)
     if not cfg.data.test:
         raise ConfigError("data.test: evaluation needs a test file")
-    task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
+    task = build_task(
+        cfg.task.name, cfg.task.params, cfg.task.system_prompt, cfg.task.param_sources
+    )
     family = resolve_family(cfg.model)
     (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load

@@ -529,13 +529,27 @@ def read_split(
     return samples
 
 
-def build_task(name: str, params: dict[str, Any] | None = None, system_prompt: str = "") -> Task:
+def build_task(
+    name: str,
+    params: dict[str, Any] | None = None,
+    system_prompt: str = "",
+    sources: dict[str, str] | None = None,
+) -> Task:
     """Instantiate the registered task ``name`` with type-checked ``params``; ``system_prompt``
-    (``task.system_prompt``) goes before every prompt it builds (:meth:`Task.prompt`)."""
+    (``task.system_prompt``) goes before every prompt it builds (:meth:`Task.prompt`). A param
+    the task refuses is named with where it was set, from ``sources``
+    (``TaskConfig.param_sources``: ``configs/demo.yaml: task.params.think``)."""
     try:
         cls = TASKS.get(name)
     except KeyError as exc:
         raise ConfigError(f"task.name: {exc}") from None
-    built = cls(**bind_keyword_params(cls, params or {}, where=f"task '{name}'"))
+    bound: dict[str, Any] = {}
+    for key, value in (params or {}).items():
+        try:
+            bound.update(bind_keyword_params(cls, {key: value}, where=f"task '{name}'"))
+        except ConfigError as exc:
+            source = (sources or {}).get(key)
+            raise ConfigError(f"{exc} (set by {source})" if source else str(exc)) from None
+    built = cls(**bound)
     built.system_prompt = system_prompt
     return built
