@@ -47,9 +47,9 @@ def test_a_plain_function_gets_completions_targets_prompts_and_columns(tmp_path)
     )
     samples = [sample(0, "red", level=1), sample(1, "blue")]
     out = reward(["red", "green"], samples)
-    accuracy = [s.value for s in out.scores[f"{rewards}:accuracy_reward"]]
+    accuracy = [s.value for s in out.scores["accuracy_reward"]]
     assert accuracy == [1.0, 0.0]
-    bonus = out.scores[f"{rewards}:level_bonus"]
+    bonus = out.scores["level_bonus"]
     assert bonus[0].value == pytest.approx(2.0 * 1 + len("question 0") / 100)
     assert bonus[1] is None  # the sample has no 'level': the function said "not applicable"
     assert out.total == pytest.approx([1.0 + 0.5 * bonus[0].value, 0.0])
@@ -143,7 +143,8 @@ def test_training_on_prompts_and_reward_functions_alone(tmp_path):
     assert [p["score"] for p in predictions] == expected
     assert results["metrics"]["reward"] == pytest.approx(sum(expected) / len(expected))
     assert summary["after"] == pytest.approx(results["metrics"]["reward"])
-    assert f"verifier/{tmp_path}/my_rewards.py:short" in results["metrics"]
+    assert "verifier/short" in results["metrics"]  # named by the function, not the path
+    assert not any(str(tmp_path) in key for key in results["metrics"])
 
 
 @pytest.mark.parametrize("isolation", ["process", "inline"])
@@ -167,4 +168,65 @@ def test_a_plain_function_that_hangs_scores_zero_with_a_reason(tmp_path, isolati
         assert out.total == [-2.0, 0.0]
     else:  # a thread cannot tell which: the whole call
         assert out.total == [0.0, 0.0]
-    assert out.reasons[f"{rewards}:slow/timeout"] >= 1
+    assert out.reasons["slow/timeout"] >= 1
+
+
+def test_reward_functions_are_named_by_the_function_in_metrics(tmp_path, caplog):
+    """Metric keys (``verifier/<name>``, ``train/reasons/<name>/...``) are the same on every
+    machine: the function's name, ``stem:function`` where two entries share it, the spec as
+    written only where that is shared too; the log line keeps the full path."""
+    import logging
+
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "my_rewards.py").write_text(TRL_FUNCTIONS)
+    (tmp_path / "a" / "extra.py").write_text(TRL_FUNCTIONS + "\naccuracy = short\nformat = short\n")
+    a, b, extra = (
+        tmp_path / "a/my_rewards.py",
+        tmp_path / "b/my_rewards.py",
+        tmp_path / "a/extra.py",
+    )
+    samples = [sample(0, "red"), sample(1, "blue")]
+
+    def inline(specs):
+        return build_reward(specs, isolation="inline")
+
+    with caplog.at_level(logging.INFO, logger="mmrft.rewards.reward"):
+        reward = inline([{"name": f"{a}:short"}, {"name": f"{a}:accuracy_reward"}])
+    assert reward.names == ["short", "accuracy_reward"]
+    assert set(reward(["ok", "too long"], samples).scores) == {"short", "accuracy_reward"}
+    assert f"reward function 'short' is {a}:short" in caplog.text  # where it came from, once
+    # the full spec still finds it (mmrft verify, a resumed config naming it)
+    assert reward.bound(f"{a}:short") is reward.bound("short")
+    assert reward.score_one("short", ["ok"], samples[:1])[0].value == 1.0
+
+    # two functions of one name in two files: stem:function
+    reward = inline([{"name": f"{a}:short"}, {"name": f"{extra}:short", "weight": 2}])
+    assert reward.names == ["my_rewards:short", "extra:short"]
+    # ...in two files of one stem: the specs as written (still distinct)
+    reward = inline([{"name": f"{a}:short"}, {"name": f"{b}:short"}])
+    assert reward.names == [f"{a}:short", f"{b}:short"]
+    # a function named like a registered verifier never takes its name
+    reward = inline([{"name": "accuracy"}, {"name": f"{extra}:accuracy"}])
+    assert reward.names == ["accuracy", "extra:accuracy"]
+    reward = inline([{"name": f"{extra}:format"}])
+    assert reward.names == ["extra:format"]
+    out = reward(["ok", "too long"], samples)
+    assert list(out.scores) == ["extra:format"] and out.total == [1.0, -1.0]
+
+
+def test_a_config_with_a_reward_function_resumes_as_before(tmp_path):
+    """The resume guard compares the configs, whose reward.verifiers keep the anchored spec:
+    a run saved before the metric names changed resumes without a changed key."""
+    from mmrft.config import to_yaml
+    from mmrft.training.resume import config_changes
+
+    (tmp_path / "my_rewards.py").write_text(TRL_FUNCTIONS)
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"model: {{path: {MODEL}}}\ntask: {{name: prompt}}\n"
+        "reward: {verifiers: [{name: my_rewards.py:short}]}\ntrain: {steps: 0}\n"
+    )
+    saved = to_yaml(load_config(config))
+    assert f"{tmp_path / 'my_rewards.py'}:short" in saved  # what an older checkpoint holds
+    assert config_changes(saved, load_config(config)) == ({}, {})

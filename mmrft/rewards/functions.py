@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections import Counter
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from mmrft.data import STANDARD_FIELDS, Sample
@@ -135,6 +137,33 @@ class RewardFunction:
                 columns[key] = [s.meta.get(key) for s in samples]
         answers = dict.fromkeys(("target", *STANDARD_FIELDS["answer"]), targets)
         return {"prompts": [s.text() for s in samples], **answers, **columns, **params}
+
+
+def function_labels(names: Sequence[str]) -> dict[str, str]:
+    """The name each of a reward's verifiers goes by in metrics, logs and messages
+    (``verifier/<label>``, ``train/reasons/<label>/...``, ``data.stats_verifier``).
+
+    A registered verifier keeps its name. A plain function ``path/to/my_rewards.py:brief`` (or
+    ``pkg.my_rewards:brief``) is ``brief``, the same on every machine; where another entry of
+    ``names`` or a registered verifier goes by that name too, it is ``my_rewards:brief`` (the
+    file's stem or the module's last part), and where that is shared as well, the spec as
+    written. Every label is distinct.
+    """
+    from mmrft.plugins import VERIFIERS
+
+    short = {n: FUNCTION_SPEC.match(n)["function"] if is_function_spec(n) else n for n in names}
+    counts = Counter(short.values())
+    labels = {}
+    for name in names:
+        label = short[name]
+        if is_function_spec(name) and (counts[label] > 1 or label in VERIFIERS):
+            match = FUNCTION_SPEC.match(name)
+            source = match["source"]
+            stem = Path(source).stem if source.endswith(".py") else source.rsplit(".", 1)[-1]
+            label = f"{stem}:{match['function']}"
+        labels[name] = label
+    counts = Counter(labels.values())
+    return {n: n if counts[label] > 1 else label for n, label in labels.items()}
 
 
 def register_function(spec: str) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 from mmrft.data import Sample
 from mmrft.plugins import VERIFIERS
-from mmrft.rewards.functions import is_function_spec, register_function
+from mmrft.rewards.functions import function_labels, is_function_spec, register_function
 from mmrft.rewards.pool import (
     TIMEOUT,
     WORKER_MEMORY_MB,
@@ -54,7 +54,8 @@ class RewardBreakdown:
 
     Attributes:
         total: Σ_v weight_v · score_v per completion (``None`` scores add nothing).
-        scores: verifier name → the per-completion :class:`Score` (or ``None``).
+        scores: verifier label (:attr:`WeightedReward.labels`) → the per-completion :class:`Score`
+            (or ``None``).
         reasons: ``"<verifier>/<reason>"`` → count over the batch.
     """
 
@@ -104,6 +105,13 @@ class WeightedReward:
     _lock: threading.Lock = field(
         default_factory=threading.Lock, init=False, repr=False, compare=False
     )
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Each verifier's name in metrics and results (:func:`function_labels`): a plain
+        function ``/home/.../my_rewards.py:brief`` is ``brief`` (``my_rewards:brief`` where two
+        share a name), a registered verifier its own name."""
+        return function_labels([bound.name for bound, _ in self.verifiers])
 
     def close(self) -> None:
         """Stop the verifier worker processes, the event loop and the background scorer, if
@@ -171,14 +179,15 @@ class WeightedReward:
         by_name: dict[str, list[Score | None]] = {}
         reasons: Counter = Counter()
         every = self._all_scores(completions, samples, context, trajectories, group_size)
+        labels = self.labels
         for (bound, weight), scores in zip(self.verifiers, every):
-            by_name[bound.name] = scores
+            by_name[labels[bound.name]] = scores
             for i, score in enumerate(scores):
                 if score is None:
                     continue
                 total[i] += weight * score.value
                 if score.reason:
-                    reasons[f"{bound.name}/{score.reason}"] += 1
+                    reasons[f"{labels[bound.name]}/{score.reason}"] += 1
         for value, sample in zip(total, samples):
             if not math.isfinite(value):
                 raise NonFiniteRewardError(
@@ -192,15 +201,20 @@ class WeightedReward:
         return RewardBreakdown(total=total, scores=by_name, reasons=reasons)
 
     def bound(self, name: str) -> BoundVerifier:
-        """The configured verifier ``name``; KeyError naming the configured ones otherwise."""
+        """The configured verifier ``name`` (its label, or a plain function's full spec);
+        KeyError naming the configured ones otherwise."""
+        labels = self.labels
         for bound, _ in self.verifiers:
-            if bound.name == name:
+            if name in (bound.name, labels[bound.name]):
                 return bound
         raise KeyError(f"no verifier '{name}' in this reward ({', '.join(self.names)})")
 
     @property
     def names(self) -> list[str]:
-        return [bound.name for bound, _ in self.verifiers]
+        """The verifiers' labels (:attr:`labels`), in configured order: the keys of
+        :attr:`RewardBreakdown.scores`."""
+        labels = self.labels
+        return [labels[bound.name] for bound, _ in self.verifiers]
 
     def score_one(
         self,
@@ -498,4 +512,8 @@ def build_reward(
             continue
         pooled[bound.name] = bound.spec
     pool = VerifierPool(pooled, workers, worker_memory_mb) if pooled else None
-    return WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout, pool=pool)
+    reward = WeightedReward(verifiers, timeout_s=timeout_s, on_timeout=on_timeout, pool=pool)
+    for name, label in reward.labels.items():
+        if is_function_spec(name):  # metrics say only the label: where it came from, once
+            log.info("reward function '%s' is %s", label, name)
+    return reward
