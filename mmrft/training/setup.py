@@ -118,7 +118,9 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         markup=False,
     )
 
-    task = build_task(cfg.task.name, cfg.task.params, cfg.task.system_prompt)
+    task = build_task(
+        cfg.task.name, cfg.task.params, cfg.task.system_prompt, cfg.task.param_sources
+    )
     reward = build_reward(
         cfg.reward.verifiers or task.default_verifiers(),
         cfg.reward.timeout_s,
