@@ -33,15 +33,20 @@ from mmrft.typecheck import ConfigError
 MODELS = REPO_ROOT / "assets" / "models"
 BENCHMARKS = REPO_ROOT / "assets" / "benchmarks"
 
-SIZES = [
-    "device=cpu",
-    "model.dtype=float32",
+#: Media budgets that keep every prompt small: one 56×56 image, at most 4 frames of 56×56 video.
+SMALL_MEDIA = [
     "model.min_pixels=3136",
     "model.max_pixels=3136",
     "model.video.min_frames=2",
     "model.video.max_frames=4",
     "model.video.min_pixels=3136",
     "model.video.max_pixels=3136",
+]
+
+SIZES = [
+    "device=cpu",
+    "model.dtype=float32",
+    *SMALL_MEDIA,
     "model.video.total_pixels=null",
     "model.video.max_prompt_tokens=null",
     "train.steps=2",

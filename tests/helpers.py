@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import doctest
 import importlib
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +160,63 @@ def chat_text(processor: Any, messages: list[dict], prompt: bool = True) -> str:
     """The processor's chat template applied to ``messages`` as text (with the assistant's
     generation prompt unless ``prompt`` is false)."""
     return processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+
+
+# Peak RSS from VmHWM, the high-water mark of this process's own memory since it started:
+# ru_maxrss would also count the parent's, which Linux carries across fork and exec.
+_MEASURED_CLI = """
+import json, sys, time
+from mmrft.cli import main
+start = time.monotonic()
+status = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+print(json.dumps({"status": status, "seconds": time.monotonic() - start, "peak_mb": peak}),
+      file=sys.stderr)
+"""
+
+
+def verify_measured(
+    verifier: str, lines: list[dict], folder: Path, *params: str, timeout_s: float
+) -> tuple[dict, dict, subprocess.CompletedProcess]:
+    """``mmrft verify VERIFIER`` over ``lines`` (written to ``folder/completions.jsonl``) in a
+    fresh process, run in ``folder``: its scores by id, its stats (``status``, ``seconds``,
+    ``peak_mb``: the verifying process alone, not its children) and the process. A hang past
+    ``timeout_s`` fails the test instead of blocking the suite."""
+    data = folder / "completions.jsonl"
+    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURED_CLI, "verify", verifier, str(data), *params],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=folder,
+    )
+    stats = json.loads(proc.stderr.strip().splitlines()[-1])
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {row.get("id"): row for row in rows}, stats, proc
+
+
+def tiny_policy(*overrides: str) -> Any:
+    """The bundled tiny Qwen2.5-VL (``assets/models/tiny-qwen2_5_vl``) loaded as a policy on the
+    CPU, with ``overrides`` (``key=value``) applied to the config it is loaded from."""
+    import torch
+
+    from mmrft.config import load_config
+    from mmrft.policy.model import load_policy
+
+    model = ASSETS / "models" / "tiny-qwen2_5_vl"
+    cfg = load_config(None, [f"model.path={model}", "train.steps=0", *overrides])
+    return load_policy(cfg.model, torch.device("cpu"))
+
+
+def zoom_sample(index: int = 0) -> Any:
+    """Training sample ``index`` of the bundled zoom_marks benchmark, its image path absolute."""
+    from mmrft.data import Sample
+
+    folder = ASSETS / "benchmarks" / "zoom_marks"
+    record = json.loads((folder / "train.jsonl").read_text().splitlines()[index])
+    for part in record["messages"][0]["content"]:
+        if part["type"] == "image":
+            part["image"] = str(folder / part["image"])
+    return Sample(record["id"], record["messages"], record["target"], record["meta"])

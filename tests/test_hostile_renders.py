@@ -23,6 +23,8 @@ import pytest
 
 pytest.importorskip("skimage")
 
+from helpers import verify_measured
+
 from mmrft.data import Sample, read_mmrft_jsonl
 from mmrft.plugins import VERIFIERS
 
@@ -46,19 +48,6 @@ EXPECTED = {
     "forge_reason.py": "exit code 1",
 }
 
-# Peak RSS from VmHWM, the high-water mark of this process's own memory since it started:
-# ru_maxrss would also count the parent's, which Linux carries across fork and exec.
-MEASURE = """
-import json, sys, time
-from mmrft.cli import main
-start = time.monotonic()
-status = main(sys.argv[1:])
-with open("/proc/self/status") as f:
-    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-print(json.dumps({"status": status, "seconds": time.monotonic() - start, "peak_mb": peak}),
-      file=sys.stderr)
-"""
-
 
 def answer(code: str) -> str:
     return f"<answer>```python\n{code}```</answer>"
@@ -67,18 +56,7 @@ def answer(code: str) -> str:
 def verify_in_subprocess(lines: list[dict], tmp_path: Path, *params: str, limit_s: float):
     """Run ``mmrft verify chart_code`` in a fresh process; its scores, wall time and peak RSS
     (the verifying process alone: the sandbox's processes are its children)."""
-    data = tmp_path / "completions.jsonl"
-    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, "verify", "chart_code", str(data), *params],
-        capture_output=True,
-        text=True,
-        timeout=limit_s + 60,  # a hang fails the test instead of blocking the suite
-        cwd=tmp_path,
-    )
-    stats = json.loads(proc.stderr.strip().splitlines()[-1])
-    scores = {json.loads(line)["id"]: json.loads(line) for line in proc.stdout.splitlines()}
-    return scores, stats, proc
+    return verify_measured("chart_code", lines, tmp_path, *params, timeout_s=limit_s + 60)
 
 
 @pytest.fixture(scope="module")

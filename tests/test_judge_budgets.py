@@ -10,36 +10,22 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 import threading
 import time
 import unicodedata
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from helpers import verify_measured
 
-from mmrft import judges
 from mmrft.data import Sample
-from mmrft.rewards import VerifierError, build_reward
+from mmrft.rewards import VerifierError, build_reward, judges
 from mmrft.typecheck import ConfigError
 
 PEAK_RSS_MB = 1536  # the issue's bound: an endless judge keeps `mmrft verify judge` under 1.5 GB
 GRACE_S = 15  # process start-up and imports on a loaded 2-core VM
 KEY = "sk-test-0123456789abcdefXYZ"  # the API key of the header-echo test
 BOMB = gzip.compress(b"0" * 64_000_000, compresslevel=9)  # 64 MB inflated, ~60 kB sent
-
-# Peak RSS from VmHWM, the high-water mark of the verifying process itself.
-MEASURE = """
-import json, sys, time
-from mmrft.cli import main
-start = time.monotonic()
-status = main(sys.argv[1:])
-with open("/proc/self/status") as f:
-    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
-print(json.dumps({"status": status, "seconds": time.monotonic() - start, "peak_mb": peak}),
-      file=sys.stderr)
-"""
 
 
 class HostileJudge:
@@ -237,20 +223,11 @@ def test_an_endless_judge_keeps_mmrft_verify_bounded_in_memory_and_time(hostile,
     stays under 1.5 GB peak RSS and ends at its budget: the byte cap (fast) or the attempts'
     deadlines (dribbling), every call failed, so the command stops naming the endpoint."""
     hostile.mode = mode
-    data = tmp_path / "completions.jsonl"
     lines = [{"completion": f"<answer>blue {i}</answer>", "target": "blue"} for i in range(4)]
-    data.write_text("".join(json.dumps(line) + "\n" for line in lines))
     timeout_s, retries, budget_s = 2.0, 1, 60.0
     params = [f"base_url={hostile.url}", "model=m", f"timeout_s={timeout_s:g}"]
     params += [f"retries={retries}", f"budget_s={budget_s:g}", "reward.timeout_s=120"]
-    proc = subprocess.run(
-        [sys.executable, "-c", MEASURE, "verify", "judge", str(data), *params],
-        capture_output=True,
-        text=True,
-        timeout=180,  # a hang fails the test instead of blocking the suite
-        cwd=tmp_path,
-    )
-    stats = json.loads(proc.stderr.strip().splitlines()[-1])
+    _, stats, proc = verify_measured("judge", lines, tmp_path, *params, timeout_s=180)
     print(
         f"{mode}: {stats['seconds']:.1f} s, peak RSS {stats['peak_mb']:.0f} MB, sent {hostile.sent}"
     )

@@ -27,6 +27,7 @@ import pytest
 from helpers import NO_EVAL, length_plugin, short_run
 
 from mmrft.config import load_config
+from mmrft.smoke import SMALL_MEDIA
 from mmrft.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,16 +54,6 @@ LOADERS = {
         )
     },
 }
-
-# Budgets that keep every prompt small: one 56×56 image, at most 4 frames of 56×56 video.
-SMALL_MEDIA = [
-    "model.min_pixels=3136",
-    "model.max_pixels=3136",
-    "model.video.min_frames=2",
-    "model.video.max_frames=4",
-    "model.video.min_pixels=3136",
-    "model.video.max_pixels=3136",
-]
 
 
 @pytest.fixture(scope="module")

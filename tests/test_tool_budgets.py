@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import tiny_policy, zoom_sample
 
 from mmrft import Sample
 from mmrft.rewards.reward import build_reward
@@ -362,30 +363,7 @@ def test_media_past_the_trajectorys_budget_are_dropped_before_resizing():
 # -- the loop: tokens and memory ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def policy():
-    import torch
-
-    from mmrft.config import load_config
-    from mmrft.policy.model import load_policy
-
-    cfg = load_config(
-        None,
-        [
-            f"model.path={REPO / 'assets' / 'models' / 'tiny-qwen2_5_vl'}",
-            "model.min_pixels=12544",
-            "model.max_pixels=12544",
-            "train.steps=0",
-        ],
-    )
-    return load_policy(cfg.model, torch.device("cpu"))
-
-
-def zoom_sample() -> Sample:
-    folder = REPO / "assets" / "benchmarks" / "zoom_marks"
-    record = json.loads((folder / "train.jsonl").read_text().splitlines()[0])
-    for part in record["messages"][0]["content"]:
-        if part["type"] == "image":
-            part["image"] = str(folder / part["image"])
-    return Sample(record["id"], record["messages"], record["target"], record["meta"])
+    return tiny_policy("model.min_pixels=12544", "model.max_pixels=12544")
 
 
 def _loop(policy, names, **limits):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_policy, zoom_sample
 
 from mmrft.config import load_config
 from mmrft.data import Sample
@@ -62,27 +63,10 @@ class ScriptedEngine(HFEngine):
 
 @pytest.fixture(scope="module")
 def policy():
-    cfg = load_config(
-        None,
-        [
-            f"model.path={MODEL}",
-            f"model.min_pixels={PIXELS}",
-            f"model.max_pixels={PIXELS}",
-            "train.steps=0",
-        ],
-    )
-    return load_policy(cfg.model, torch.device("cpu"))
+    return tiny_policy(f"model.min_pixels={PIXELS}", f"model.max_pixels={PIXELS}")
 
 
-def sample(index: int = 0) -> Sample:
-    import json
-
-    line = (ZOOM / "train.jsonl").read_text().splitlines()[index]
-    record = json.loads(line)
-    for part in record["messages"][0]["content"]:
-        if part["type"] == "image":
-            part["image"] = str(ZOOM / part["image"])
-    return Sample(record["id"], record["messages"], record["target"], record["meta"])
+sample = zoom_sample
 
 
 def tokens(policy, text: str) -> list[int]:
@@ -401,19 +385,13 @@ def test_demonstration_call_crops_around_the_target_in_the_family_frame(policy):
 
 @pytest.fixture(scope="module")
 def video_policy():
-    cfg = load_config(
-        None,
-        [
-            f"model.path={MODEL}",
-            "train.steps=0",
-            "model.video.fps=2.0",
-            "model.video.min_frames=4",
-            "model.video.max_frames=4",
-            "model.video.min_pixels=3136",
-            "model.video.max_pixels=3136",
-        ],
+    return tiny_policy(
+        "model.video.fps=2.0",
+        "model.video.min_frames=4",
+        "model.video.max_frames=4",
+        "model.video.min_pixels=3136",
+        "model.video.max_pixels=3136",
     )
-    return load_policy(cfg.model, torch.device("cpu"))
 
 
 def video_sample() -> Sample:
