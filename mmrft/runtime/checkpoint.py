@@ -3,7 +3,8 @@
 Layout of a run directory's checkpoints::
 
     checkpoints/step-000100/   model (save_pretrained safetensors) + processor files
-                               trainer_state.pt (optimizer, scheduler, RNGs, data position)
+                               trainer_state.pt (optimizer, scheduler, RNGs, data position,
+                               ``times``: the run's wall-clock totals up to this checkpoint)
     checkpoints/final -> the last step's directory name, in the file ``checkpoints/latest``
 
 A checkpoint is written into ``step-NNNNNN.tmp-<pid>``, every file fsynced, then renamed to

@@ -1,19 +1,25 @@
 """Resuming a run: its directory's name (:func:`run_name`), where its checkpoint is
 (:func:`resume_point`, with the guard that refuses a resume under changed settings), a run
 already finished, the weights, random state and replica check a resumed run starts from, and
-the samples whose media stopped the last run (:func:`skip_failed_media`)."""
+the samples whose media stopped the last run (:func:`skip_failed_media`), and the run's
+history over its processes: ``config.history.yaml`` (:func:`record_start`) and the time totals
+each checkpoint carries into ``summary.json`` (:func:`checkpoint_times`, :func:`summary_times`)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import subprocess
+import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
 
-from mmrft.config import RunConfig, resolve_path, to_yaml
+from mmrft.config import REPO_ROOT, RunConfig, resolve_path, to_yaml, yaml_load
 from mmrft.data import Sample, count_skip
 from mmrft.policy.model import Policy, is_lora
 from mmrft.rollout.sampling import SampledStream
@@ -72,8 +78,6 @@ def config_changes(saved_text: str, cfg: RunConfig) -> tuple[dict[str, Any], dic
     """The keys (dotted) where a run's saved ``config.yaml`` (``saved_text``) differs from
     ``cfg``: ``({key: saved value}, {key: value in cfg})``, sorted by key. A key the saved
     run did not know (added to mmrft since) ran as its default then, and counts as such."""
-    from mmrft.config import yaml_load
-
     saved = _flat(yaml_load(saved_text) or {})
     now = _flat(yaml_load(to_yaml(cfg)))
     defaults = _flat(yaml_load(to_yaml(RunConfig())))
@@ -232,3 +236,185 @@ def skip_failed_media(
             highlight=False,
             markup=False,
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's history over its processes
+
+HISTORY_FILE = "config.history.yaml"
+MAX_CONFIG_BYTES = 1 << 20  # a run's saved config.yaml larger than this is not read back
+
+
+def previous_config(run_dir: Path) -> str | None:
+    """The text of the run's ``config.yaml`` as the last process left it (read before this
+    process overwrites it); ``None`` when there is none, or it is over 1 MiB or not UTF-8."""
+    path = run_dir / "config.yaml"
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _version() -> tuple[str, str | None]:
+    """mmrft's version and, from a git checkout, its commit (``None`` when not known)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("mmrft")
+    except PackageNotFoundError:
+        from mmrft import __version__ as found
+    commit = None
+    if (REPO_ROOT / ".git").exists() and (REPO_ROOT / "mmrft").is_dir():
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+                check=False,
+            )
+            commit = done.stdout.strip()[:40] if done.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return found, commit or None
+
+
+def record_start(
+    cfg: RunConfig,
+    run_dir: Path,
+    previous: str | None,
+    world: int,
+    checkpoint: Path | None,
+    step: int,
+) -> str:
+    """Append this process's entry to the run's ``config.history.yaml`` (a YAML list: event
+    ``start`` or ``resume``, the step resumed from, the checkpoint, UTC time, world size,
+    ``checkpoint.resume``, the keys changed against the run's previous ``config.yaml``
+    ``{key: {from, to}}``, mmrft's version and commit) and log one line of it to ``train.log``;
+    returns that line. A new run (no checkpoint) starts the history over. Rank 0 only."""
+    where = f"on {world} process(es)"
+    changes: dict[str, Any] | None = {}
+    if checkpoint is None:
+        line = f"started at step 0 {where}"
+    else:
+        where = (
+            f"from step {step} ({checkpoint}, checkpoint.resume={cfg.checkpoint.resume}) {where}"
+        )
+        try:
+            if not isinstance(yaml_load(previous or ""), dict):
+                raise ValueError("not a mapping")
+            saved, now = config_changes(previous or "", cfg)
+        except Exception as exc:  # the old file may hold anything
+            changes = None
+            why = "missing" if previous is None else f"unreadable: {exc.__class__.__name__}"
+            line = f"resumed {where}; the run's previous config.yaml is {why}, changes unknown"
+        else:
+            changes = {k: {"from": saved[k], "to": now[k]} for k in saved}
+            shown = "; ".join(f"{k}: {saved[k]!r} → {now[k]!r}" for k in saved) or "no change"
+            line = f"resumed {where}; config against the run's previous config.yaml: {shown}"
+    version, commit = _version()
+    entry = {
+        "event": "start" if checkpoint is None else "resume",
+        "from_step": step,
+        "checkpoint": None if checkpoint is None else str(checkpoint),
+        "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "world_size": world,
+        "resume": cfg.checkpoint.resume,
+        "changes": changes,
+        "mmrft_version": version,
+        "mmrft_commit": commit,
+    }
+    path = run_dir / HISTORY_FILE
+    with path.open("w" if checkpoint is None else "a", encoding="utf-8") as f:
+        f.write(_dump([entry]))
+    log.info("%s (history: %s)", line, path)
+    return line
+
+
+def _dump(entries: list[dict[str, Any]]) -> str:
+    import yaml
+
+    return yaml.safe_dump(entries, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+# Time totals (``run``: the :class:`mmrft.training.setup.Run`, typed ``Any`` as setup imports
+# this module): each checkpoint's trainer state holds ``times``, the wall-clock seconds of the
+# run's processes up to that checkpoint, so a resume from step N adds its own time to what
+# led to checkpoint N (a process killed after N is not counted: its steps are redone).
+TIME_KEYS = ("train_seconds", "total_seconds")
+
+
+def saved_times(state: dict[str, Any]) -> dict[str, float] | None:
+    """The time totals in a checkpoint's trainer state (``train_seconds``, ``total_seconds``
+    ≥ 0, ``processes`` ≥ 1); ``None`` when it has none (written before mmrft kept them, or
+    after a resume from such a checkpoint) or they are malformed."""
+    times = state.get("times")
+    if not isinstance(times, dict):
+        return None
+    try:
+        out = {k: float(times[k]) for k in TIME_KEYS}
+        processes = times["processes"]
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not all(math.isfinite(v) and v >= 0 for v in out.values()):
+        return None
+    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
+        return None
+    return {**out, "processes": processes}
+
+
+def _this_process(run: Any) -> tuple[float, float]:
+    """This process's seconds in the RL loop (to its end, or to now while it runs) and since
+    set-up began."""
+    now = time.perf_counter()
+    if run.t_train is None:
+        train = 0.0
+    elif run.train_seconds is not None:
+        train = run.train_seconds
+    else:
+        train = now - run.t_train
+    return train, now - run.t_start
+
+
+def checkpoint_times(run: Any) -> dict[str, float] | None:
+    """The time totals a checkpoint written now carries: the totals of the checkpoint this
+    process resumed from (zero for a new run) plus this process's; ``None`` when those are
+    unknown."""
+    before = run.times_before
+    if before is None:
+        return None
+    train, total = _this_process(run)
+    return {
+        "train_seconds": before["train_seconds"] + train,
+        "total_seconds": before["total_seconds"] + total,
+        "processes": int(before["processes"]) + 1,
+    }
+
+
+def summary_times(run: Any) -> dict[str, Any]:
+    """``summary.json``'s times, wall-clock seconds: ``train_seconds`` (the RL loops) and
+    ``total_seconds`` (set-up to summary) summed over every process of the run up to the
+    checkpoint each next one resumed from, ``processes`` counted, what came ``_before_resume``
+    and ``_this_process``. After a resume from a checkpoint without totals the sums are
+    ``null`` and ``times_note`` says why."""
+    before = run.times_before
+    train, total = _this_process(run)
+    known = before is not None
+    out: dict[str, Any] = {
+        "train_seconds": round(before["train_seconds"] + train, 1) if known else None,
+        "total_seconds": round(before["total_seconds"] + total, 1) if known else None,
+        "processes": int(before["processes"]) + 1 if known else None,
+        "train_seconds_this_process": round(train, 1),
+        "total_seconds_this_process": round(total, 1),
+        "train_seconds_before_resume": round(before["train_seconds"], 1) if known else None,
+        "total_seconds_before_resume": round(before["total_seconds"], 1) if known else None,
+    }
+    if not known:
+        out["times_note"] = (
+            f"resumed from {run.resumed_from}, which holds no time totals (written before "
+            "mmrft kept them): the time before it is unknown, so train_seconds, total_seconds "
+            "and processes are null; *_this_process cover this process alone"
+        )
+    return out

@@ -37,7 +37,7 @@ from mmrft.rollout.sampling import SampledStream, build_sampler
 from mmrft.rollout.setup import read_data
 from mmrft.runtime import distributed, zero
 from mmrft.runtime.device import pick_device, seed_everything
-from mmrft.training.resume import run_name
+from mmrft.training.resume import previous_config, run_name
 from mmrft.training.warm_start import warn_answers_over_budget
 from mmrft.typecheck import ConfigError
 
@@ -74,6 +74,15 @@ class Run:
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
     eval_verifiers: Any = None  # eval.verifiers, built at set-up (a bad entry fails there)
     skipped_before: Counter = field(default_factory=Counter)  # skip_counts() at set-up
+    # the run's history (mmrft.training.resume): its config.yaml as the last process left it,
+    # the time totals of the processes before this one (None: unknown, an older checkpoint),
+    # this process's RL loop clock (perf_counter at its start; its seconds once it ended)
+    previous_config: str | None = None
+    times_before: dict[str, float] | None = field(
+        default_factory=lambda: {"train_seconds": 0.0, "total_seconds": 0.0, "processes": 0}
+    )
+    t_train: float | None = None
+    train_seconds: float | None = None
 
 
 def setup(cfg: RunConfig, console: Console | None = None) -> Run:
@@ -98,8 +107,10 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
     load_plugins(cfg.plugins)
 
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    previous = None
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
+        previous = previous_config(run_dir)  # for config.history.yaml, before it is replaced
         (run_dir / "config.yaml").write_text(to_yaml(cfg))
         attach_file_log(run_dir / "train.log")
         log.info(
@@ -251,6 +262,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
         eval_verifiers=eval_verifiers(cfg),
         skipped_before=skipped_before,
+        previous_config=previous,
     )
 
 

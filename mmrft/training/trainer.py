@@ -62,11 +62,15 @@ from mmrft.runtime.checkpoint import (
 )
 from mmrft.training.resume import (
     check_replicas,
+    checkpoint_times,
     finished_summary,
     load_weights,
+    record_start,
     restore_rng,
     resume_point,
+    saved_times,
     skip_failed_media,
+    summary_times,
 )
 from mmrft.training.setup import Run, setup
 from mmrft.training.update import grpo_update, sequence_kl
@@ -93,7 +97,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
     try:
         start_step = begin(run)
         run.collector.start(start_step + 1, cfg.train.steps)
-        t_train = time.perf_counter()
+        t_train = run.t_train = time.perf_counter()
         progress = run.progress = progress_bar(run.console)
         with progress, GracefulStop() as stop, Heartbeat(cfg.train.heartbeat_s) as heartbeat:
             bar = progress.add_task("RL step", total=cfg.train.steps, completed=start_step, info="")
@@ -152,6 +156,7 @@ def begin(run: Run) -> int:
         run.collector.stats.load_state_dict(state.get("prompt_stats", {}))
         run.evals = state.get("evals", {})
         run.categories = state.get("eval_categories", {})
+        run.times_before = saved_times(state)  # None: an older checkpoint, without totals
         start_step = state["step"]
         run.runlog.truncate_after(start_step)
         run.resumed_from = checkpoint
@@ -175,6 +180,12 @@ def begin(run: Run) -> int:
                 run.reference = warm_started_reference(
                     cfg, run.policy, run.run_dir, run.rank, run.world, load=False
                 )
+    if run.rank == 0:  # config.history.yaml and train.log: what this process changed
+        line = record_start(
+            cfg, run.run_dir, run.previous_config, run.world, checkpoint, start_step
+        )
+        if checkpoint is not None:
+            run.console.print(line, highlight=False, markup=False)
     skip_failed_media(cfg, run.run_dir, run.train_samples, run.stream, run.console)
     saved = run.run_dir / REFERENCE_FILE  # the warm start's reference, not model.path's
     if checkpoint is not None and run.reference is not None and saved.is_file():
@@ -361,6 +372,8 @@ def save(run: Run, step: int) -> None:
         "evals": run.evals,
         "eval_categories": run.categories,
         "config": to_dict(run.cfg),
+        # wall-clock seconds of the run's processes up to this checkpoint (summary.json)
+        "times": checkpoint_times(run),
     }
     # sharded: a collective, rank 0 gets the full weights (None: the model's own)
     weights = distributed.full_model_state(run.policy.model)
@@ -380,6 +393,7 @@ def save(run: Run, step: int) -> None:
 def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     """Evaluation after RL, the last checkpoint, the before/after table and ``summary.json``."""
     cfg, task = run.cfg, run.task
+    run.train_seconds = train_seconds  # the RL loop's clock stops here
     if cfg.eval.after and run.test_samples:
         run.evals["after"] = run_eval(run, run.run_dir / "eval" / "after", cfg.train.steps)
     if cfg.train.steps > start_step or run.resumed_from is None:
@@ -400,8 +414,8 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
         "before": run.evals.get("before", {}).get("primary"),
         "after": run.evals.get("after", {}).get("primary"),
         "steps": cfg.train.steps,
-        "train_seconds": round(train_seconds, 1),
-        "total_seconds": round(time.perf_counter() - run.t_start, 1),
+        # summed over the run's processes; this process's and the ones before apart
+        **summary_times(run),
     }
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
