@@ -17,7 +17,9 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,track,audio,video,render,deepspeed]"
+	@echo "installing mmrft and its dependencies (torch, transformers, ...) into $(VENV): a few minutes the first time"
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -e ".[dev,track,audio,video,render,deepspeed]"
+	@echo "installed into $(VENV)"
 	@touch $(STAMP)
 
 demo: $(STAMP)

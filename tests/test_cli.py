@@ -458,3 +458,57 @@ def test_a_native_crash_of_mmrft_train_prints_the_python_stacks():
     assert done.returncode != 0
     assert "Fatal Python error: Aborted" in done.stderr
     assert "line 5 in decode" in done.stderr, done.stderr[-600:]
+
+
+def test_eval_says_what_it_runs_without_transformers_bars(tmp_path, capsys):
+    """`mmrft eval` prints a model/device line before evaluating, no transformers ``Loading
+    weights`` bar, and the result's title (task, model, test file) on a line of its own, not
+    wrapped inside the table's narrow width."""
+    model = REPO / "assets/models/tiny-qwen2_5_vl"
+    test = REPO / "assets/benchmarks/shapes_colour/test.jsonl"
+    args = ["eval", "demo", f"model={model}", "data.max_test_samples=3", "--out", str(tmp_path)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    out = " ".join(captured.out.split())
+    assert f"eval: model {model} (qwen2_5_vl, float32); task classification; device cpu" in out
+    assert f"3 samples of {test}" in out
+    assert out.index("eval: model") < out.index("accuracy")
+    assert f"classification: {model} on {test}" in out  # each path whole, not cut at a column
+    assert "Loading weights" not in captured.err and "Loading weights" not in captured.out
+
+
+def test_no_weight_bars_restores_the_settings_it_found():
+    """transformers' bars come back after the block (also when it raises); the hub's download
+    bars stay on inside it, and stay off after it when they were off before."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from transformers.utils import logging as hf_logging
+
+    from mmrft.policy.model import no_weight_bars
+
+    assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+    with pytest.raises(RuntimeError), no_weight_bars():
+        assert not hf_logging.is_progress_bar_enabled()
+        assert not are_progress_bars_disabled()  # downloads still show
+        raise RuntimeError("a failed load")
+    assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        with no_weight_bars():
+            assert not hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled()
+        assert hf_logging.is_progress_bar_enabled() and are_progress_bars_disabled()
+    finally:
+        enable_progress_bars()
+
+
+def test_make_demo_says_what_it_installs_before_the_quiet_install():
+    """The install recipe announces what it installs and that it takes minutes, before pip."""
+    lines = (REPO / "Makefile").read_text().split("$(STAMP): pyproject.toml\n", 1)[1]
+    recipe = lines.split("\n\n", 1)[0].splitlines()
+    pip = next(i for i, line in enumerate(recipe) if "pip install" in line)
+    said = [line for line in recipe[:pip] if line.strip().startswith("@echo")]
+    assert said and "a few minutes" in said[0] and "installing" in said[0]
+    assert any("installed" in line for line in recipe[pip + 1 :] if "@echo" in line)

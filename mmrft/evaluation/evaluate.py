@@ -164,6 +164,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
     data (lines and media) is checked before any weights load."""
     from mmrft.config import validate_config
+    from mmrft.evaluation.report import describe_run
     from mmrft.evaluation.runlog import progress_bar
     from mmrft.plugins import load_plugins
     from mmrft.policy.model import load_policy, resolve_family
@@ -185,6 +186,7 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
+    console.print(escape(describe_run(cfg, policy.family.name, policy.device, len(samples))))
     tool_loop = None
     if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
         from mmrft.rollout.collector import build_tool_loop
@@ -260,7 +262,8 @@ def print_table(
     benchmark has categories (``categories``: per column, :attr:`EvalResult.categories`), one
     row per category value with its ``primary`` metric and its number of samples."""
     console = console or Console()
-    table = Table(title=escape(title))
+    console.print(escape(title), style="bold")  # above: a table's title wraps to its width
+    table = Table()
     table.add_column("metric")
     for name in columns:
         table.add_column(escape(name), justify="right")

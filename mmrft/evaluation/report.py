@@ -89,6 +89,19 @@ class RunData:
         )
 
 
+def describe_run(cfg: Any, family: str, device: Any, samples: int) -> str:
+    """What ``mmrft eval`` runs, in one line like training's ``run:`` banner: model (family,
+    dtype), task, device, the number of test samples and their file, any tools."""
+    tools = cfg.rollout.tools
+    used = (
+        f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)" if tools.names else ""
+    )
+    return (
+        f"eval: model {cfg.model.path} ({family}, {cfg.model.dtype}); task {cfg.task.name}; "
+        f"device {device}; {samples} sample{'s' if samples != 1 else ''} of {cfg.data.test}{used}"
+    )
+
+
 def read_history(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.is_file():

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +145,32 @@ def go_offline_if_unreachable(timeout_s: float = 3.0) -> str:
     return reason
 
 
+@contextmanager
+def no_weight_bars() -> Iterator[None]:
+    """Without transformers' own ``Loading weights`` and ``Writing model shards`` progress bars
+    (mmrft's console says what loads and saves); the hub's download bars stay as they were, and
+    transformers' setting is restored after the block."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hub_disabled = are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # also turns the hub's bars off: back on for downloads
+    if not hub_disabled:
+        enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()  # the hub's too: as they were before
+        if hub_disabled:
+            disable_progress_bars()
+
+
 def load_policy(
     cfg: ModelConfig,
     device: torch.device,
@@ -155,7 +182,10 @@ def load_policy(
     family = family or resolve_family(cfg)
     path = str(resolve_path(cfg.path))
     processor = family.load_processor(path)
-    model = family.load_model(path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
+    with no_weight_bars():
+        model = family.load_model(
+            path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation
+        )
     model.to(device)
     if not trainable:
         model.eval().requires_grad_(False)
@@ -333,9 +363,10 @@ def save_pretrained(
     gathered by ``distributed.full_model_state``).
     """
     model = policy.model
-    if is_lora(model):  # peft picks the adapter's tensors of state_dict
-        model.save_pretrained(directory / "adapter", state_dict=state_dict)
-        state_dict = dict(merged_weights(model, state_dict))
-        model = model.get_base_model()
-    model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
+    with no_weight_bars():
+        if is_lora(model):  # peft picks the adapter's tensors of state_dict
+            model.save_pretrained(directory / "adapter", state_dict=state_dict)
+            state_dict = dict(merged_weights(model, state_dict))
+            model = model.get_base_model()
+        model.save_pretrained(directory, safe_serialization=True, state_dict=state_dict)
     policy.processor.save_pretrained(directory)
