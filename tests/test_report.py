@@ -154,3 +154,26 @@ def test_tool_rollouts_get_turn_and_call_panels(tmp_path):
     ]
     assert not any("turns" in label or "crop" in label for label in evaluation)
     plt.close(fig)
+
+
+def test_describe_run_names_model_task_device_data_and_tools():
+    """One line like training's banner; a hostile path with markup brackets and spaces stays
+    verbatim (the caller escapes it for rich); one sample is singular; tools are named."""
+    from mmrft.config import RunConfig
+    from mmrft.evaluation.report import describe_run
+
+    cfg = RunConfig()
+    cfg.model.path = "/m/[bold]odd name[/bold]"
+    cfg.data.test = "/d/t e s t.jsonl"
+    cfg.task.name = "grounding"
+    line = describe_run(cfg, "qwen2_5_vl", "cuda:0", 1)
+    assert line == (
+        f"eval: model /m/[bold]odd name[/bold] (qwen2_5_vl, {cfg.model.dtype}); task grounding; "
+        "device cuda:0; 1 sample of /d/t e s t.jsonl"
+    )
+    cfg.rollout.tools.names = ["crop", "zoom"]
+    line = describe_run(cfg, "qwen2_5_vl", "cpu", 40)
+    assert line.endswith(
+        f"40 samples of /d/t e s t.jsonl; tools crop, zoom (at most {cfg.rollout.tools.max_turns} turns)"
+    )
+    assert "\n" not in line
