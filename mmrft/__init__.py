@@ -4,6 +4,12 @@ The public plugin API lives here: a user's verifier, task or model family import
 The package is read by layer (docs/architecture.md): the base modules at the top (config,
 plugins, typecheck, errors, algorithms), then runtime, data, models, rewards and policy,
 rollout, evaluation, training, and the command line on top.
+
+The Python API (``load_config``, ``train``, ``evaluate_config``, imported on first use) runs
+what the CLI runs; ``mmrft.train(cfg, verbose=False)`` and ``mmrft.evaluate_config(cfg,
+verbose=False)`` print nothing, and ``train`` returns the run summary (a dict) whose
+``run_dir``, ``checkpoint`` (newest checkpoint Path or None), ``metrics`` (the last
+evaluation's), ``before`` and ``after`` are attributes too.
 """
 
 from mmrft import _moved
@@ -32,9 +38,12 @@ __version__ = "0.1.0"
 
 # The Python API (what the CLI runs), imported on first use so that a plugin's
 # `from mmrft import verifier` stays light: load_config(config, overrides) → RunConfig,
-# train(cfg) → summary dict, evaluate_config(cfg) → EvalResult. train and evaluate_config
-# check a config built or changed in code as load_config checks a file, before anything is
-# written (mmrft.config.validate_config: types, unknown attributes, nesting, ranges).
+# train(cfg) → TrainResult (the summary dict, summary["run_dir"], with the attributes run_dir,
+# checkpoint, metrics, evals, before, after), evaluate_config(cfg) → EvalResult. Both take
+# verbose=False: nothing on stdout/stderr (no banner, tables, progress bars); train.log is
+# written in full and warnings go to `logging`. train and evaluate_config check a config built
+# or changed in code as load_config checks a file, before anything is written
+# (mmrft.config.validate_config: types, unknown attributes, nesting, ranges).
 _API = {
     "load_config": "mmrft.config",
     "train": "mmrft.training.trainer",

@@ -158,12 +158,25 @@ def pass_at_k(values: list[Any], n: int) -> dict[str, float]:
     return out
 
 
-def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
+def evaluate_config(cfg: Any, console: Console | None = None, verbose: bool = True) -> EvalResult:
     """Evaluate ``cfg.model.path`` on ``cfg.data.test`` as ``mmrft eval`` does (the Python
     API's evaluation): the config's task, data format and media budgets, greedy decoding with
     the ``hf`` engine, through the config's tool loop when ``rollout.tools`` names tools. The
-    data (lines and media) is checked before any weights load."""
+    data (lines and media) is checked before any weights load. ``verbose=False``: no progress
+    bar or other output on stdout/stderr; warnings still reach :mod:`logging`."""
     from mmrft.config import validate_config
+    from mmrft.evaluation.runlog import quiet_libraries
+
+    if not isinstance(verbose, bool):
+        raise TypeError(f"mmrft.evaluate_config: verbose: expected True or False, got {verbose!r}")
+    cfg = validate_config(cfg, "mmrft.evaluate_config", console, training=False)
+    console = (console or Console()) if verbose else Console(quiet=True)
+    with quiet_libraries(verbose):
+        return _evaluate_config(cfg, console)
+
+
+def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
+    """:func:`evaluate_config` after its checks."""
     from mmrft.evaluation.report import describe_run
     from mmrft.evaluation.runlog import progress_bar
     from mmrft.plugins import load_plugins
@@ -173,8 +186,6 @@ def evaluate_config(cfg: Any, console: Console | None = None) -> EvalResult:
     from mmrft.runtime.device import pick_device, seed_everything
     from mmrft.typecheck import ConfigError
 
-    cfg = validate_config(cfg, "mmrft.evaluate_config", console, training=False)
-    console = console or Console()
     seed_everything(cfg.train.seed)
     load_plugins(cfg.plugins)
     if not cfg.data.test:

@@ -13,6 +13,8 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +152,55 @@ def progress_bar(console: Any, transient: bool = False) -> Progress:
         console=console,
         transient=transient,
     )
+
+
+@contextmanager
+def quiet_libraries(verbose: bool = True) -> Iterator[None]:
+    """With ``verbose=False`` (the Python API's): nothing on stdout/stderr from the libraries
+    mmrft drives while the block runs: transformers' and huggingface_hub's progress bars off,
+    transformers' log records and Python warnings sent through :mod:`logging` (train.log)
+    instead of its own stderr handler, and the ``mmrft`` logger kept off Python's last-resort
+    stderr handler when nothing listens. Restored on exit; ``verbose=True`` changes nothing."""
+    if verbose:
+        yield
+        return
+    import warnings
+
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from transformers.utils import logging as hf_logging
+
+    bars_hf, bars_hub = hf_logging.is_progress_bar_enabled(), not are_progress_bars_disabled()
+    hf_root = hf_logging._get_library_root_logger()
+    hf_handlers, hf_propagate = list(hf_root.handlers), hf_root.propagate
+    ours, silent = logging.getLogger("mmrft"), None
+    if not ours.hasHandlers():
+        silent = logging.NullHandler()
+        ours.addHandler(silent)
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
+    for handler in hf_handlers:
+        hf_root.removeHandler(handler)
+    hf_root.propagate = True
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = lambda message, category, filename, lineno, *_: ours.warning(
+                "%s: %s (%s:%d)", category.__name__, message, filename, lineno
+            )
+            yield
+    finally:
+        hf_root.propagate = hf_propagate
+        for handler in hf_handlers:
+            hf_root.addHandler(handler)
+        if bars_hf:
+            hf_logging.enable_progress_bar()
+        if bars_hub:
+            enable_progress_bars()
+        if silent is not None:
+            ours.removeHandler(silent)
 
 
 def media_counters() -> dict[str, float]:

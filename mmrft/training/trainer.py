@@ -47,6 +47,7 @@ from mmrft.evaluation.runlog import (
     media_counters,
     merge_rank_metrics,
     progress_bar,
+    quiet_libraries,
 )
 from mmrft.policy.model import Policy, save_pretrained
 from mmrft.rewards.verifier import RewardError, write_failure
@@ -56,6 +57,7 @@ from mmrft.rollout.sampling import SamplerError
 from mmrft.runtime import distributed, zero
 from mmrft.runtime.checkpoint import (
     find_resume_checkpoint,
+    list_checkpoints,
     load_trainer_state,
     save_checkpoint,
     write_step_failure,
@@ -83,16 +85,52 @@ log = logging.getLogger("mmrft")
 # The run: start, loop, end (set-up: mmrft.training.setup)
 
 
-def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
-    """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary. A
-    finished run (its checkpoint at ``train.steps``) changes nothing and returns its summary;
-    a resume with a changed config is refused (:func:`resume_point`). A config built or
-    changed in Python is checked first as a file is (:func:`mmrft.config.validate_config`:
-    types, unknown attributes, ranges), before anything is written."""
+class TrainResult(dict):
+    """What :func:`train` returns: the run summary (``summary.json``'s keys, read as a dict:
+    ``result["run_dir"]``) with attributes for code: ``run_dir`` (Path), ``checkpoint`` (the
+    newest complete checkpoint's Path, or None), ``metrics`` (the last evaluation's metrics,
+    ``{}`` without one), ``evals`` (each evaluation's metrics by name: before, after) and
+    ``before`` / ``after`` (the primary metric, or None)."""
+
+    def __init__(self, summary: dict[str, Any], evals: dict[str, dict[str, float]]):
+        super().__init__(summary)
+        self.run_dir = Path(summary["run_dir"])
+        found = list_checkpoints(self.run_dir / "checkpoints")
+        self.checkpoint: Path | None = found[-1] if found else None
+        self.evals = dict(evals)
+        self.metrics: dict[str, float] = dict(evals.get("after") or evals.get("before") or {})
+
+    @property
+    def before(self) -> float | None:
+        return self.get("before")
+
+    @property
+    def after(self) -> float | None:
+        return self.get("after")
+
+
+def train(cfg: RunConfig, console: Console | None = None, verbose: bool = True) -> TrainResult:
+    """Run warm start (optional), evaluation, GRPO, evaluation; return the run summary as a
+    :class:`TrainResult`. ``verbose=False``: nothing on stdout/stderr (no banner, tables or
+    progress bars); train.log and the run's files are written in full, warnings still reach
+    :mod:`logging`. A finished run (its checkpoint at ``train.steps``) changes nothing and
+    returns its summary; a resume with a changed config is refused (:func:`resume_point`). A
+    config built or changed in Python is checked first as a file is
+    (:func:`mmrft.config.validate_config`: types, unknown attributes, ranges), before anything
+    is written."""
+    if not isinstance(verbose, bool):
+        raise TypeError(f"mmrft.train: verbose: expected True or False, got {verbose!r}")
     cfg = validate_config(cfg, "mmrft.train", console)
-    finished = finished_summary(cfg, resume_point(cfg), console or Console())
-    if finished is not None:
-        return finished
+    console = console if verbose else Console(quiet=True)
+    with quiet_libraries(verbose):
+        finished = finished_summary(cfg, resume_point(cfg), console or Console())
+        if finished is not None:
+            return TrainResult(finished, _saved_evals(Path(finished["run_dir"])))
+        return _run(cfg, console)
+
+
+def _run(cfg: RunConfig, console: Console | None) -> TrainResult:
+    """:func:`train` after its checks: set-up, the loop, the end; the set-up closed after."""
     run = setup(cfg, console)
     try:
         start_step = begin(run)
@@ -130,7 +168,7 @@ def train(cfg: RunConfig, console: Console | None = None) -> dict[str, Any]:
                     )
                     raise KeyboardInterrupt(stop.requested)
         run.progress = None
-        return finish(run, start_step, time.perf_counter() - t_train)
+        return TrainResult(finish(run, start_step, time.perf_counter() - t_train), run.evals)
     finally:
         run.collector.close()  # the rollout thread, if one runs ahead
         run.engine.close()
@@ -434,6 +472,16 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # Helpers
+
+
+def _saved_evals(run_dir: Path) -> dict[str, dict[str, float]]:
+    """A finished run's ``eval/before`` and ``eval/after`` metrics from their results.json."""
+    evals = {}
+    for name in ("before", "after"):
+        path = run_dir / "eval" / name / "results.json"
+        if path.is_file():
+            evals[name] = json.loads(path.read_text()).get("metrics", {})
+    return evals
 
 
 def due(every: int, step: int, last: int) -> bool:
