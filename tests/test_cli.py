@@ -512,3 +512,33 @@ def test_make_demo_says_what_it_installs_before_the_quiet_install():
     said = [line for line in recipe[:pip] if line.strip().startswith("@echo")]
     assert said and "a few minutes" in said[0] and "installing" in said[0]
     assert any("installed" in line for line in recipe[pip + 1 :] if "@echo" in line)
+
+
+def test_the_demo_checkpoints_while_it_trains():
+    """A kill before the end of the demo keeps a checkpoint to resume from."""
+    from mmrft.config import load_config
+
+    cfg = load_config("demo", [])
+    assert 0 < cfg.checkpoint.every < cfg.train.steps
+
+
+@pytest.mark.slow
+def test_checkpoints_do_not_change_what_is_learnt(tmp_path):
+    """Saving draws no random numbers: a run that checkpoints every step logs the same metrics
+    and ends with the same weights as one that checkpoints only at the end."""
+    from safetensors.torch import load_file
+
+    def run(every: int) -> tuple[list[dict], dict]:
+        name = f"every{every}"
+        args = ["train", "demo", "train.steps=3", "warm_start.steps=2", "eval.before=false"]
+        args += ["eval.after=false", "eval.every=0", f"checkpoint.every={every}"]
+        assert main([*args, f"output_dir={tmp_path}", f"name={name}"]) == 0
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        clock = ("time/", "throughput/")  # wall-clock measures differ between runs
+        kept = [{k: v for k, v in json.loads(x).items() if not k.startswith(clock)} for x in lines]
+        return kept, load_file(tmp_path / name / "checkpoints/step-000003/model.safetensors")
+
+    (metrics_a, weights_a), (metrics_b, weights_b) = run(0), run(1)
+    assert len(metrics_a) == 3 and metrics_a == metrics_b
+    assert weights_a.keys() == weights_b.keys()
+    assert all(bool((weights_a[k] == weights_b[k]).all()) for k in weights_a)
