@@ -89,16 +89,26 @@ class RunData:
         )
 
 
+def describe_model(cfg: Any, family: str, task: str, device: Any) -> str:
+    """``model PATH (family, dtype); task TASK; device DEVICE``: the part of a run's one-line
+    description that training's ``run:`` banner and ``mmrft eval``'s ``eval:`` line share."""
+    return f"model {cfg.model.path} ({family}, {cfg.model.dtype}); task {task}; device {device}"
+
+
+def describe_tools(cfg: Any) -> str:
+    """``; tools crop, ... (at most N turns)`` for a run with tools, else empty."""
+    tools = cfg.rollout.tools
+    if not tools.names:
+        return ""
+    return f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)"
+
+
 def describe_run(cfg: Any, family: str, device: Any, samples: int) -> str:
     """What ``mmrft eval`` runs, in one line like training's ``run:`` banner: model (family,
     dtype), task, device, the number of test samples and their file, any tools."""
-    tools = cfg.rollout.tools
-    used = (
-        f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)" if tools.names else ""
-    )
     return (
-        f"eval: model {cfg.model.path} ({family}, {cfg.model.dtype}); task {cfg.task.name}; "
-        f"device {device}; {samples} sample{'s' if samples != 1 else ''} of {cfg.data.test}{used}"
+        f"eval: {describe_model(cfg, family, cfg.task.name, device)}; "
+        f"{samples} sample{'s' if samples != 1 else ''} of {cfg.data.test}{describe_tools(cfg)}"
     )
 
 

@@ -21,6 +21,7 @@ from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_
 from mmrft.data import Sample, skip_counts
 from mmrft.evaluation.evaluate import eval_verifiers
 from mmrft.evaluation.prompt_view import show_prompt
+from mmrft.evaluation.report import describe_model, describe_tools
 from mmrft.evaluation.runlog import NoSignalWatch, RunLog, attach_file_log, cpu_model
 from mmrft.evaluation.tracking import build_trackers
 from mmrft.plugins import load_plugins
@@ -273,14 +274,10 @@ def run_banner(cfg: RunConfig, policy: Policy, task: str, device: Any, world: in
     trainable = sum(p.numel() for p in parameters if p.requires_grad)
     total = sum(p.numel() for p in parameters)
     lora = f", LoRA r={cfg.model.lora.r}" if cfg.model.lora.enabled else ""
-    tools = cfg.rollout.tools
-    used = (
-        f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)" if tools.names else ""
-    )
     return (
-        f"run: model {cfg.model.path} ({policy.family.name}, {cfg.model.dtype}); task {task}; "
-        f"device {device}; {world} process{'es' if world > 1 else ''}; trainable parameters "
-        f"{trainable:,} of {total:,}{lora}{used}"
+        f"run: {describe_model(cfg, policy.family.name, task, device)}; "
+        f"{world} process{'es' if world > 1 else ''}; trainable parameters "
+        f"{trainable:,} of {total:,}{lora}{describe_tools(cfg)}"
     )
 
 
