@@ -21,7 +21,7 @@ from rich.console import Console
 
 from mmrft.config import REPO_ROOT, RunConfig, resolve_path, to_yaml, yaml_load
 from mmrft.data import Sample, count_skip
-from mmrft.policy.model import Policy, is_lora
+from mmrft.policy.model import Policy, is_lora, no_weight_bars
 from mmrft.rollout.sampling import SampledStream
 from mmrft.runtime import distributed
 from mmrft.runtime.checkpoint import checkpoint_step, find_resume_checkpoint, set_rng_state
@@ -163,18 +163,18 @@ def load_weights(policy: Policy, checkpoint: Path) -> None:
         distributed.load_full_model_state(policy.model, full, strict=False)
         return
     if distributed.is_sharded(policy.model):  # rank 0 reads the checkpoint and scatters it
-        full = (
-            policy.family.load_model(
-                str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
-            ).state_dict()
-            if distributed.is_main()
-            else {}
-        )
+        full = {}
+        if distributed.is_main():
+            with no_weight_bars():
+                full = policy.family.load_model(
+                    str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
+                ).state_dict()
         distributed.load_full_model_state(policy.model, full)
         return
-    loaded = policy.family.load_model(
-        str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
-    )
+    with no_weight_bars():
+        loaded = policy.family.load_model(
+            str(checkpoint), dtype=str(policy.model.dtype).removeprefix("torch.")
+        )
     policy.model.load_state_dict(loaded.state_dict())
 
 
