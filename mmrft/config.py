@@ -711,7 +711,8 @@ class RunConfig:
 
 def _from_dict(cls: type, data: dict[str, Any], prefix: str) -> Any:
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
+        where = prefix.removesuffix(".") or "config"  # prefix: "" or "section."
+        raise ConfigError(f"{where}: expected a mapping, got {shown(data)}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     kwargs = {}

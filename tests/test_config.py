@@ -370,7 +370,7 @@ def test_a_file_without_task_name_has_the_default_task(tmp_path):
     ("overrides", "message"),
     [
         (["task.name=prompt", "task.params=[1, 2]"], r"task.params: expected a mapping"),
-        (["task.name=prompt", "task=3"], r"task\.?: expected a mapping"),
+        (["task.name=prompt", "task=3"], r"^task: expected a mapping"),
         (["task.params=7", "task.name=prompt"], r"task.params: expected a mapping"),
     ],
 )
