@@ -487,7 +487,7 @@ def test_no_weight_bars_restores_the_settings_it_found():
     )
     from transformers.utils import logging as hf_logging
 
-    from mmrft.policy.model import no_weight_bars
+    from mmrft.models.family import no_weight_bars
 
     assert hf_logging.is_progress_bar_enabled() and not are_progress_bars_disabled()
     with pytest.raises(RuntimeError), no_weight_bars():

@@ -22,7 +22,8 @@ explicitly and never mix frames.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -393,3 +394,29 @@ def family_for_model_type(model_type: str) -> type[ModelFamily]:
         f"no model family handles model_type '{model_type}'; known: "
         + ", ".join(f"{t} ({n})" for t, n in sorted(known.items()))
     )
+
+
+@contextmanager
+def no_weight_bars() -> Iterator[None]:
+    """Without transformers' own ``Loading weights`` and ``Writing model shards`` progress bars
+    (mmrft's console says what loads and saves); the hub's download bars stay as they were, and
+    transformers' setting is restored after the block."""
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hub_disabled = are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()  # also turns the hub's bars off: back on for downloads
+    if not hub_disabled:
+        enable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()  # the hub's too: as they were before
+        if hub_disabled:
+            disable_progress_bars()

@@ -12,7 +12,6 @@ import dataclasses
 import json
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import torch
 
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
 from mmrft.config import ModelConfig, resolve_path
-from mmrft.models.family import MediaBudget, ModelFamily, family_for_model_type
+from mmrft.models.family import MediaBudget, ModelFamily, family_for_model_type, no_weight_bars
 from mmrft.plugins import MODEL_FAMILIES
 from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
@@ -143,32 +142,6 @@ def go_offline_if_unreachable(timeout_s: float = 3.0) -> str:
     constants.HF_HUB_OFFLINE = True
     log.warning("%s: loading hub ids from the local cache only", reason)
     return reason
-
-
-@contextmanager
-def no_weight_bars() -> Iterator[None]:
-    """Without transformers' own ``Loading weights`` and ``Writing model shards`` progress bars
-    (mmrft's console says what loads and saves); the hub's download bars stay as they were, and
-    transformers' setting is restored after the block."""
-    from huggingface_hub.utils import (
-        are_progress_bars_disabled,
-        disable_progress_bars,
-        enable_progress_bars,
-    )
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hub_disabled = are_progress_bars_disabled()
-    hf_logging.disable_progress_bar()  # also turns the hub's bars off: back on for downloads
-    if not hub_disabled:
-        enable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()  # the hub's too: as they were before
-        if hub_disabled:
-            disable_progress_bars()
 
 
 def load_policy(

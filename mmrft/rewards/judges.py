@@ -816,12 +816,15 @@ class LocalJudge:
                 AutoProcessor,
             )
 
+            from mmrft.models.family import no_weight_bars
+
             processor = AutoProcessor.from_pretrained(self.path)
             dtype = "auto" if self.dtype == "auto" else getattr(torch, self.dtype)
-            try:
-                model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=dtype)
-            except ValueError:  # a text-only model
-                model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
+            with no_weight_bars():
+                try:
+                    model = AutoModelForImageTextToText.from_pretrained(self.path, dtype=dtype)
+                except ValueError:  # a text-only model
+                    model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype)
             model.to(self.device).eval().requires_grad_(False)
             _LOADED[key] = (model, processor)
         return _LOADED[key]
@@ -925,8 +928,11 @@ class LocalScorer:
         if key not in _LOADED:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+            from mmrft.models.family import no_weight_bars
+
             tokenizer = AutoTokenizer.from_pretrained(self.path)
-            model = AutoModelForSequenceClassification.from_pretrained(self.path)
+            with no_weight_bars():
+                model = AutoModelForSequenceClassification.from_pretrained(self.path)
             if model.config.num_labels != 1:
                 raise ValueError(
                     f"reward model {self.path} has {model.config.num_labels} labels; a scalar "
