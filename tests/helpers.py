@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import importlib
 import json
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "assets"
+
+T = TypeVar("T")
 
 LENGTH_PLUGIN = """
 from mmrft import verifier
@@ -220,3 +226,31 @@ def zoom_sample(index: int = 0) -> Any:
         if part["type"] == "image":
             part["image"] = str(folder / part["image"])
     return Sample(record["id"], record["messages"], record["target"], record["meta"])
+
+
+# -- HTTP servers on 127.0.0.1 -------------------------------------------------------------------
+class LocalServer:
+    """An HTTP server on 127.0.0.1 at a free port, answering in a thread of its own with one
+    daemon thread per request (a stalled request never holds up the test's end). Subclasses
+    build their handler and call :meth:`serve`; :meth:`close` stops it and frees the port."""
+
+    url: str
+
+    def serve(self, handler: type[BaseHTTPRequestHandler], path: str = "") -> None:
+        """Start answering with ``handler``; :attr:`url` is ``http://127.0.0.1:<port>path``."""
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = True
+        self.httpd.block_on_close = False
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}{path}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def closed_after(server: T) -> Iterator[T]:
+    """A fixture's body (``yield from closed_after(Server())``): the server, closed after the
+    test."""
+    with contextlib.closing(server):
+        yield server

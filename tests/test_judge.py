@@ -9,10 +9,11 @@ import json
 import re
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from helpers import LocalServer, closed_after
 
 from mmrft.data import Sample
 from mmrft.rewards.judges import (
@@ -32,7 +33,7 @@ from mmrft.rewards.verifier import VerifierError
 REPO = Path(__file__).resolve().parents[1]
 
 
-class JudgeServer:
+class JudgeServer(LocalServer):
     """An OpenAI-compatible ``/v1/chat/completions`` that gives 10 when the quoted answer equals
     the reference and 0 otherwise; ``faults`` (a list consumed one per request) injects
     ``stall``, ``503``, ``429``, ``garbage`` or ``half`` instead of a reply."""
@@ -90,12 +91,7 @@ class JudgeServer:
                 self.end_headers()
                 self.wfile.write(payload)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
+        self.serve(Handler, "/v1")
 
 
 def grade(body: dict) -> str:
@@ -116,9 +112,7 @@ def grade(body: dict) -> str:
 
 @pytest.fixture
 def server():
-    s = JudgeServer()
-    yield s
-    s.close()
+    yield from closed_after(JudgeServer())
 
 
 @pytest.fixture(autouse=True)

@@ -13,10 +13,10 @@ import json
 import threading
 import time
 import unicodedata
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
-from helpers import verify_measured
+from helpers import LocalServer, closed_after, verify_measured
 
 from mmrft.data import Sample
 from mmrft.rewards import VerifierError, build_reward, judges
@@ -28,7 +28,7 @@ KEY = "sk-test-0123456789abcdefXYZ"  # the API key of the header-echo test
 BOMB = gzip.compress(b"0" * 64_000_000, compresslevel=9)  # 64 MB inflated, ~60 kB sent
 
 
-class HostileJudge:
+class HostileJudge(LocalServer):
     """A ``/v1/chat/completions`` server that misbehaves as ``mode`` says (or as the quoted
     answer says, for an answer ``mode:<name>``); keeps connections alive (HTTP/1.1), counts
     the bytes it sent and the client connections it saw."""
@@ -146,22 +146,16 @@ class HostileJudge:
             def mode_goodjson(self):
                 self.reply('{"score": 10}')
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.serve(Handler, "/v1")
 
     def close(self) -> None:
         self.stop.set()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().close()
 
 
 @pytest.fixture
 def hostile():
-    server = HostileJudge()
-    yield server
-    server.close()
+    yield from closed_after(HostileJudge())
 
 
 @pytest.fixture(autouse=True)

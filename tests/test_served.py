@@ -13,16 +13,16 @@ import io
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from helpers import LocalServer, closed_after
 
 from mmrft.config import ServerConfig, VLLMConfig, load_config
 from mmrft.policy.model import load_policy, merged_weights
@@ -115,7 +115,7 @@ def test_urls_and_paths_that_are_accepted(tmp_path, monkeypatch) -> None:
 # -- the HTTP client against a fake server -------------------------------------------------------
 
 
-class Fake:
+class Fake(LocalServer):
     """An HTTP server in a thread: ``routes[path](handler, body)`` answers each request (a
     JSON reply of :meth:`reply` by default, ``{}``); ``calls`` records ``(path, body)``."""
 
@@ -137,11 +137,7 @@ class Fake:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.block_on_close = False
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.serve(Handler)
 
     @staticmethod
     def reply(handler: Any, payload: Any, status: int = 200) -> None:
@@ -152,16 +148,10 @@ class Fake:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 @pytest.fixture
 def fake():
-    server = Fake()
-    yield server
-    server.close()
+    yield from closed_after(Fake())
 
 
 def test_a_json_reply_is_parsed_and_the_body_sent(fake) -> None:

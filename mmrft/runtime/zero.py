@@ -150,6 +150,7 @@ def initialize(
     model); the model keeps its identity, its parameters become DeepSpeed's."""
     import deepspeed
 
+    _without_cpu_shm_op()
     engine, *_ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=config, dist_init_required=False
     )
@@ -163,6 +164,20 @@ def initialize(
         dist.get_world_size(),
     )
     return engine
+
+
+def _without_cpu_shm_op() -> None:
+    """On CPU, DeepSpeed's communication backend reduces through gloo instead of its
+    shared-memory op (``deepspeed_shm_comm``). That op is compiled on first use in each install
+    (about 45 s of two cores), and only speeds DeepSpeed on CPU, which mmrft runs for tiny
+    models in tests and smoke runs; GPU accelerators never build it. DeepSpeed keeps its probe
+    of compatible ops in one dict that it reads before building (``deepspeed.ops``), so
+    marking the op incompatible there is its own switch, not a patch of its code."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    if get_accelerator().device_name() == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def module_to_call(model: torch.nn.Module) -> Any:
