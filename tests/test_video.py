@@ -386,7 +386,7 @@ def test_missing_file_and_frames(tmp_path: Path, fresh_cache) -> None:
         V.read_video([str(tmp_path / "gone.png")], cache=fresh_cache)
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"not a png")
-    with pytest.raises(DataError, match=r"bad\.png"):
+    with pytest.raises(DataError, match=r"bad\.png: corrupt or unreadable video frame"):
         V.read_video([str(bad)], cache=fresh_cache)
 
 

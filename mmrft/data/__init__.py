@@ -61,6 +61,7 @@ from mmrft.data.sample import (
     count_skip,
     local_media_path,
     media_file_key,
+    read_image,
     skip_counts,
 )
 
@@ -99,6 +100,7 @@ __all__ = [
     "parse_json",
     "parse_mmrft_record",
     "position",
+    "read_image",
     "read_json_list",
     "read_mmrft_jsonl",
     "read_records",

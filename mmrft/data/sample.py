@@ -1,6 +1,6 @@
 """The sample every part of mmrft passes around, and the data layer's base: :class:`Sample`,
-:class:`DataError`, media references (:func:`local_media_path`, :func:`media_file_key`) and the
-per-process count of skipped samples. The readers (:mod:`mmrft.data.readers`) and the media
+:class:`DataError`, media references (:func:`local_media_path`, :func:`media_file_key`), image
+files (:func:`read_image`) and the per-process count of skipped samples. The readers (:mod:`mmrft.data.readers`) and the media
 modules (:mod:`mmrft.data.video`, :mod:`mmrft.data.audio`) import it; it imports neither.
 """
 
@@ -129,6 +129,34 @@ def local_media_path(source: str) -> str | None:
     if "://" in source or source.startswith("data:"):
         return None
     return source
+
+
+def read_image(
+    path: str, missing: str = "image file", unreadable: str = "image", *, decode: bool = True
+) -> Any:
+    """The image file at ``path`` fully decoded to RGB (a PIL image; ``decode=False``: its
+    ``(width, height)`` in pixels from the header alone, nothing decoded). DataError naming the
+    file: ``<missing> not found``, or ``corrupt or unreadable <unreadable> (<why>)`` for a file
+    PIL cannot read, a truncated one, or one over PIL's decompression-bomb limit."""
+    from PIL import Image, UnidentifiedImageError
+    from qwen_vl_utils.vision_process import to_rgb
+
+    try:
+        with Image.open(path) as image:
+            if not decode:
+                return image.size
+            image.load()
+            return to_rgb(image)
+    except FileNotFoundError:
+        raise DataError(f"{path}: {missing} not found") from None
+    except (
+        UnidentifiedImageError,
+        OSError,
+        SyntaxError,
+        ValueError,
+        Image.DecompressionBombError,
+    ) as exc:
+        raise DataError(f"{path}: corrupt or unreadable {unreadable} ({exc})") from None
 
 
 def media_file_key(path: str, what: str = "media file") -> tuple[str, int, int]:

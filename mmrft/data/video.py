@@ -87,7 +87,7 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from mmrft.data.sample import DataError, local_media_path, media_file_key
+from mmrft.data.sample import DataError, local_media_path, media_file_key, read_image
 
 log = logging.getLogger(__name__)
 
@@ -675,7 +675,7 @@ def _decode(info: VideoInfo, indices: Sequence[int], height: int, width: int) ->
 
 def _open_frame(source: Any) -> Any:
     """A frame of a frame list as an RGB PIL image; DataError naming a bad file."""
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
     from qwen_vl_utils.vision_process import to_rgb
 
     if isinstance(source, Image.Image):
@@ -683,29 +683,16 @@ def _open_frame(source: Any) -> Any:
     path = local_media_path(str(source))
     if path is None:
         raise DataError(f"{source}: video frames must be local image files or PIL images")
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return to_rgb(image)
-    except FileNotFoundError:
-        raise DataError(f"{path}: video frame not found") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise DataError(f"{path}: corrupt or unreadable video frame ({exc})") from None
+    return read_image(path, "video frame", "video frame")
 
 
 def _frame_size(source: Any) -> tuple[int, int]:
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
     if isinstance(source, Image.Image):
         return source.size
     path = local_media_path(str(source)) or str(source)
-    try:
-        with Image.open(path) as image:
-            return image.size
-    except FileNotFoundError:
-        raise DataError(f"{path}: video frame not found") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        raise DataError(f"{path}: corrupt or unreadable video frame ({exc})") from None
+    return read_image(path, "video frame", "video frame", decode=False)
 
 
 def _decode_frame_list(

@@ -44,7 +44,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from mmrft.data import DataError, Sample, local_media_path, media_file_key
+from mmrft.data import DataError, Sample, local_media_path, media_file_key, read_image
 from mmrft.data.video import VideoBudget, map_media_parts
 from mmrft.models.family import (
     BoxFrame,
@@ -130,27 +130,6 @@ class ImageCache:
 IMAGE_CACHE = ImageCache()
 
 
-def decode_image(path: str) -> Any:
-    """Open and fully decode an image file (PIL, RGB); DataError naming the file on failure."""
-    from PIL import Image, UnidentifiedImageError
-    from qwen_vl_utils.vision_process import to_rgb
-
-    try:
-        with Image.open(path) as image:
-            image.load()
-            return to_rgb(image)
-    except FileNotFoundError:
-        raise DataError(f"{path}: image file not found") from None
-    except (
-        UnidentifiedImageError,
-        OSError,
-        SyntaxError,
-        ValueError,
-        Image.DecompressionBombError,
-    ) as exc:
-        raise DataError(f"{path}: corrupt or unreadable image ({exc})") from None
-
-
 def decoded_image(source: Any, tag: str) -> Any:
     """An image part's source decoded to RGB (PIL) and not resized, for families whose
     processor resizes (InternVL's tiles, Gemma's fixed or aspect-kept sizes): files are cached
@@ -163,7 +142,7 @@ def decoded_image(source: Any, tag: str) -> Any:
     key = (media_file_key(path, "image file"), tag)
     image = IMAGE_CACHE.get(key)
     if image is None:
-        image = decode_image(path)
+        image = read_image(path)
         IMAGE_CACHE.put(key, image)
     return image
 
@@ -231,7 +210,7 @@ def check_media(sample: Sample) -> None:
             with _checked_lock:
                 size = _checked_sizes.get(key)
             if size is None:
-                size = decode_image(path).size
+                size = read_image(path).size
                 with _checked_lock:
                     _checked_sizes[key] = size
             if first_size is None:
@@ -332,7 +311,7 @@ class QwenVLFamily(ModelFamily):
         )
         image = self.image_cache.get(key)
         if image is None:
-            decoded = decode_image(path) if path is not None else source
+            decoded = read_image(path) if path is not None else source
             try:
                 image = fetch_image({"image": decoded, **options}, image_patch_size=self.patch_size)
             except DataError:
