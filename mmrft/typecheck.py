@@ -8,6 +8,7 @@ the key, the expected type and the closest valid key.
 from __future__ import annotations
 
 import inspect
+import math
 import reprlib
 import types
 import typing
@@ -45,6 +46,46 @@ def shown(value: Any) -> str:
         return _SHOWN.repr(value)
     except Exception:  # a user object whose __repr__ raises
         return f"<{type(value).__name__}>"
+
+
+def check_number(
+    key: str,
+    value: Any,
+    low: float,
+    high: float | None = None,
+    *,
+    open_low: bool = False,
+    integer: bool = False,
+    unit: str = "",
+) -> None:
+    """``ValueError`` (one line naming ``key`` and the range) unless ``value`` is a finite number
+    (an integer when ``integer``) in ``[low, high]`` (``(low, high]`` when ``open_low``;
+    ``high=None``: no upper bound, ``≥ low`` or ``> low``).
+
+    >>> check_number("mix", 1.5, 0, 1)
+    Traceback (most recent call last):
+    ValueError: mix: must be a finite number in [0, 1], got 1.5
+    >>> check_number("min_drawn", 0, 1, integer=True)
+    Traceback (most recent call last):
+    ValueError: min_drawn: must be an integer ≥ 1, got 0
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = ok and (isinstance(value, int) or math.isfinite(value))  # an int is never NaN or inf
+    ok = ok and (value > low if open_low else value >= low)
+    ok = ok and (high is None or value <= high)
+    ok = ok and (not integer or float(value).is_integer())
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        if high is None:
+            where = f"{'>' if open_low else '≥'} {_bound(low)}"
+        else:
+            where = f"in {'(' if open_low else '['}{_bound(low)}, {_bound(high)}]"
+        unit = f" ({unit})" if unit else ""
+        raise ValueError(f"{key}: must be {kind} {where}{unit}, got {shown(value)}")
+
+
+def _bound(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e10 else f"{bound:g}"
 
 
 def type_name(annotation: Any) -> str:

@@ -7,7 +7,8 @@ import math
 from mmrft.data import Sample
 from mmrft.rewards import Score, verifier
 from mmrft.rewards.answers import tagged_answer
-from mmrft.rewards.judges import LocalScorer, check_number, check_params
+from mmrft.rewards.judges import LocalScorer, check_params
+from mmrft.typecheck import check_number
 
 
 @verifier("reward_model", low=0.0, high=1.0, isolate=False)

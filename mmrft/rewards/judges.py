@@ -70,6 +70,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mmrft.typecheck import check_number
+
 log = logging.getLogger(__name__)
 
 # The answer is fenced so that it cannot end its own quotation: any run of the fence characters
@@ -118,34 +120,6 @@ PARAM_RANGES: dict[str, tuple[float, float, bool, bool, str]] = {
     "max_answer_chars": (1, 1_000_000, False, True, "characters"),
     "max_length": (1, 1_000_000, False, True, "tokens"),
 }
-
-
-def check_number(
-    key: str,
-    value: Any,
-    low: float,
-    high: float,
-    *,
-    open_low: bool = False,
-    integer: bool = False,
-    unit: str = "",
-) -> None:
-    """``ValueError`` (one line naming ``key`` and the range) unless ``value`` is a finite number
-    (an integer when ``integer``) in ``[low, high]`` (``(low, high]`` when ``open_low``)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    ok = ok and (isinstance(value, int) or math.isfinite(value))  # an int is never NaN or inf
-    ok = ok and (value > low if open_low else value >= low) and value <= high
-    ok = ok and (not integer or float(value).is_integer())
-    if not ok:
-        kind = "an integer" if integer else "a finite number"
-        where = f"{'(' if open_low else '['}{_shown(low)}, {_shown(high)}]"
-        unit = f" ({unit})" if unit else ""
-        given = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "…"
-        raise ValueError(f"{key}: must be {kind} in {where}{unit}, got {given}")
-
-
-def _shown(bound: float) -> str:
-    return str(int(bound)) if float(bound).is_integer() and abs(bound) < 1e10 else f"{bound:g}"
 
 
 def check_params(params: dict[str, Any]) -> None:

@@ -140,21 +140,16 @@ class WeightedReward:
             return self._threads[kind]
 
     def submit(
-        self,
-        completions: Sequence[str],
-        samples: Sequence[Sample],
-        context: str = "",
-        trajectories: Sequence[Any] | None = None,
-        group_size: int | None = None,
+        self, completions: Sequence[str], samples: Sequence[Sample], *args: Any, **kwargs: Any
     ) -> concurrent.futures.Future:
-        """Score a batch in the background; the Future's ``result()`` is what :meth:`__call__`
-        returns (or raises what it raises). Submitted batches are scored one at a time in
-        submission order, in a daemon thread of the reward, so every batch sees the verdicts
-        cached by the ones before it and a judge's budgets, concurrency and rate limits hold
-        per batch as for a direct call. The collector scores the groups of one decode round
-        this way while the next round decodes."""
-        batch = (list(completions), list(samples), context, trajectories, group_size)
-        return self._thread("scorer").submit(lambda: self(*batch))
+        """Score a batch in the background (the arguments of :meth:`__call__`; the lists are
+        copied now); the Future's ``result()`` is what :meth:`__call__` returns (or raises what
+        it raises). Submitted batches are scored one at a time in submission order, in a daemon
+        thread of the reward, so every batch sees the verdicts cached by the ones before it and
+        a judge's budgets, concurrency and rate limits hold per batch as for a direct call. The
+        collector scores the groups of one decode round this way while the next round decodes."""
+        batch = (list(completions), list(samples), *args)
+        return self._thread("scorer").submit(lambda: self(*batch, **kwargs))
 
     @property
     def range(self) -> tuple[float, float]:

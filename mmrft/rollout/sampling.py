@@ -42,7 +42,7 @@ import numpy as np
 from mmrft.data import DataError, Sample
 from mmrft.plugins import SAMPLERS, UnknownNameError
 from mmrft.rewards.answers import extract_answer, normalise_text
-from mmrft.typecheck import ConfigError, bind_keyword_params
+from mmrft.typecheck import ConfigError, bind_keyword_params, check_number
 
 # ---------------------------------------------------------------------------------------------
 # Per-prompt statistics
@@ -595,10 +595,8 @@ class Variance(Sampler):
             ("variance_weight", variance_weight), ("diversity_weight", diversity_weight),
             ("floor", floor), ("unseen", unseen),
         ):  # fmt: skip
-            if not 0 <= value < math.inf:
-                raise ValueError(f"{key}: must be a finite number ≥ 0, got {value}")
-        if not 0 <= mix <= 1:
-            raise ValueError(f"mix: must be in [0, 1], got {mix}")
+            check_number(key, value, 0)
+        check_number("mix", mix, 0, 1)
         self.mix = mix
         self.alpha, self.beta, self.floor, self.unseen = (
             variance_weight, diversity_weight, floor, unseen,
@@ -642,13 +640,13 @@ class Difficulty(Sampler):
         min_drawn: int = 1,
         aside_weight: float = 0.0,
     ) -> None:
-        if not 0 <= low < high <= 1:
+        check_number("low", low, 0, 1)
+        check_number("high", high, 0, 1)
+        if not low < high:
             raise ValueError(f"low: needs 0 ≤ low < high ≤ 1, got low={low}, high={high}")
-        for key, value in (("readmit_after", readmit_after), ("min_drawn", min_drawn)):
-            if value < 1:
-                raise ValueError(f"{key}: must be ≥ 1, got {value}")
-        if not 0 <= aside_weight <= 1:
-            raise ValueError(f"aside_weight: must be in [0, 1], got {aside_weight}")
+        check_number("readmit_after", readmit_after, 1, integer=True)
+        check_number("min_drawn", min_drawn, 1, integer=True)
+        check_number("aside_weight", aside_weight, 0, 1)
         self.low, self.high, self.readmit_after = low, high, readmit_after
         self.min_drawn, self.aside_weight = min_drawn, aside_weight
 
@@ -714,16 +712,10 @@ class Curriculum(Sampler):
         stages: int = 4,
         unseen: float = 0.5,
     ) -> None:
-        if not 0 < start <= 1:
-            raise ValueError(f"start: must be in (0, 1], got {start}")
-        if steps < 0:
-            raise ValueError(f"steps: must be ≥ 0 (0 = train.steps), got {steps}")
-        if stages < 2:
-            raise ValueError(f"stages: must be ≥ 2, got {stages}")
-        if not 0 <= unseen <= 1:
-            raise ValueError(
-                f"unseen: must be in [0, 1] (a difficulty, 1 − accuracy), got {unseen}"
-            )
+        check_number("start", start, 0, 1, open_low=True)
+        check_number("steps", steps, 0, integer=True, unit="0 = train.steps")
+        check_number("stages", stages, 2, integer=True)
+        check_number("unseen", unseen, 0, 1, unit="a difficulty, 1 − accuracy")
         self.by, self.key, self.schedule, self.start = by, key, schedule, start
         self.steps, self.stages, self.unseen = steps, stages, unseen
 
