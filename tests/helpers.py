@@ -228,6 +228,14 @@ def zoom_sample(index: int = 0) -> Any:
     return Sample(record["id"], record["messages"], record["target"], record["meta"])
 
 
+def one_error_line(stderr: str) -> str:
+    """The one ``error:`` line a command that failed printed on ``stderr``, with no traceback
+    beside it (asserted)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return errors[0]
+
+
 # -- HTTP servers on 127.0.0.1 -------------------------------------------------------------------
 class LocalServer:
     """An HTTP server on 127.0.0.1 at a free port, answering in a thread of its own with one

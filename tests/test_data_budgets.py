@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import NO_EVAL, short_run
+from helpers import NO_EVAL, one_error_line, short_run
 from rich.console import Console
 
 from mmrft.cli import main
@@ -175,9 +175,8 @@ def test_a_300_kb_question_stops_before_the_model_loads(tmp_path):
         6 * GB,
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error) == 1, result.stderr[-2000:]
-    assert f"{path}:2: prompt over data.max_prompt_tokens (300,000 characters > " in error[0]
+    error = one_error_line(result.stderr)
+    assert f"{path}:2: prompt over data.max_prompt_tokens (300,000 characters > " in error
     assert "run: model" not in result.stdout  # the banner printed after the weights load
 
 

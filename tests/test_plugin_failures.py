@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import NO_EVAL, short_run
+from helpers import NO_EVAL, one_error_line, short_run
 
 from mmrft import Sample, Score, verifier
 from mmrft.cli import main
@@ -265,11 +265,9 @@ def test_train_stops_with_exit_2_and_one_line_when_a_verifier_raises(tmp_path, c
 
     args = train_args(tmp_path, plugin, "[{name: test_raises_from_step_2}]")
     assert main(args) == 2
-    captured = capsys.readouterr().err
-    err = [line for line in captured.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "Traceback" not in captured, captured
-    assert err[0].startswith("error: verifier 'test_raises_from_step_2' raised KeyError: ")
-    assert "at step 2 on samples shapes" in err[0]
+    error = one_error_line(capsys.readouterr().err)
+    assert error.startswith("error: verifier 'test_raises_from_step_2' raised KeyError: ")
+    assert "at step 2 on samples shapes" in error
     checkpoint = tmp_path / "plugin" / "checkpoints" / "step-000001"
     assert (checkpoint / "trainer_state.pt").is_file()
     assert all(load_file(str(f)) for f in checkpoint.glob("*.safetensors"))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import length_plugin
+from helpers import length_plugin, one_error_line
 from ranks import free_port
 
 from mmrft.config import load_config
@@ -476,10 +476,9 @@ def test_train_stops_on_a_sampler_with_one_line_and_failure_json(tmp_path, capsy
     ]  # fmt: skip
     assert main(args) == 2
     captured = capsys.readouterr().err
-    err = [line for line in captured.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "Traceback" not in captured, captured
-    assert err[0].startswith("error: data.sampler 'test_nan_from_step_2' at step 2 (a round of")
-    assert "gave weights that are not finite (nan for 4 of 4 samples: " in err[0]
+    error = one_error_line(captured)
+    assert error.startswith("error: data.sampler 'test_nan_from_step_2' at step 2 (a round of")
+    assert "gave weights that are not finite (nan for 4 of 4 samples: " in error
     failure = json.loads((tmp_path / "nan" / "failure.json").read_text())
     assert failure["step"] == 2 and failure["sampler"] == "test_nan_from_step_2"
     assert len(failure["samples"]) == 4 and failure["reason"] in " ".join(captured.split())

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import NO_EVAL, short_run
+from helpers import NO_EVAL, one_error_line, short_run
 
 from mmrft import Sample
 from mmrft.rewards import verifier
@@ -178,11 +178,11 @@ def test_train_stops_on_timeout_with_a_failure_record(tmp_path, capsys, plugin):
     start = time.monotonic()
     assert main(args) == 2
     assert time.monotonic() - start < 60
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "verifier 'test_budget_regex' exceeded its 1s budget" in err[0]
+    error = one_error_line(capsys.readouterr().err)
+    assert "verifier 'test_budget_regex' exceeded its 1s budget" in error
     failure = json.loads((tmp_path / "budget" / "failure.json").read_text())
     assert failure["step"] == 1 and failure["verifier"] == "test_budget_regex"
-    assert failure["samples"] and failure["reason"] == err[0].removeprefix("error: ")
+    assert failure["samples"] and failure["reason"] == error.removeprefix("error: ")
 
 
 @pytest.mark.serial  # wall-clock budget: make test runs it alone
