@@ -38,6 +38,7 @@ from mmrft.plugins import (
     load_plugins,
 )
 from mmrft.rewards.verifier import RewardError
+from mmrft.rollout.preflight import preflight
 from mmrft.typecheck import ConfigError, keyword_params_doc
 
 #: Printed as one line, exit status 2. RewardError: a verifier plugin raised, returned a value
@@ -81,10 +82,6 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
                 soft_wrap=True,
             )
         return 0
-    from mmrft.runtime import distributed
-    from mmrft.training.trainer import train
-
-    report_native_crashes()
     config, overrides = split_config_arg(args.config, args.overrides)
     if config is None:  # say it before anything else: the demo's settings are not defaults
         console.print(
@@ -103,21 +100,29 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
             console.print(f"--smoke: {note}", highlight=False, markup=False)
         # but data the command line names and this machine lacks: the bundled stand-in wins
         cfg = load_config(config or DEFAULT_CONFIG, [*smoke, *overrides, *smoke_data(cfg)])
+    preflight(cfg)  # what needs no model fails here, before torch and transformers are imported
+    from mmrft.runtime import distributed
+    from mmrft.training.trainer import train
+
+    report_native_crashes()
     train(cfg, console)
     distributed.teardown()
     return 0
 
 
 def cmd_eval(args: argparse.Namespace, console: Console) -> int:
-    from mmrft.evaluation.evaluate import evaluate_config, print_table, write_eval
-    from mmrft.training.resume import run_name
-
     # `model=PATH` is shorthand for `model.path=PATH`.
     overrides = [
         f"model.path={o.split('=', 1)[1]}" if o.startswith("model=") else o for o in args.overrides
     ]
     config, overrides = split_config_arg(args.config, overrides)
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
+    if not cfg.data.test:
+        raise ConfigError("data.test: evaluation needs a test file")
+    preflight(cfg, training=False)  # before torch and transformers are imported
+    from mmrft.evaluation.evaluate import evaluate_config, print_table, write_eval
+    from mmrft.training.resume import run_name
+
     result = evaluate_config(cfg, console)
     out = (
         Path(args.out)

@@ -428,7 +428,7 @@ def test_omni_video_follows_the_configured_budget(model_dirs: dict, media: dict)
     tokens) fits, as for Qwen2.5-VL."""
     from mmrft.config import ModelConfig
     from mmrft.data.video import VideoBudget, video_stats
-    from mmrft.policy.model import build_family
+    from mmrft.models.family import build_family
 
     cfg = ModelConfig(path=str(model_dirs["qwen2_5_omni"]))
     cfg.video.max_frames = 6

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mmrft.config import ModelConfig
-from mmrft.policy.model import go_offline_if_unreachable, resolve_family
+from mmrft.models.family import go_offline_if_unreachable, resolve_family
 from mmrft.typecheck import ConfigError
 
 TINY = Path(__file__).resolve().parents[1] / "assets" / "models" / "tiny-qwen2_5_vl"

@@ -351,8 +351,11 @@ def test_generation_requests_and_group_contiguous_rollouts(policy, fake, tmp_pat
     assert out.prompt_index == [0, 0, 0, 1, 1, 1]
     assert out.completion_ids == [[5, 6], [6, 6], [7, 6]] * 2
     assert out.logprobs == [[-0.1, -0.2]] * 6 and all(out.truncated)
+    prompts = [r["input_ids"].tolist() for r in out.prompts]
+    # the two requests are in flight together: they arrive in either order
     bodies = [b for p, b in fake.calls if p == served.GENERATE_PATH]
-    assert [b["token_ids"] for b in bodies] == [r["input_ids"].tolist() for r in out.prompts]
+    bodies.sort(key=lambda body: prompts.index(body["token_ids"]))
+    assert [b["token_ids"] for b in bodies] == prompts
     params = bodies[0]["sampling_params"]
     assert params["n"] == 3 and params["top_k"] == 5 and params["logprobs"] == 0
     assert params["max_tokens"] == 8 and params["detokenize"] is False

@@ -31,6 +31,7 @@ import os
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -41,6 +42,33 @@ from mmrft.typecheck import require_extra
 log = logging.getLogger(__name__)
 
 LengthPolicy = Literal["truncate", "error"]
+
+
+@dataclass(frozen=True)
+class AudioBudget:
+    """Per-clip audio budget.
+
+    Attributes:
+        max_seconds: the longest clip the model gets, in seconds (``None``: the feature
+            extractor's window, 30 s for the released Qwen2-Audio / Qwen2.5-Omni).
+        policy: a longer clip is ``"truncate"``-d to its first ``max_seconds`` (counted in
+            ``AUDIO_STATS["truncated"]``, a warning per file) or is an ``"error"``
+            (DataError naming the file; :meth:`mmrft.models.qwen_audio.QwenAudioFamily.check_media` then rejects the
+            sample when the dataset is read, under ``data.on_error``).
+    """
+
+    max_seconds: float | None = 30.0
+    policy: LengthPolicy = "truncate"
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("truncate", "error"):
+            raise ValueError(f"audio policy must be 'truncate' or 'error', got {self.policy!r}")
+        if self.max_seconds is not None and not (
+            self.max_seconds > 0 and math.isfinite(self.max_seconds)
+        ):
+            raise ValueError(f"max_seconds must be a positive number, got {self.max_seconds!r}")
+
+
 POLICIES: tuple[str, ...] = ("truncate", "error")
 
 # Process-wide counters: "decoded" (files read from disk), "cache_hits", "resampled" (decodes

@@ -179,21 +179,16 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
     """:func:`evaluate_config` after its checks."""
     from mmrft.evaluation.report import describe_run
     from mmrft.evaluation.runlog import progress_bar
-    from mmrft.plugins import load_plugins
-    from mmrft.policy.model import load_policy, resolve_family
-    from mmrft.rewards.task import build_task
+    from mmrft.policy.model import load_policy
+    from mmrft.rollout.preflight import preflight
     from mmrft.rollout.setup import read_data
     from mmrft.runtime.device import pick_device, seed_everything
     from mmrft.typecheck import ConfigError
 
     seed_everything(cfg.train.seed)
-    load_plugins(cfg.plugins)
     if not cfg.data.test:
         raise ConfigError("data.test: evaluation needs a test file")
-    task = build_task(
-        cfg.task.name, cfg.task.params, cfg.task.system_prompt, cfg.task.param_sources
-    )
-    family = resolve_family(cfg.model)
+    task, family = preflight(cfg, training=False)
     (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)

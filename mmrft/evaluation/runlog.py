@@ -298,11 +298,19 @@ class GracefulStop:
 
 def attach_file_log(path: Path) -> None:
     """Send the ``mmrft`` logger's records (INFO and up) to ``path`` (replacing an earlier file)."""
+    detach_file_log()
     root = logging.getLogger("mmrft")
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.FileHandler):
-            root.removeHandler(handler)
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+
+
+def detach_file_log() -> None:
+    """Stop sending the ``mmrft`` logger's records to a file (:func:`attach_file_log`), and
+    close it."""
+    root = logging.getLogger("mmrft")
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)
+            handler.close()

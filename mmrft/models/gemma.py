@@ -227,7 +227,7 @@ class Gemma4(Gemma3):
         video: VideoBudget | None = None,
         audio: Any = None,
     ) -> None:
-        from mmrft.models.qwen_audio import AudioBudget
+        from mmrft.data.audio import AudioBudget
 
         super().__init__(media)
         self.video = video or VideoBudget()

@@ -47,13 +47,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from mmrft.data import DataError, Sample, media_file_key
-from mmrft.data.audio import LengthPolicy, decode_audio, load_audio
+from mmrft.data.audio import AudioBudget, decode_audio, load_audio
 from mmrft.data.video import VideoBudget
 from mmrft.models import qwen_vl
 from mmrft.models.family import (
@@ -82,31 +81,6 @@ QWEN2_5_OMNI_SPECIAL_TOKENS = (
     "<|IMAGE|>",
     "<|VIDEO|>",
 )
-
-
-@dataclass(frozen=True)
-class AudioBudget:
-    """Per-clip audio budget.
-
-    Attributes:
-        max_seconds: the longest clip the model gets, in seconds (``None``: the feature
-            extractor's window, 30 s for the released Qwen2-Audio / Qwen2.5-Omni).
-        policy: a longer clip is ``"truncate"``-d to its first ``max_seconds`` (counted in
-            ``mmrft.data.audio.AUDIO_STATS["truncated"]``, a warning per file) or is an ``"error"``
-            (DataError naming the file; :meth:`QwenAudioFamily.check_media` then rejects the
-            sample when the dataset is read, under ``data.on_error``).
-    """
-
-    max_seconds: float | None = 30.0
-    policy: LengthPolicy = "truncate"
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("truncate", "error"):
-            raise ValueError(f"audio policy must be 'truncate' or 'error', got {self.policy!r}")
-        if self.max_seconds is not None and not (
-            self.max_seconds > 0 and math.isfinite(self.max_seconds)
-        ):
-            raise ValueError(f"max_seconds must be a positive number, got {self.max_seconds!r}")
 
 
 def is_audio_part(part: dict[str, Any]) -> bool:

@@ -12,13 +12,12 @@ nothing of rewards (the two layers are independent).
 Exports: the names of :mod:`.model` (``from mmrft.policy import Policy, load_policy``).
 """
 
+from mmrft.models.family import build_family, go_offline_if_unreachable
 from mmrft.policy.model import (
     DTYPES,
     PEFT_PREFIX,
     Policy,
-    build_family,
     completion_logps,
-    go_offline_if_unreachable,
     is_lora,
     load_policy,
     lora_targets,

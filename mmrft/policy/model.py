@@ -8,8 +8,6 @@ completion tokens only (``logits_to_keep`` limits the vocabulary projection to t
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,8 +18,7 @@ import torch
 
 from mmrft.algorithms import entropy_from_logits, selective_log_softmax
 from mmrft.config import ModelConfig, resolve_path
-from mmrft.models.family import MediaBudget, ModelFamily, family_for_model_type, no_weight_bars
-from mmrft.plugins import MODEL_FAMILIES
+from mmrft.models.family import ModelFamily, no_weight_bars, resolve_family
 from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
@@ -50,98 +47,6 @@ class Policy:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-
-def build_family(cls: type[ModelFamily], cfg: ModelConfig) -> ModelFamily:
-    """Instantiate a family with the budgets its constructor takes (media, video, audio)."""
-    import inspect
-
-    from mmrft.data.video import VideoBudget
-
-    accepted = inspect.signature(cls.__init__).parameters
-    kwargs: dict[str, Any] = {
-        "media": MediaBudget(min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-    }
-    if "video" in accepted:
-        kwargs["video"] = VideoBudget(**dataclasses.asdict(cfg.video))
-    if "audio" in accepted:
-        from mmrft.models.qwen_audio import AudioBudget
-
-        kwargs["audio"] = AudioBudget(max_seconds=cfg.audio.max_seconds, policy=cfg.audio.policy)
-    return cls(**kwargs)
-
-
-def resolve_family(cfg: ModelConfig) -> ModelFamily:
-    """The family adapter named by ``model.family`` or found from config.json's model_type."""
-    if cfg.family != "auto":
-        try:
-            return build_family(MODEL_FAMILIES.get(cfg.family), cfg)
-        except KeyError as exc:
-            raise ConfigError(f"model.family: {exc}") from None
-    folder = resolve_path(cfg.path)
-    config_file = folder / "config.json"
-    if config_file.is_file():
-        model_type = json.loads(config_file.read_text())["model_type"]
-    elif folder.is_dir():  # a local folder that is not a checkpoint: say what it is
-        from mmrft.runtime.checkpoint import list_checkpoints
-
-        found = list_checkpoints(folder / "checkpoints")
-        hint = (
-            f"it is a run folder; give one of its checkpoints, e.g. model.path={found[-1]}"
-            if found
-            else "a checkpoint folder holds config.json and the weights"
-        )
-        raise ConfigError(f"model.path: {folder} has no config.json: {hint}")
-    else:  # a hub id such as Qwen/Qwen2.5-VL-3B-Instruct (needs the hub or its local cache)
-        from transformers import AutoConfig
-
-        offline = go_offline_if_unreachable()
-        try:
-            model_type = AutoConfig.from_pretrained(cfg.path).model_type
-        except OSError as exc:
-            if offline:
-                raise ConfigError(
-                    f"model.path: '{cfg.path}' is not a local folder, {offline}, and it is not "
-                    "in the Hugging Face cache: download it where the hub is reachable "
-                    f"(`hf download {cfg.path}`) or give a local checkpoint folder"
-                ) from None
-            raise ConfigError(
-                f"model.path: '{cfg.path}' is neither a checkpoint directory nor a loadable "
-                f"hub id ({' '.join(str(exc).split())})"
-            ) from None
-    try:
-        return build_family(family_for_model_type(model_type), cfg)
-    except KeyError as exc:
-        raise ConfigError(f"model.family: {exc}; set model.family explicitly") from None
-
-
-def go_offline_if_unreachable(timeout_s: float = 3.0) -> str:
-    """Whether the Hugging Face hub can be used, asked once with one TCP connection of at
-    most ``timeout_s`` seconds to its endpoint; when it cannot, the hub's offline mode is
-    turned on for this process (``HF_HUB_OFFLINE``), so hub ids load from the local cache at
-    once instead of after the client's retries (about 25 s per file). Returns why the hub is
-    not used (``"the hub is unreachable (…)"``, ``"HF_HUB_OFFLINE is set"``), or ``""``
-    when it is reachable."""
-    import os
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    if constants.is_offline_mode():
-        return "HF_HUB_OFFLINE is set"
-    url = urlparse(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
-        return ""
-    except OSError as exc:
-        reason = f"the hub is unreachable ({url.hostname}:{port}: {exc.strerror or exc})"
-    # huggingface_hub reads HF_HUB_OFFLINE at import: set both, for this process and children
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    constants.HF_HUB_OFFLINE = True
-    log.warning("%s: loading hub ids from the local cache only", reason)
-    return reason
 
 
 def load_policy(

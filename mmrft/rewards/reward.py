@@ -440,6 +440,47 @@ def timeout_score(bound: BoundVerifier) -> float:
     return bound.spec.low if math.isfinite(bound.spec.low) else 0.0
 
 
+def bind_verifiers(
+    specs: Sequence[Mapping[str, Any]], key: str = "reward.verifiers"
+) -> list[tuple[BoundVerifier, float]]:
+    """Each entry of ``[{"name": ..., "weight": 1.0, "params": {...}}, ...]`` (the config list
+    ``key``) as a verifier bound to its checked parameters, with its weight: what
+    :func:`build_reward` builds from, and what a run's start-up checks before anything heavy
+    (:mod:`mmrft.rollout.preflight`). ConfigError naming ``key[i]`` and what is wrong."""
+    if not specs:
+        raise ConfigError(f"{key}: at least one verifier is needed")
+    verifiers = []
+    seen = set()
+    for i, spec in enumerate(specs):
+        unknown = set(spec) - {"name", "weight", "params"}
+        if unknown:
+            raise ConfigError(
+                f"{key}[{i}]: unknown key(s) {sorted(unknown)}; valid: name, weight, params"
+            )
+        if "name" not in spec:
+            raise ConfigError(f"{key}[{i}]: missing 'name'")
+        name = spec["name"]
+        if name in seen:
+            raise ConfigError(f"{key}[{i}]: verifier '{name}' listed twice")
+        seen.add(name)
+        weight = spec.get("weight", 1.0)
+        if (
+            not isinstance(weight, (int, float))
+            or isinstance(weight, bool)
+            or not math.isfinite(weight)
+        ):
+            raise ConfigError(f"{key}[{i}].weight: expected a finite number, got {weight!r}")
+        try:
+            if is_function_spec(str(name)):  # a plain function, FILE.py:FUNCTION
+                registered = register_function(name)
+            else:
+                registered = VERIFIERS.get(name)
+        except (KeyError, ConfigError) as exc:
+            raise ConfigError(f"{key}[{i}].name: {exc}") from None
+        verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
+    return verifiers
+
+
 def build_reward(
     specs: Sequence[Mapping[str, Any]],
     timeout_s: float = 0.0,
@@ -459,39 +500,7 @@ def build_reward(
     """
     if isolation not in ("process", "inline"):
         raise ConfigError(f"reward.isolation: expected process or inline, got {isolation!r}")
-    if not specs:
-        raise ConfigError("reward.verifiers: at least one verifier is needed")
-    verifiers = []
-    seen = set()
-    for i, spec in enumerate(specs):
-        unknown = set(spec) - {"name", "weight", "params"}
-        if unknown:
-            raise ConfigError(
-                f"reward.verifiers[{i}]: unknown key(s) {sorted(unknown)}; valid: name, weight, params"
-            )
-        if "name" not in spec:
-            raise ConfigError(f"reward.verifiers[{i}]: missing 'name'")
-        name = spec["name"]
-        if name in seen:
-            raise ConfigError(f"reward.verifiers[{i}]: verifier '{name}' listed twice")
-        seen.add(name)
-        weight = spec.get("weight", 1.0)
-        if (
-            not isinstance(weight, (int, float))
-            or isinstance(weight, bool)
-            or not math.isfinite(weight)
-        ):
-            raise ConfigError(
-                f"reward.verifiers[{i}].weight: expected a finite number, got {weight!r}"
-            )
-        try:
-            if is_function_spec(str(name)):  # a plain function, FILE.py:FUNCTION
-                registered = register_function(name)
-            else:
-                registered = VERIFIERS.get(name)
-        except (KeyError, ConfigError) as exc:
-            raise ConfigError(f"reward.verifiers[{i}].name: {exc}") from None
-        verifiers.append((registered.bind(spec.get("params") or {}), float(weight)))
+    verifiers = bind_verifiers(specs)
     pooled = {}
     for bound, _ in verifiers if isolation == "process" else []:
         if not bound.spec.isolate or bound.is_async:  # these run in this process

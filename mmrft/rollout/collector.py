@@ -84,9 +84,9 @@ from mmrft.rewards.task import Task
 from mmrft.rewards.verifier import Score
 from mmrft.rollout.base import Engine, Rollouts, Sampling
 from mmrft.rollout.perturb import NoisyRollout, prompt_seed
+from mmrft.rollout.preflight import configured_tools
 from mmrft.rollout.sampling import DataStream as DataStream  # re-exported: the uniform order
 from mmrft.rollout.sampling import PromptSource, PromptStats, group_outcome
-from mmrft.rollout.tool import ToolSpec, enabled_tools
 from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
 from mmrft.runtime import distributed
 from mmrft.runtime.checkpoint import rng_state, set_rng_state
@@ -393,15 +393,6 @@ def build_perturb(cfg: RunConfig, policy: Policy) -> NoisyRollout | None:
 
 # ---------------------------------------------------------------------------------------------
 # Stage 2 with tools
-
-
-def configured_tools(cfg: RunConfig) -> dict[str, ToolSpec]:
-    """The tools ``rollout.tools.names`` enables by name (``{}``: none); an unknown name is a
-    :class:`ConfigError` naming the key and the closest registered names."""
-    try:
-        return enabled_tools(cfg.rollout.tools.names)
-    except KeyError as exc:
-        raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
 
 
 def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop | None:

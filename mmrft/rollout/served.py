@@ -94,6 +94,7 @@ import torch
 from mmrft.errors import ServerError
 from mmrft.policy.model import Policy, is_lora, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
+from mmrft.rollout.preflight import VLLM_MISSING
 from mmrft.rollout.vllm import (
     EngineParityError,
     check_prompt_parity,
@@ -599,11 +600,7 @@ class ServedEngine:
     # -- start-up --------------------------------------------------------------------------
     def _start(self, path: str, limits: dict[str, int]) -> None:
         if importlib.util.find_spec("vllm") is None:
-            raise ConfigError(
-                "rollout.engine=vllm_server starts vLLM's server from this Python, which has no "
-                "vLLM: pip install 'mmrft[vllm]' (GPU) or use the CPU build's virtualenv (make "
-                "test-vllm); or give rollout.server.url of a server started elsewhere"
-            )
+            raise ConfigError(VLLM_MISSING["vllm_server"])
         server = self.server
         host = server.host
         port = server.port or free_port(host)

@@ -17,9 +17,7 @@ from mmrft.data import (
 )
 from mmrft.models.family import ModelFamily
 from mmrft.rewards.task import Task, read_split
-from mmrft.rollout.collector import (
-    configured_tools,
-)
+from mmrft.rollout.preflight import configured_tools
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,7 @@ import torch
 
 from mmrft.policy.model import Policy, merged_weights
 from mmrft.rollout.base import Rollouts, Sampling, stop_token_ids
+from mmrft.rollout.preflight import VLLM_MISSING
 from mmrft.runtime import distributed
 from mmrft.typecheck import ConfigError
 
@@ -81,10 +82,7 @@ class VLLMEngine:
         try:
             from vllm import LLM
         except ImportError:
-            raise ConfigError(
-                "rollout.engine=vllm needs vLLM: pip install 'mmrft[vllm]' (GPU), or the CPU "
-                "build in its own virtualenv (make test-vllm shows how); or rollout.engine=hf"
-            ) from None
+            raise ConfigError(VLLM_MISSING["vllm"]) from None
         self.policy = policy
         self.settings = settings
         self.stop_ids = stop_token_ids(policy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,18 +23,24 @@ from mmrft.data import Sample, skip_counts
 from mmrft.evaluation.evaluate import eval_verifiers
 from mmrft.evaluation.prompt_view import show_prompt
 from mmrft.evaluation.report import describe_model, describe_tools
-from mmrft.evaluation.runlog import NoSignalWatch, RunLog, attach_file_log, cpu_model
+from mmrft.evaluation.runlog import (
+    NoSignalWatch,
+    RunLog,
+    attach_file_log,
+    cpu_model,
+    detach_file_log,
+)
 from mmrft.evaluation.tracking import build_trackers
-from mmrft.plugins import load_plugins
 from mmrft.policy.group import check_attention
-from mmrft.policy.model import Policy, load_policy, resolve_family
+from mmrft.policy.model import Policy, load_policy
 from mmrft.rewards import judges
 from mmrft.rewards.reward import WeightedReward, build_reward
-from mmrft.rewards.task import Task, build_task
+from mmrft.rewards.task import Task
 from mmrft.rollout.ahead import AheadCollector, rollout_copy
 from mmrft.rollout.base import Engine
 from mmrft.rollout.collector import Collector, build_auxiliaries
 from mmrft.rollout.engine import build_engine
+from mmrft.rollout.preflight import preflight
 from mmrft.rollout.sampling import SampledStream, build_sampler
 from mmrft.rollout.setup import read_data
 from mmrft.runtime import distributed, zero
@@ -88,7 +95,21 @@ class Run:
 
 def setup(cfg: RunConfig, console: Console | None = None) -> Run:
     """Processes, config checks, run directory, task, reward, model(s), data, engine, optimizer,
-    collector and logs: everything the loop needs, nothing trained yet."""
+    collector and logs: everything the loop needs, nothing trained yet. What needs no model is
+    checked before the run directory exists (:func:`mmrft.rollout.preflight.preflight`); a
+    start-up that fails later removes the run directory it created (a resumed run's stays)."""
+    run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
+    created = not run_dir.exists()
+    try:
+        return _setup(cfg, console)
+    except BaseException:
+        if created and distributed.is_main() and run_dir.is_dir():
+            detach_file_log()
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _setup(cfg: RunConfig, console: Console | None) -> Run:
     t_start = time.perf_counter()
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -105,7 +126,7 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         )
     seed_everything(cfg.train.seed + rank)  # rank 0 draws exactly as a single process would
     device = pick_device(cfg.device)
-    load_plugins(cfg.plugins)
+    task, family = preflight(cfg)
 
     run_dir = resolve_path(cfg.output_dir) / run_name(cfg)
     previous = None
@@ -130,9 +151,6 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         markup=False,
     )
 
-    task = build_task(
-        cfg.task.name, cfg.task.params, cfg.task.system_prompt, cfg.task.param_sources
-    )
     reward = build_reward(
         cfg.reward.verifiers or task.default_verifiers(),
         cfg.reward.timeout_s,
@@ -150,7 +168,6 @@ def setup(cfg: RunConfig, console: Console | None = None) -> Run:
         highlight=False,
         markup=False,
     )
-    family = resolve_family(cfg.model)
     skipped_before = skip_counts()
     train_samples, test_samples = read_data(cfg, task, family)
     sampler = build_sampler(cfg.data.sampler, cfg.data.sampler_params, train_samples)
