@@ -102,6 +102,36 @@ def test_max_prompt_tokens_defaults_to_the_context_minus_the_completion(tmp_path
     assert data_budget(cfg, task, family, processor).max_prompt_tokens == 77
 
 
+@pytest.mark.parametrize(
+    "config",
+    ["demo", "tools/zoom_marks", "learn/video_direction", "learn/audio_pitch", "learn/charts"],
+)
+def test_prompts_that_differ_only_in_their_files_are_counted_as_their_own(config):
+    """The budget renders a conversation once for all samples that differ only in their media
+    files; every sample's count equals that of its own rendering (images, videos, audio, the
+    tools' description, charts' questions)."""
+    from mmrft.rollout.preflight import configured_tools
+    from mmrft.rollout.setup import data_budget
+    from mmrft.rollout.tool_loop import tool_descriptions, with_tool_descriptions
+
+    cfg = load_config(config, ["data.max_prompt_tokens=1"])  # 1: every prompt counted exactly
+    family = resolve_family(cfg.model)
+    processor = family.load_processor(str(REPO / cfg.model.path))
+    tokenizer = getattr(processor, "tokenizer", processor)
+    task = build_task(cfg.task.name, cfg.task.params)
+    samples = task.read(REPO / cfg.data.train)[0][:40]
+    schemas = tool_descriptions(configured_tools(cfg), cfg.rollout.tools.describe)
+    count = data_budget(cfg, task, family, processor).count_tokens
+    for sample in samples:
+        annotated = sample.copy()
+        family.annotate(annotated)
+        conversation = with_tool_descriptions(task.prompt(annotated, family), annotated, schemas)
+        text = family.render(processor, [conversation], True)[0]
+        own = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        assert count(sample) == own, sample.id
+    assert len({s.media()[0] for s in samples}) == len(samples)  # every sample its own file
+
+
 def test_the_tools_description_counts_toward_the_prompt_budget(tmp_path):
     """A tool rollout prompts with the tools described in a system message; the budget counts
     it (a prompt that fits alone is over with it), and a row with ``meta.tools: false`` is

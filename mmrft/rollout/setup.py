@@ -5,11 +5,13 @@ model's context, media by header) and the train / test splits read within it (:f
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from mmrft.config import RunConfig, resolve_path
 from mmrft.data import (
+    MEDIA_TYPES,
     DataBudget,
     Sample,
     reading_budget,
@@ -57,12 +59,20 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     # what ToolLoop.with_tools prepends
     schemas = tool_descriptions(configured_tools(cfg), cfg.rollout.tools.describe)
 
+    rendered: dict[str, str] = {}  # the template's text by conversation, media files left out
+
     def prompt_tokens(sample: Sample) -> int:
         annotated = sample.copy()
         family.annotate(annotated)
         conversation = task.prompt(annotated, family)
         conversation = with_tool_descriptions(conversation, annotated, schemas)
-        text = family.render(processor, [conversation], True)[0]
+        # a chat template writes a placeholder per media part, whatever file it names: samples
+        # that differ only in their files share one rendering (a dataset of one question over
+        # many images is rendered once, not once per line)
+        key = json.dumps(without_media_files(conversation), sort_keys=True, default=repr)
+        text = rendered.get(key)
+        if text is None:
+            text = rendered[key] = family.render(processor, [conversation], True)[0]
         size = len(text.encode("utf-8")) + 1
         if limit is not None and size <= limit:
             return size  # a bound within the budget: no need to count exactly
@@ -78,6 +88,25 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
         max_audio_seconds=data.max_audio_seconds,
         allow_remote_media=data.allow_remote_media,
     )
+
+
+def without_media_files(conversation: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``conversation`` with the file (or URL, or frame list) of each image, video and audio
+    part replaced by its kind: what a chat template's rendering depends on."""
+    out = []
+    for message in conversation:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = [
+                {**part, part["type"]: part["type"]}
+                if isinstance(part, dict)
+                and part.get("type") in MEDIA_TYPES
+                and part["type"] in part
+                else part
+                for part in content
+            ]
+        out.append({**message, "content": content})
+    return out
 
 
 def read_data(
