@@ -160,7 +160,11 @@ def pack(
     prompt_attention = torch.zeros((R, P, P), dtype=torch.bool)
     first = min(prompt_lengths) - 1  # the first position whose logits are kept
     spans: list[tuple[int, int, int, int]] = []  # (row, prompt length, start, length)
+    tokens: list[list[int]] = []  # each completion's token ids, in the order of spans
     media_rows = []
+    # Each row's completions are gathered in Python lists and written with one tensor copy per
+    # row (and one per output below): a copy per completion cost ~5 ms of Python per packed
+    # batch of 64 completions, ~8% of a CPU demo step.
     for r, (row, comps) in enumerate(zip(prompts, completions)):
         lp = prompt_lengths[r]
         row_trajectories = trajectories[r] if trajectories is not None else [None] * len(comps)
@@ -171,31 +175,45 @@ def pack(
         prompt_attention[r, :lp, :lp] = prompt_block(family, model, row)
         after = int(positions[r].max()) + 1
         start = lp
+        row_ids: list[int] = []
+        row_segments: list[int] = []
+        row_positions: list[int] = []  # text positions: after, after + 1, … per completion
+        own_positions = []  # (start, positions [axes, n]) of completions whose turns add media
         for j, (comp, trajectory) in enumerate(zip(comps, row_trajectories), start=1):
+            comp = [int(t) for t in comp]
             n = len(comp)
-            input_ids[r, start : start + n] = torch.as_tensor(list(comp), dtype=torch.long)
+            row_ids += comp
+            row_segments += [j] * n
+            row_positions += range(after, after + n)
             if trajectory is not None and trajectory.has_media:
                 own = family.rope_positions(model, joined_row(row, trajectory, family.token_keys))
-                position_ids[:, r, start : start + n] = own[:, lp:]
-            else:
-                position_ids[:, r, start : start + n] = after + torch.arange(n)
-            segment[r, start : start + n] = j
+                own_positions.append((start, own[:, lp:]))
             spans.append((r, lp, start, n))
+            tokens.append(comp)
             start += n
+        if start > lp:
+            input_ids[r, lp:start] = torch.tensor(row_ids, dtype=torch.long)
+            segment[r, lp:start] = torch.tensor(row_segments, dtype=torch.long)
+            position_ids[:, r, lp:start] = torch.tensor(row_positions, dtype=torch.long)
+        for begin, own in own_positions:
+            position_ids[:, r, begin : begin + own.shape[1]] = own
     C = max(1, max(n for *_, n in spans))
-    rows = torch.zeros((len(spans), C), dtype=torch.long)
-    cols = torch.zeros((len(spans), C), dtype=torch.long)
-    ids = torch.full((len(spans), C), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(spans), C), dtype=torch.long)
-    for j, (r, lp, start, n) in enumerate(spans):
-        if not n:
-            continue
+    rows_of, cols_of, ids_of, mask_of = [], [], [], []
+    for (r, lp, start, n), comp in zip(spans, tokens):
+        pad = C - n
         # token t of the completion is predicted at position lp - 1 (t = 0), else start + t - 1
-        predict = torch.cat([torch.tensor([lp - 1]), start + torch.arange(n - 1)])
-        rows[j, :n] = r
-        cols[j, :n] = predict - first
-        ids[j, :n] = input_ids[r, start : start + n]
-        mask[j, :n] = 1
+        predict = ([lp - 1 - first] if n else []) + list(
+            range(start - first, start - first + n - 1)
+        )
+        rows_of.append([r] * n + [0] * pad)
+        cols_of.append(predict + [0] * pad)
+        ids_of.append(comp + [pad_token_id] * pad)
+        mask_of.append([1] * n + [0] * pad)
+    shape = (len(spans), C)
+    rows = torch.tensor(rows_of, dtype=torch.long).reshape(shape)
+    cols = torch.tensor(cols_of, dtype=torch.long).reshape(shape)
+    ids = torch.tensor(ids_of, dtype=torch.long).reshape(shape)
+    mask = torch.tensor(mask_of, dtype=torch.long).reshape(shape)
 
     media = family.collate_rows(media_rows, pad_token_id)
     for key in ("input_ids", "attention_mask", *family.token_keys):
