@@ -903,6 +903,14 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
     need(cfg.train.steps >= 0, "train.steps", "must be ≥ 0")
     need(cfg.optim.lr > 0, "optim.lr", "must be > 0")
     need(len(cfg.optim.betas) == 2, "optim.betas", "needs two numbers")
+    need(
+        all(0 <= b < 1 for b in cfg.optim.betas),
+        "optim.betas",
+        f"each must be in [0, 1) (AdamW's β1, β2), got {list(cfg.optim.betas)}",
+    )
+    need(cfg.optim.weight_decay >= 0, "optim.weight_decay", "must be ≥ 0")
+    need(cfg.optim.max_grad_norm >= 0, "optim.max_grad_norm", "must be ≥ 0 (0 = no clipping)")
+    need(cfg.optim.warmup_steps >= 0, "optim.warmup_steps", "must be ≥ 0")
     need(0 <= cfg.algorithm.clip_low < 1, "algorithm.clip_low", "must be in [0, 1)")
     need(cfg.algorithm.clip_high >= 0, "algorithm.clip_high", "must be ≥ 0")
     need(cfg.algorithm.beta >= 0, "algorithm.beta", "must be ≥ 0")

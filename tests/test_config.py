@@ -61,6 +61,26 @@ def test_cross_field_checks():
         load_config(None, ["train.steps=5"])
 
 
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        (
+            "optim.betas=[0.9, 1.5]",
+            r"^optim\.betas: each must be in \[0, 1\) .*got \[0\.9, 1\.5\]$",
+        ),
+        ("optim.betas=[-0.1, 0.999]", r"^optim\.betas: each must be in \[0, 1\)"),
+        ("optim.weight_decay=-0.01", r"^optim\.weight_decay: must be ≥ 0$"),
+        ("optim.max_grad_norm=-1", r"^optim\.max_grad_norm: must be ≥ 0 \(0 = no clipping\)$"),
+        ("optim.warmup_steps=-5", r"^optim\.warmup_steps: must be ≥ 0$"),
+    ],
+)
+def test_optimizer_settings_are_checked_before_the_model_loads(override, said):
+    """AdamW refuses such betas only when it is built, after the weights loaded; a negative
+    clipping norm or decay is never meant."""
+    with pytest.raises(ConfigError, match=said):
+        load_config("demo", [override])
+
+
 def test_override_values_parse_as_yaml():
     assert parse_override("a.b=1e-4") == ("a.b", 1e-4)
     assert parse_override("x=null") == ("x", None)
