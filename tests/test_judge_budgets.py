@@ -443,3 +443,21 @@ def test_a_judge_used_from_asyncio_run_closes_its_client(hostile):
     while hostile.open_connections and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hostile.open_connections == 0
+
+
+def test_an_image_sent_to_a_judge_is_scaled_to_fit_its_side_limit(tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    big = tmp_path / "big.png"
+    Image.new("RGB", (6000, 1500), (200, 10, 10)).save(big)
+    for given in (str(big), Image.open(big)):
+        url = judges.data_url(given)
+        sent = Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+        assert sent.size == (judges.JUDGE_IMAGE_SIDE, judges.JUDGE_IMAGE_SIDE // 4)
+    small = Image.new("RGB", (300, 200))
+    url = judges.data_url(small)
+    assert Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1]))).size == (300, 200)
+    assert small.size == (300, 200)  # the caller's image is not changed

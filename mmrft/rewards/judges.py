@@ -466,10 +466,21 @@ def _image(image: Any) -> Any:
         return opened.convert("RGB")
 
 
+#: The largest image an HTTP judge is sent, in pixels per side: a larger one is scaled down
+#: to fit, its aspect ratio kept (served VLM APIs scale to about this themselves; sending
+#: more only makes the request larger: a 50-megapixel PNG is over 100 MB of base64).
+JUDGE_IMAGE_SIDE = 2048
+
+
 def data_url(image: Any) -> str:
-    """A PNG data URL of a PIL image or an image file."""
+    """A PNG data URL of a PIL image or an image file, scaled down to fit
+    :data:`JUDGE_IMAGE_SIDE` × :data:`JUDGE_IMAGE_SIDE` pixels (never up)."""
+    picture = _image(image)
+    if max(picture.size) > JUDGE_IMAGE_SIDE:
+        picture = picture.copy()  # thumbnail works in place: the caller's image is kept
+        picture.thumbnail((JUDGE_IMAGE_SIDE, JUDGE_IMAGE_SIDE))
     buffer = io.BytesIO()
-    _image(image).save(buffer, format="PNG")
+    picture.save(buffer, format="PNG")
     return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
