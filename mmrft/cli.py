@@ -105,7 +105,17 @@ def cmd_train(args: argparse.Namespace, console: Console) -> int:
     from mmrft.training.trainer import train
 
     report_native_crashes()
-    train(cfg, console)
+    if not args.smoke:
+        train(cfg, console)
+    else:  # scripted where the tiny model cannot go; then which stages ran
+        from mmrft.rollout.collector import scripted
+        from mmrft.smoke import smoke_script, stages_line
+
+        with scripted(smoke_script(cfg)):
+            result = train(cfg, console)
+        console.print(
+            stages_line(cfg, result.run_dir), highlight=False, markup=False, soft_wrap=True
+        )
     distributed.teardown()
     return 0
 

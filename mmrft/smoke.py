@@ -18,17 +18,31 @@ user's own overrides still win):
   the project's format;
 * judges (``judge``, ``caption_qa``) served over HTTP: a local judge on the bundled tiny
   Qwen2.5-VL, scored by label probabilities (so a random model still gives a verdict), the
-  rest of the verifier's parameters as written.
+  rest of the verifier's parameters as written;
+* what the tiny model cannot do in a few tokens is scripted (:func:`smoke_script`,
+  :class:`mmrft.rollout.collector.Script`): with tools, the first completion of each group
+  writes one valid call of an enabled tool (its observation and the next turn are the
+  model's); with a judge, the next one writes an answer in the task's format, so the judge is
+  asked; with a verifier that runs code in the sandbox, the task's reference code. A scripted
+  turn runs to its end however long (:attr:`mmrft.rollout.hf.HFEngine.script`); the model's
+  turns stay at 8 tokens.
+
+At the end the run says which stages ran (:func:`stages_line`), from what it recorded.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mmrft.config import REPO_ROOT, RunConfig
 from mmrft.plugins import MODEL_FAMILIES, TASKS, load_plugins
 from mmrft.typecheck import ConfigError
+
+if TYPE_CHECKING:
+    from mmrft.rollout.collector import Script
 
 MODELS = REPO_ROOT / "assets" / "models"
 BENCHMARKS = REPO_ROOT / "assets" / "benchmarks"
@@ -135,9 +149,121 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
     ]
     if cfg.algorithm.overlong_buffer:  # the buffer must fit in the 8 new tokens
         overrides.append("algorithm.overlong_buffer=2")
+    wants = _scripted_stages(cfg)
+    if wants:  # the scripted turn runs to its end, past the 8 tokens; the model's turns stop there
+        notes.append(f"scripted: per group, {' and '.join(wants)} (marked scripted)")
     overrides += _data_overrides(cfg, notes)
     overrides += _judge_overrides(cfg, notes)
     return overrides, notes
+
+
+SANDBOXED = ("chart_code", "svg")
+"""Verifiers that run the completion in the sandbox (:mod:`mmrft.rewards.sandbox`)."""
+
+
+def _verifiers_of(cfg: RunConfig, names: tuple[str, ...]) -> list[str]:
+    """The reward verifiers of ``cfg`` among ``names``."""
+    return [v["name"] for v in cfg.reward.verifiers if v.get("name") in names]
+
+
+def _scripted_stages(cfg: RunConfig) -> list[str]:
+    """What a smoke run of ``cfg`` scripts, in words (empty: nothing)."""
+    wants = []
+    if cfg.rollout.tools.names:
+        wants.append("one tool call")
+    if _verifiers_of(cfg, JUDGES):
+        wants.append("one answer for the judge")
+    elif _verifiers_of(cfg, SANDBOXED):
+        wants.append("one answer (the reference code) for the sandbox")
+    return wants
+
+
+def smoke_script(cfg: RunConfig) -> Script:
+    """What the smoke run of ``cfg`` (the smoke config) scripts
+    (:class:`mmrft.rollout.collector.Script`): a tool call where ``rollout.tools.names`` enables
+    tools, an answer (the task's reference answer) where a reward verifier is a judge
+    (:data:`JUDGES`) or runs the answer in the sandbox (:data:`SANDBOXED`)."""
+    from mmrft.rollout.collector import Script
+
+    answer = bool(_verifiers_of(cfg, JUDGES) or _verifiers_of(cfg, SANDBOXED))
+    return Script(tool_call=bool(cfg.rollout.tools.names), answer=answer)
+
+
+def stages_line(cfg: RunConfig, run_dir: str | Path) -> str:
+    """One line saying which stages the smoke run in ``run_dir`` ran and which not, from what
+    it recorded: ``metrics.jsonl`` (completions ``rollout/generated``, ``smoke/scripted*``,
+    tool calls and turns ``rollout/tools/*``, verifiers ``train/reward/<name>``, sandbox runs
+    the ``exec`` part of a code verifier), the judges' verdict cache ``judge_cache*.jsonl``
+    (one line per verdict asked) and the evaluation's ``predictions.jsonl``."""
+    run = Path(run_dir)
+    steps = [
+        m
+        for m in (json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines())
+        if "train/reward" in m
+    ]
+
+    def total(key: str, per: str | None = None) -> int:
+        """Σ over steps of ``key`` (× ``per`` when given: a per-completion mean to a count)."""
+        return round(sum(m.get(key, 0.0) * (m.get(per, 0.0) if per else 1.0) for m in steps))
+
+    n = total("rollout/generated")
+    ran = [f"rollout ({cfg.rollout.engine}) {n} completions ({total('smoke/scripted')} scripted)"]
+    missing = []
+    if cfg.rollout.tools.names:
+        calls = total("rollout/tools/calls_per_trajectory", "rollout/generated")
+        later = round(
+            sum(
+                (m.get("rollout/tools/turns_mean", 1.0) - 1.0) * m["rollout/generated"]
+                for m in steps
+            )
+        )
+        ok = round(
+            sum(
+                m.get("rollout/tools/call_success", 0.0)
+                * m.get("rollout/tools/calls_per_trajectory", 0.0)
+                * m["rollout/generated"]
+                for m in steps
+            )
+        )
+        if calls:
+            scripted_calls = total("smoke/scripted_calls")
+            ran.append(f"tool calls {calls} ({scripted_calls} scripted, {ok} ran without error)")
+        else:
+            missing.append("tool calls (no completion called a tool)")
+        if later:
+            ran.append(f"later turns {later}")
+        else:
+            missing.append("a second turn (no call returned an observation)")
+    else:
+        missing.append("tools (the recipe enables none)")
+    judges = _verifiers_of(cfg, JUDGES)
+    verdicts = sum(len(f.read_text().splitlines()) for f in sorted(run.glob("judge_cache*.jsonl")))
+    if verdicts:
+        ran.append(f"judge calls {verdicts} ({total('smoke/scripted_answers')} scripted answers)")
+    elif judges:
+        missing.append(f"judge ({', '.join(judges)}: no answer was graded)")
+    else:
+        missing.append("judge (no verifier uses one)")
+    code = sorted(
+        {k for m in steps for k in m if k.startswith("train/reward/") and k.endswith("/exec")}
+    )
+    if code:
+        runs = sum(total(k, "rollout/generated") for k in code)
+        if runs:
+            ran.append(f"sandbox runs {runs}")
+        else:
+            missing.append("sandbox (no completion had code to run)")
+    else:
+        missing.append("sandbox (no verifier uses it)")
+    scored = {k.split("/")[2] for m in steps for k in m if k.startswith("train/reward/")}
+    labels = [str(v.get("name", "")).rsplit(":", 1)[-1] for v in cfg.reward.verifiers]
+    ran.append(f"verifiers {', '.join(v for v in labels if v in scored) or 'none'}")
+    missing += [f"verifier {v} (scored nothing)" for v in labels if v not in scored]
+    predictions = run / "eval" / "after" / "predictions.jsonl"
+    if predictions.is_file():
+        ran.append(f"evaluation {len(predictions.read_text().splitlines())} samples")
+    line = "smoke: stages run: " + "; ".join(ran)
+    return line + ("; not run: " + "; ".join(missing) if missing else "")
 
 
 JUDGES = ("judge", "caption_qa")

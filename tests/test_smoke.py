@@ -5,13 +5,14 @@ otherwise, two steps and a two-sample evaluation; with the user's data when it i
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from mmrft.cli import main
 from mmrft.config import config_names, load_config
-from mmrft.smoke import HTTP_ONLY, JUDGES, model_family, smoke_overrides
+from mmrft.smoke import HTTP_ONLY, JUDGES, SANDBOXED, model_family, smoke_overrides
 from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,8 +50,11 @@ def test_model_family_without_loading_the_model(path, family):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_smokes_by_name_from_outside_the_checkout(tmp_path, monkeypatch, recipe):
+def test_every_recipe_smokes_by_name_from_outside_the_checkout(
+    tmp_path, monkeypatch, capsys, recipe
+):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("COLUMNS", "400")
     paper = load_config(recipe)
     overrides, _ = smoke_overrides(paper)
     smoke = load_config(recipe, overrides)
@@ -80,6 +84,17 @@ def test_every_recipe_smokes_by_name_from_outside_the_checkout(tmp_path, monkeyp
     assert smoke.data.on_error == paper.data.on_error
     assert (smoke.device, smoke.model.dtype, smoke.train.steps) == ("cpu", "float32", 2)
     assert main(["train", recipe, "--smoke"]) == 0
+    # the last line says which stages ran: a tool recipe's scripted call and the model's
+    # next turn, a judge recipe's verdicts, a code recipe's sandbox runs
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.match(r"smoke: stages run: rollout \(hf\) [1-9]\d* completions", line), line
+    if paper.rollout.tools.names:
+        calls = r"tool calls [1-9]\d* \([1-9]\d* scripted, [1-9]\d* ran without error\)"
+        assert re.search(calls + r"; later turns [1-9]", line), line
+    if any(v["name"] in JUDGES for v in paper.reward.verifiers):
+        assert re.search(r"judge calls [1-9]", line), line
+    if any(v["name"] in SANDBOXED for v in paper.reward.verifiers):  # the reference program
+        assert re.search(r"sandbox runs [1-9]", line), line
     run = tmp_path / "runs" / f"{recipe}-smoke"  # named as the user named the recipe
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics if "train/reward" in m] == [1, 2]

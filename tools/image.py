@@ -19,8 +19,9 @@ input. Crop rules (DeepEyes' "refused below about 30 px or past aspect 100"):
 from __future__ import annotations
 
 import math
+from typing import Any
 
-from mmrft.rewards.boxes import clip_box, outside_image
+from mmrft.rewards.boxes import clip_box, from_pixels, outside_image
 from mmrft.rollout.tool import Observation, ToolContext, ToolFailure, fit_pixels, tool
 
 MIN_SIDE = 28
@@ -37,10 +38,35 @@ _IMAGE_INDEX = {
 }
 
 
+def crop_example(context: ToolContext) -> dict[str, Any] | None:
+    """One valid ``crop`` of image 0 (a smoke run's scripted call): its centre half, the whole
+    image when that would be under ``2 × MIN_SIDE`` pixels a side, in the context's box frame
+    (integers; 3 decimals for ``norm1``); ``None`` without an image."""
+    if not context.images:
+        return None
+    width, height = context.images[0].size
+    if min(width, height) >= 4 * MIN_SIDE:
+        box = [width / 4, height / 4, 3 * width / 4, 3 * height / 4]
+    else:
+        box = [0.0, 0.0, float(width), float(height)]
+    meta: dict[str, Any] = {"image_size": [width, height]}
+    if context.input_sizes and context.input_sizes[0] is not None:
+        meta["input_size"] = list(context.input_sizes[0])
+    framed = from_pixels(box, context.box_frame, meta)
+    digits = 3 if context.box_frame == "norm1" else 0
+    return {"bbox_2d": [round(v, digits) if digits else round(v) for v in framed]}
+
+
+def rotate_example(context: ToolContext) -> dict[str, Any] | None:
+    """One valid ``rotate`` (90 degrees of image 0); ``None`` without an image."""
+    return {"angle": 90} if context.images else None
+
+
 @tool(
     "crop",
     aliases=("image_zoom_in", "image_zoom_in_tool"),
     timeout_s=10.0,
+    example=crop_example,
     parameters={
         "type": "object",
         "properties": {
@@ -102,6 +128,7 @@ def crop(
 @tool(
     "rotate",
     timeout_s=10.0,
+    example=rotate_example,
     parameters={
         "type": "object",
         "properties": {

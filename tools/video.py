@@ -25,7 +25,7 @@ timestamps), which the family renders as a video (video tokens), not as loose im
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mmrft.data import DataError
 from mmrft.data.video import TEMPORAL_PATCH, VideoInfo, frame_indices, probe_video, resize_dims
@@ -35,9 +35,20 @@ if TYPE_CHECKING:
     from PIL import Image
 
 
+def video_frames_example(context: ToolContext) -> dict[str, Any] | None:
+    """One valid ``video_frames`` call (a smoke run's scripted call): the first two seconds of
+    the video (all of it when shorter, end rounded down to 0.01 s), 2 frames; ``None``
+    without a video."""
+    if context.video is None:
+        return None
+    end = math.floor(min(context.duration_s(), 2.0) * 100) / 100
+    return {"start_s": 0.0, "end_s": end, "n": TEMPORAL_PATCH} if end > 0 else None
+
+
 @tool(
     "video_frames",
     timeout_s=30.0,
+    example=video_frames_example,
     parameters={
         "type": "object",
         "properties": {

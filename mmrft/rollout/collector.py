@@ -62,6 +62,8 @@ import inspect
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -432,6 +434,50 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
 
 
 # ---------------------------------------------------------------------------------------------
+# Scripted completions (smoke runs)
+
+
+SCRIPT_MARK = "scripted by mmrft --smoke"
+"""The think text of a scripted completion (where the task thinks), so no reader of
+``completions.jsonl`` mistakes it for the model's."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """What a smoke run (``mmrft train … --smoke``) forces where a tiny model with a few tokens
+    never gets: per group, the first completion writes one valid tool call (``tool_call``: the
+    first enabled tool with an example for the sample, :meth:`ToolLoop.example_call`), and the
+    next one (the first without a call) writes an answer in the task's format (``answer``:
+    the reference answer where the task has one) so that a judge, or a verifier that runs code
+    in the sandbox, has something to grade. Scripted tokens are
+    forced in the engine (:attr:`mmrft.rollout.hf.HFEngine.script`), their log-probs the
+    model's; the tool's observation and every later turn are the model's own. Counted as
+    ``smoke/scripted`` (completions), ``smoke/scripted_answers`` and ``smoke/scripted_calls``
+    (their tool calls, each marked ``"scripted": true`` in its trajectory's record)."""
+
+    tool_call: bool = False
+    answer: bool = False
+    max_tokens: int = 512
+    """Longest script (tokens; the bundled charts' reference programs are 380–500); a longer
+    call or answer is not scripted (each of its tokens is a decode step of its own)."""
+
+
+_SCRIPT: Script | None = None
+
+
+@contextmanager
+def scripted(script: Script) -> Iterator[None]:
+    """Collectors built inside this block script ``script`` (the smoke run's ``train`` call;
+    nothing scripts outside it)."""
+    global _SCRIPT
+    before, _SCRIPT = _SCRIPT, script
+    try:
+        yield
+    finally:
+        _SCRIPT = before
+
+
+# ---------------------------------------------------------------------------------------------
 # The collector
 
 
@@ -499,6 +545,11 @@ class Collector:
         self.overlap = reward.is_async and reports_groups(engine)
         """Score the groups of each decode round while the next one decodes (module docstring,
         step 3): only with an async verifier, on an engine that reports its rounds."""
+        self.script = _SCRIPT if getattr(engine, "scriptable", False) else None
+        """What this collector scripts (:class:`Script`; inside :func:`scripted` only)."""
+        self.script_counts: Counter = (
+            Counter()
+        )  # scripted completions and calls since the step began
 
     def sync_weights(self, version: int) -> None:
         """The trainer's weights are now ``version`` (RL updates included): an engine with its
@@ -582,6 +633,11 @@ class Collector:
             counts.update(self.perturb.metrics())
         if self.tool_loop is not None:
             counts.update(self.tool_loop.metrics())
+        if self.script is not None:
+            counts["smoke/scripted"] = float(self.script_counts["completions"])
+            counts["smoke/scripted_calls"] = float(self.script_counts["calls"])
+            counts["smoke/scripted_answers"] = float(self.script_counts["answers"])
+            self.script_counts.clear()
         return StepBatch(
             samples=kept_samples,
             rollouts=kept,
@@ -619,6 +675,9 @@ class Collector:
             failed: list[dict[str, Any]] = []
             perturbed: list[bool] | None = None
             parts: list[Scoring] | None = None  # the groups scored while generating
+            script = self._script(samples, G) if self.perturb is None else {}
+            if script:
+                self.engine.script = {i: ids for i, (ids, _) in script.items()}  # type: ignore[attr-defined]
             try:
                 if self.perturb is not None:
                     noisy = self.perturb.generate(
@@ -648,6 +707,7 @@ class Collector:
             self._drop_bad(failed, step)
             set_rng_state(before)  # the retry samples as if the bad samples were known
             indices = [self.source.index_at(p) for p in positions]
+        self._mark_scripted(rollouts, script)
         t0 = time.perf_counter()
         rnd = Round(
             samples=samples,
@@ -676,6 +736,57 @@ class Collector:
         if self.perturb is not None and rnd.perturbed is not None:
             self.perturb.observe(rnd.scored.total, rnd.perturbed)
         return rnd, seconds
+
+    def _script(self, samples: list[Sample], G: int) -> dict[int, tuple[list[int], str]]:
+        """The scripted completions of a round (:class:`Script`): completion index →
+        (forced token ids, ``"call"`` or ``"answer"``); empty when nothing is scripted."""
+        script = self.script
+        if script is None:
+            return {}
+        tokenizer = self.policy.tokenizer
+        think = (
+            f"<think>{SCRIPT_MARK}</think>" if getattr(self.task, "think", "none") != "none" else ""
+        )
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        stops = list(getattr(self.engine, "stop_ids", []))
+        if end not in stops and stops:
+            end = stops[0]
+        out: dict[int, tuple[list[int], str]] = {}
+        for g, sample in enumerate(samples):
+            first = g * G
+            if script.tool_call and self.tool_loop is not None:
+                call = self.tool_loop.example_call(sample)
+                if call is not None:
+                    ids = tokenizer.encode(think + call, add_special_tokens=False)
+                    if self.tool_loop.tool_call_token is None:
+                        ids.append(end)  # the call ends the turn
+                    if len(ids) <= script.max_tokens:
+                        out[first] = (ids, "call")
+            member = first + int(first in out)
+            if script.answer and member < first + G:
+                try:
+                    reference = str(self.task.reference_answer(sample))
+                except Exception:  # a task without reference answers (e.g. free captions)
+                    reference = "an answer"
+                text = f"{think}<answer>{reference}</answer>"
+                ids = tokenizer.encode(text, add_special_tokens=False) + [end]
+                if len(ids) <= script.max_tokens:
+                    out[member] = (ids, "answer")
+        return out
+
+    def _mark_scripted(self, rollouts: Rollouts, script: dict[int, tuple[list[int], str]]) -> None:
+        """Count the round's scripted completions and mark the tool calls of their scripted
+        first turns ``"scripted": true`` in the trajectories' records."""
+        self.script_counts["completions"] += len(script)
+        self.script_counts["answers"] += sum(kind == "answer" for _, kind in script.values())
+        if rollouts.trajectories is None:
+            return
+        for i, (_, kind) in script.items():
+            turns = rollouts.trajectories[i].turns
+            if kind == "call" and turns:
+                for call in turns[0].calls:
+                    call["scripted"] = True
+                    self.script_counts["calls"] += 1
 
     def _generate_scoring(
         self, conversations: list[Conversation], samples: list[Sample], step: int

@@ -27,6 +27,15 @@ callback runs between rounds and changes nothing that is sampled.
 Both never sample a media placeholder token, and both stop a completion at the first
 end-of-turn token. The engine samples from the policy's own parameters, so there are no
 weights to push after an optimizer step.
+
+**Scripted completions** (smoke runs only, :attr:`HFEngine.script`): the group-shared path can
+force the first tokens of chosen completions of one ``generate`` call (a tool call, an answer
+the tiny model cannot write by itself). The tokens are chosen, not sampled; their log-probs are
+still the model's (log-softmax of the raw logits at the forced token), so the sampler's and the
+trainer's log-probs agree. A script may be longer than ``max_new_tokens``: its completion runs
+until the script ends (then stops there, truncated, unless the script ends with a stop token),
+while every other completion still stops at ``max_new_tokens``. Unset (``None``, every other
+run), the decode loop pays two ``None`` checks per step.
 """
 
 from __future__ import annotations
@@ -88,6 +97,18 @@ class HFEngine:
         # and a hook run between two decode steps that may load newer weights (partial rollouts)
         self.version = 0
         self.between_tokens: Callable[[], None] | None = None
+        self.script: dict[int, list[int]] | None = None
+        """Forced token ids of the next :meth:`generate` call only (smoke runs: module
+        docstring): completion index in that call (group-contiguous, ``prompt × n + member``)
+        → the ids its first tokens are; the rest of the completion is sampled, up to
+        ``max_new_tokens`` (a longer script runs to its end). ``generate`` takes it and resets
+        it to ``None``; ``continue_rows`` never uses it."""
+
+    @property
+    def scriptable(self) -> bool:
+        """Whether :attr:`script` applies (the group-shared path; the per-completion path
+        decodes with transformers ``generate``, which takes no script)."""
+        return self.group_shared
 
     def sync_weights(self) -> None:
         """Nothing to do: generation runs on the policy's own parameters."""
@@ -107,11 +128,12 @@ class HFEngine:
         each decode round with the groups it finished (module docstring)."""
         model = self.policy.model
         start = time.perf_counter()
+        script, self.script = self.script, None  # one call's script only
         was_training = model.training
         model.eval()
         try:
             if self.group_shared:
-                out = self._generate_shared(conversations, n, sampling, start, on_groups)
+                out = self._generate_shared(conversations, n, sampling, start, on_groups, script)
             else:
                 out = self._generate_per_completion(conversations, n, sampling, on_groups)
         finally:
@@ -170,6 +192,7 @@ class HFEngine:
         sampling: Sampling,
         start: float,
         on_groups: GroupsDone | None,
+        script: dict[int, list[int]] | None = None,
     ) -> Rollouts:
         policy, family = self.policy, self.policy.family
         out = Rollouts()
@@ -193,7 +216,15 @@ class HFEngine:
         for begin in range(0, len(jobs), self.batch_size):
             members = jobs[begin : begin + self.batch_size]
             decoded = self._decode(
-                members, first_logits, prefix, positions, sampling, start, begin, out.prompts
+                members,
+                first_logits,
+                prefix,
+                positions,
+                sampling,
+                start,
+                begin,
+                out.prompts,
+                script,
             )
             for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -262,6 +293,7 @@ class HFEngine:
         start: float,
         offset: int = 0,
         prompts: list[dict[str, Any]] | None = None,
+        script: dict[int, list[int]] | None = None,
     ) -> list[tuple[list[int], list[float], bool, list[int]]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
         prompts' caches; ``(ids, sampler log-probs, truncated, versions)`` per member, where
@@ -269,7 +301,8 @@ class HFEngine:
         may load newer weights between two steps; the cache of earlier tokens is kept). ``offset``: the
         index of the first member's completion in the engine call (for :meth:`_next_tokens`).
         ``prompts``: the prompt rows, whose tokens count as seen under
-        ``sampling.repetition_penalty``."""
+        ``sampling.repetition_penalty``. ``script``: forced ids by completion index
+        (:attr:`script`)."""
         policy = self.policy
         model, device = policy.model, policy.device
         R = len(members)
@@ -299,11 +332,18 @@ class HFEngine:
             for i, k in enumerate(members):
                 if prompts is not None:
                     seen[i, prompts[k]["input_ids"].to(device)] = True
-        for t in range(sampling.max_new_tokens):
+        limit, cut = sampling.max_new_tokens, [False] * R
+        if script is not None:  # a scripted row runs until its script ends, however long
+            limit = max(
+                [limit] + [len(script[offset + r]) for r in range(R) if offset + r in script]
+            )
+        for t in range(limit):
             rows = alive.tolist()
             tokens, token_logps = self._next_tokens(
                 logits, sampling, [offset + r for r in rows], t, seen
             )
+            if script is not None:
+                tokens, token_logps = _forced(script, logits, tokens, token_logps, rows, offset, t)
             if seen is not None:
                 seen[torch.arange(len(rows), device=device), tokens] = True
             for row, token, logp in zip(rows, tokens.tolist(), token_logps.tolist()):
@@ -312,7 +352,11 @@ class HFEngine:
                     logps[row].append(logp)
                     versions[row].append(self.version)
                     done[row] = token in stops
-            if t + 1 == sampling.max_new_tokens or all(done):
+            if script is not None and t + 1 >= sampling.max_new_tokens:
+                for row in rows:  # past the budget only what is still scripted goes on
+                    if not done[row] and len(script.get(offset + row, ())) <= t + 1:
+                        done[row] = cut[row] = True
+            if t + 1 == limit or all(done):
                 break
             if self.timeout_s and time.perf_counter() - start > self.timeout_s:
                 break
@@ -338,7 +382,7 @@ class HFEngine:
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1].float()
-        return [(ids[r], logps[r], not done[r], versions[r]) for r in range(R)]
+        return [(ids[r], logps[r], cut[r] or not done[r], versions[r]) for r in range(R)]
 
     def _next_tokens(
         self,
@@ -458,6 +502,33 @@ class HFEngine:
                 repetition_penalty=sampling.repetition_penalty,
             )
         return kwargs
+
+
+def _forced(
+    script: dict[int, list[int]],
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    logps: torch.Tensor,
+    rows: list[int],
+    offset: int,
+    t: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` and ``logps`` (``[B]``) with the scripted rows' step-``t`` token put in: row
+    ``i`` is completion ``offset + rows[i]`` of the call; its log-prob is the model's
+    (log-softmax of the raw ``logits`` ``[B, V]`` at that token)."""
+    forced = [
+        (i, script[offset + r][t])
+        for i, r in enumerate(rows)
+        if offset + r in script and t < len(script[offset + r])
+    ]
+    if not forced:
+        return tokens, logps
+    tokens, logps = tokens.clone(), logps.clone()
+    raw = torch.log_softmax(logits, dim=-1)
+    for i, token in forced:
+        tokens[i] = token
+        logps[i] = raw[i, token]
+    return tokens, logps
 
 
 def _report_groups(on_groups: GroupsDone | None, texts: list[str], n: int, reported: int) -> int:

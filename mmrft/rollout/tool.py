@@ -371,6 +371,9 @@ class ToolSpec:
         timeout_s: time budget of one call (seconds; 0 = no limit).
         isolate: run it in a tool worker process, killed at ``timeout_s`` (module docstring);
             ``False``: in the caller's process, under a thread's budget.
+        example: ``example(context) -> arguments`` of one valid call on that context, or
+            ``None`` when the context has nothing the tool can work on (what a smoke run's
+            scripted call asks for); ``None``: the tool declares no example.
     """
 
     name: str
@@ -380,6 +383,7 @@ class ToolSpec:
     aliases: tuple[str, ...] = ()
     timeout_s: float = 10.0
     isolate: bool = True
+    example: Callable[[ToolContext], dict[str, Any] | None] | None = None
 
     def schema(self, name: str | None = None) -> dict[str, Any]:
         """The function description for a chat template's ``tools=``:
@@ -457,6 +461,7 @@ def tool(
     timeout_s: float = 10.0,
     description: str | None = None,
     isolate: bool = True,
+    example: Callable[[ToolContext], dict[str, Any] | None] | None = None,
 ) -> Callable[[ToolFn], ToolFn]:
     """Register ``fn(context, **arguments) -> Observation`` as tool ``name`` (and ``aliases``).
 
@@ -472,6 +477,9 @@ def tool(
             ``timeout_s`` and whose memory is capped (the default); ``False`` keeps it in the
             policy's process under a thread's budget, which a call stuck in C code outlives
             (for a tool that needs that process's state; module docstring).
+        example: ``example(context)``: the arguments of one valid call on ``context`` (e.g. a
+            box inside its image), ``None`` when it has nothing to work on; a smoke run
+            (``mmrft train … --smoke``) scripts one such call per group.
     """
     check_schema(parameters, f"tool '{name}' parameters")
     if parameters.get("type") != "object":
@@ -492,6 +500,7 @@ def tool(
             aliases=aliases,
             timeout_s=float(timeout_s),
             isolate=bool(isolate),
+            example=example,
         )
         for key in (name, *aliases):
             TOOLS.add(key, spec)

@@ -376,6 +376,28 @@ class ToolLoop:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def example_call(self, sample: Sample) -> str | None:
+        """One valid call on ``sample`` (a smoke run's scripted turn): the first enabled tool,
+        by name, whose declared example (:attr:`mmrft.rollout.tool.ToolSpec.example`) gives
+        arguments for the sample's media, as ``<tool_call>{"name", "arguments"}</tool_call>``;
+        ``None`` when the sample switches tools off or no tool has an example for it."""
+        if not offers_tools(sample):
+            return None
+        context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
+        for name in sorted(self.tools):
+            example = self.tools[name].example
+            if example is None:
+                continue
+            try:
+                arguments = example(context)
+            except Exception as exc:  # an example that cannot run here: try the next tool
+                log.info("tool %s: no example call on sample %s (%s)", name, sample.id, exc)
+                continue
+            if arguments is not None:
+                call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+                return f"<tool_call>{call}</tool_call>"
+        return None
+
     def step(
         self,
         t: Trajectory,
