@@ -296,6 +296,40 @@ def test_sampler_logprobs_equal_the_training_forward(family: str, modality: str)
     assert all(len(c) == 12 or not t for c, t in zip(out.completion_ids, out.truncated))
 
 
+@pytest.mark.parametrize(
+    ("family", "modality"),
+    [
+        ("qwen2_5_vl", "image"),
+        ("qwen3_vl", "video"),
+        ("gemma4", "image"),
+        ("qwen2_5_omni", "audio"),
+    ],
+)
+def test_scripted_completions_are_the_script_with_the_training_forwards_log_probs(
+    family: str, modality: str
+) -> None:
+    """A smoke run's scripts (HFEngine.script): the chosen completions are the scripts, whole
+    (longer than max_new_tokens too), scored in one forward on the prompt's cache; their
+    sampler log-probs equal the training forward's, as the sampled ones beside them do."""
+    policy = load(family)
+    engine = HFEngine(policy, batch_size=3)
+    stop = engine.stop_ids[0]
+    script = {0: [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, stop]}
+    script[5] = [31, 32, 33]  # no stop token: truncated
+    engine.script = dict(script)
+    torch.manual_seed(0)
+    out = engine.generate(conversations(modality), 4, Sampling(12, top_p=0.95, top_k=40))
+    assert engine.script is None  # one call only
+    assert out.completion_ids[0] == script[0] and out.completion_ids[5] == script[5]
+    assert out.truncated[0] is False and out.truncated[5] is True
+    assert all(len(out.completion_ids[i]) <= 12 for i in range(8) if i not in script)
+    logps, mask, _ = rollout_logps(policy, out, list(range(8)), group_shared=True)
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+
+
 def test_stopped_completions_end_with_the_stop_token_and_leave_the_batch() -> None:
     policy = load("qwen2_5_vl")
     engine = HFEngine(policy, 16)

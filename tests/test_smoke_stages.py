@@ -14,7 +14,6 @@ from helpers import NO_EVAL, short_run
 
 from mmrft.cli import main
 from mmrft.config import load_config
-from mmrft.rollout import hf
 from mmrft.rollout.collector import SCRIPT_MARK
 from mmrft.rollout.hf import HFEngine
 
@@ -88,8 +87,8 @@ def test_plain_recipe_smoke_scripts_nothing_and_says_what_did_not_run(
 
 
 def test_outside_a_smoke_run_nothing_is_scripted(tmp_path, monkeypatch):
-    """A tool config trained without --smoke: every generate call finds no script, the forcing
-    helper never runs, and no smoke/ metric is logged."""
+    """A tool config trained without --smoke: every generate call finds no script, no
+    completion is scripted, and no smoke/ metric is logged."""
     from mmrft.training.trainer import train
 
     seen = []
@@ -103,7 +102,7 @@ def test_outside_a_smoke_run_nothing_is_scripted(tmp_path, monkeypatch):
         raise AssertionError("a script was applied outside a smoke run")
 
     monkeypatch.setattr(HFEngine, "generate", spy)
-    monkeypatch.setattr(hf, "_forced", never)
+    monkeypatch.setattr(HFEngine, "_forced", never)
     cfg = load_config(
         "tools/zoom_marks",
         [*short_run(tmp_path, "plain", steps=1, new_tokens=8), *NO_EVAL, "train.threads=1"],

@@ -459,7 +459,8 @@ class Script:
     answer: bool = False
     max_tokens: int = 512
     """Longest script (tokens; the bundled charts' reference programs are 380–500); a longer
-    call or answer is not scripted (each of its tokens is a decode step of its own)."""
+    call or answer is not scripted (the engine scores a script in one forward pass, its length
+    a context the tiny models hold)."""
 
 
 _SCRIPT: Script | None = None

@@ -29,13 +29,12 @@ end-of-turn token. The engine samples from the policy's own parameters, so there
 weights to push after an optimizer step.
 
 **Scripted completions** (smoke runs only, :attr:`HFEngine.script`): the group-shared path can
-force the first tokens of chosen completions of one ``generate`` call (a tool call, an answer
-the tiny model cannot write by itself). The tokens are chosen, not sampled; their log-probs are
-still the model's (log-softmax of the raw logits at the forced token), so the sampler's and the
-trainer's log-probs agree. A script may be longer than ``max_new_tokens``: its completion runs
-until the script ends (then stops there, truncated, unless the script ends with a stop token),
-while every other completion still stops at ``max_new_tokens``. Unset (``None``, every other
-run), the decode loop pays two ``None`` checks per step.
+write chosen completions of one ``generate`` call whole (a tool call, an answer the tiny model
+cannot write by itself). Their tokens are chosen, not sampled, and may be more than
+``max_new_tokens`` (truncated unless the script ends with a stop token); their log-probs are
+still the model's (log-softmax of the raw logits at each chosen token, from one forward of the
+script on the prompt's cache), so the sampler's and the trainer's log-probs agree. The other
+completions are decoded as always; unset (``None``, every other run), nothing changes.
 """
 
 from __future__ import annotations
@@ -98,11 +97,10 @@ class HFEngine:
         self.version = 0
         self.between_tokens: Callable[[], None] | None = None
         self.script: dict[int, list[int]] | None = None
-        """Forced token ids of the next :meth:`generate` call only (smoke runs: module
+        """Scripted completions of the next :meth:`generate` call only (smoke runs: module
         docstring): completion index in that call (group-contiguous, ``prompt × n + member``)
-        → the ids its first tokens are; the rest of the completion is sampled, up to
-        ``max_new_tokens`` (a longer script runs to its end). ``generate`` takes it and resets
-        it to ``None``; ``continue_rows`` never uses it."""
+        → its token ids, the whole completion. ``generate`` takes it and resets it to ``None``;
+        ``continue_rows`` never uses it."""
 
     @property
     def scriptable(self) -> bool:
@@ -169,7 +167,7 @@ class HFEngine:
             for begin in range(0, len(rows), self.batch_size):
                 members = list(range(begin, min(begin + self.batch_size, len(rows))))
                 decoded = self._decode(
-                    members, first_logits, prefix, positions, sampling, start, begin, rows
+                    members, first_logits, prefix, positions, sampling, start, members, rows
                 )
                 for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
                     text = policy.tokenizer.decode(ids, skip_special_tokens=True)
@@ -213,22 +211,23 @@ class HFEngine:
         t1 = time.perf_counter()
         jobs = [k for k in range(len(out.prompts)) for _ in range(n)]  # group-contiguous
         reported = 0  # groups handed to on_groups so far
+        script = script or {}
         for begin in range(0, len(jobs), self.batch_size):
-            members = jobs[begin : begin + self.batch_size]
-            decoded = self._decode(
-                members,
-                first_logits,
-                prefix,
-                positions,
-                sampling,
-                start,
-                begin,
-                out.prompts,
-                script,
-            )
-            for k, (ids, logprobs, truncated, versions) in zip(members, decoded):
+            index = range(begin, min(begin + self.batch_size, len(jobs)))  # completions
+            sampled = [c for c in index if c not in script]
+            decoded = {}
+            if sampled:
+                args = (first_logits, prefix, positions, sampling, start, sampled, out.prompts)
+                decoded = dict(zip(sampled, self._decode([jobs[c] for c in sampled], *args)))
+            for c in index:  # scripted: chosen whole, scored in one forward (smoke runs)
+                if c in script:
+                    decoded[c] = self._forced(
+                        jobs[c], script[c], first_logits, prefix, positions, sampling
+                    )
+            for c in index:
+                ids, logprobs, truncated, versions = decoded[c]
                 text = policy.tokenizer.decode(ids, skip_special_tokens=True)
-                out.add(k, ids, text, truncated, logprobs, versions)
+                out.add(jobs[c], ids, text, truncated, logprobs, versions)
             reported = _report_groups(on_groups, out.texts, n, reported)
         t2 = time.perf_counter()
         out.timings = {"encode_s": encode[0], "prefill_s": t1 - t0 - encode[0], "decode_s": t2 - t1}
@@ -291,18 +290,16 @@ class HFEngine:
         positions: list[torch.Tensor],
         sampling: Sampling,
         start: float,
-        offset: int = 0,
+        completions: list[int] | None = None,
         prompts: list[dict[str, Any]] | None = None,
-        script: dict[int, list[int]] | None = None,
     ) -> list[tuple[list[int], list[float], bool, list[int]]]:
         """Decode one completion per entry of ``members`` (prompt indices) from copies of the
         prompts' caches; ``(ids, sampler log-probs, truncated, versions)`` per member, where
         ``versions`` is :attr:`version` when each token was sampled (:attr:`between_tokens`
-        may load newer weights between two steps; the cache of earlier tokens is kept). ``offset``: the
-        index of the first member's completion in the engine call (for :meth:`_next_tokens`).
-        ``prompts``: the prompt rows, whose tokens count as seen under
-        ``sampling.repetition_penalty``. ``script``: forced ids by completion index
-        (:attr:`script`)."""
+        may load newer weights between two steps; the cache of earlier tokens is kept).
+        ``completions``: each member's completion index in the engine call (for
+        :meth:`_next_tokens`; default ``0, 1, …``). ``prompts``: the prompt rows, whose tokens
+        count as seen under ``sampling.repetition_penalty``."""
         policy = self.policy
         model, device = policy.model, policy.device
         R = len(members)
@@ -332,18 +329,12 @@ class HFEngine:
             for i, k in enumerate(members):
                 if prompts is not None:
                     seen[i, prompts[k]["input_ids"].to(device)] = True
-        limit, cut = sampling.max_new_tokens, [False] * R
-        if script is not None:  # a scripted row runs until its script ends, however long
-            limit = max(
-                [limit] + [len(script[offset + r]) for r in range(R) if offset + r in script]
-            )
-        for t in range(limit):
+        index = completions if completions is not None else list(range(R))
+        for t in range(sampling.max_new_tokens):
             rows = alive.tolist()
             tokens, token_logps = self._next_tokens(
-                logits, sampling, [offset + r for r in rows], t, seen
+                logits, sampling, [index[r] for r in rows], t, seen
             )
-            if script is not None:
-                tokens, token_logps = _forced(script, logits, tokens, token_logps, rows, offset, t)
             if seen is not None:
                 seen[torch.arange(len(rows), device=device), tokens] = True
             for row, token, logp in zip(rows, tokens.tolist(), token_logps.tolist()):
@@ -352,11 +343,7 @@ class HFEngine:
                     logps[row].append(logp)
                     versions[row].append(self.version)
                     done[row] = token in stops
-            if script is not None and t + 1 >= sampling.max_new_tokens:
-                for row in rows:  # past the budget only what is still scripted goes on
-                    if not done[row] and len(script.get(offset + row, ())) <= t + 1:
-                        done[row] = cut[row] = True
-            if t + 1 == limit or all(done):
+            if t + 1 == sampling.max_new_tokens or all(done):
                 break
             if self.timeout_s and time.perf_counter() - start > self.timeout_s:
                 break
@@ -382,7 +369,46 @@ class HFEngine:
                 logits_to_keep=1,
             )
             logits = out.logits[:, -1].float()
-        return [(ids[r], logps[r], cut[r] or not done[r], versions[r]) for r in range(R)]
+        return [(ids[r], logps[r], not done[r], versions[r]) for r in range(R)]
+
+    def _forced(
+        self,
+        k: int,
+        ids: list[int],
+        first_logits: list[torch.Tensor],
+        prefix: list[list[Any]],
+        positions: list[torch.Tensor],
+        sampling: Sampling,
+    ) -> tuple[list[int], list[float], bool, list[int]]:
+        """A scripted completion of prompt ``k`` (:attr:`script`): ``ids`` chosen, not sampled,
+        as :meth:`_decode` returns a completion. Its log-probs are the model's (log-softmax of
+        the raw logits at each forced token): the first from the prompt's prefill, the rest
+        from one forward of the script's tokens on a copy of the prompt's cache (what a decode
+        step per token gives, in one pass however long the script). Truncated unless it ends
+        with a stop token."""
+        model, device = self.policy.model, self.policy.device
+        logps = [float(torch.log_softmax(first_logits[k], dim=-1)[ids[0]])]
+        if len(ids) > 1:
+            width = len(positions[k][0])
+            cache = build_cache([_stack_entries([layer], width) for layer in prefix[k]])
+            m = len(ids) - 1
+            axes = positions[k].shape[0]
+            after = int(positions[k].max()) + 1
+            step_positions = (after + torch.arange(m, device=device))[None, None, :].expand(
+                axes, 1, -1
+            )
+            out = model(
+                input_ids=torch.tensor([ids[:-1]], device=device),
+                attention_mask=torch.ones((1, width + m), dtype=torch.long, device=device),
+                position_ids=step_positions[0] if axes == 1 else step_positions,
+                **{cache_keyword(model): cache},
+                use_cache=True,
+                logits_to_keep=m,
+            )
+            raw = torch.log_softmax(out.logits[0, -m:].float(), dim=-1)
+            logps += raw[torch.arange(m), torch.tensor(ids[1:])].tolist()
+        stops = set(self.stop_ids) | set(sampling.stop_token_ids)
+        return list(ids), logps, ids[-1] not in stops, [self.version] * len(ids)
 
     def _next_tokens(
         self,
@@ -502,33 +528,6 @@ class HFEngine:
                 repetition_penalty=sampling.repetition_penalty,
             )
         return kwargs
-
-
-def _forced(
-    script: dict[int, list[int]],
-    logits: torch.Tensor,
-    tokens: torch.Tensor,
-    logps: torch.Tensor,
-    rows: list[int],
-    offset: int,
-    t: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``tokens`` and ``logps`` (``[B]``) with the scripted rows' step-``t`` token put in: row
-    ``i`` is completion ``offset + rows[i]`` of the call; its log-prob is the model's
-    (log-softmax of the raw ``logits`` ``[B, V]`` at that token)."""
-    forced = [
-        (i, script[offset + r][t])
-        for i, r in enumerate(rows)
-        if offset + r in script and t < len(script[offset + r])
-    ]
-    if not forced:
-        return tokens, logps
-    tokens, logps = tokens.clone(), logps.clone()
-    raw = torch.log_softmax(logits, dim=-1)
-    for i, token in forced:
-        tokens[i] = token
-        logps[i] = raw[i, token]
-    return tokens, logps
 
 
 def _report_groups(on_groups: GroupsDone | None, texts: list[str], n: int, reported: int) -> int:
