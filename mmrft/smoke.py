@@ -208,7 +208,16 @@ def stages_line(cfg: RunConfig, run_dir: str | Path) -> str:
 
     n = total("rollout/generated")
     ran = [f"rollout ({cfg.rollout.engine}) {n} completions ({total('smoke/scripted')} scripted)"]
-    missing = []
+    missing: list[str] = []
+
+    def stage(count: int, done: str, not_done: str) -> None:
+        """``done`` among the stages that ran when ``count`` > 0, else ``not_done`` among those
+        that did not."""
+        if count:
+            ran.append(done)
+        else:
+            missing.append(not_done)
+
     if cfg.rollout.tools.names:
         calls = total("rollout/tools/calls_per_trajectory", "rollout/generated")
         later = round(
@@ -225,36 +234,33 @@ def stages_line(cfg: RunConfig, run_dir: str | Path) -> str:
                 for m in steps
             )
         )
-        if calls:
-            scripted_calls = total("smoke/scripted_calls")
-            ran.append(f"tool calls {calls} ({scripted_calls} scripted, {ok} ran without error)")
-        else:
-            missing.append("tool calls (no completion called a tool)")
-        if later:
-            ran.append(f"later turns {later}")
-        else:
-            missing.append("a second turn (no call returned an observation)")
+        scripted_calls = total("smoke/scripted_calls")
+        stage(
+            calls,
+            f"tool calls {calls} ({scripted_calls} scripted, {ok} ran without error)",
+            "tool calls (no completion called a tool)",
+        )
+        stage(later, f"later turns {later}", "a second turn (no call returned an observation)")
     else:
         missing.append("tools (the recipe enables none)")
     judges = _verifiers_of(cfg, JUDGES)
     verdicts = sum(len(f.read_text().splitlines()) for f in sorted(run.glob("judge_cache*.jsonl")))
-    if verdicts:
-        ran.append(f"judge calls {verdicts} ({total('smoke/scripted_answers')} scripted answers)")
-    elif judges:
-        missing.append(f"judge ({', '.join(judges)}: no answer was graded)")
-    else:
-        missing.append("judge (no verifier uses one)")
+    stage(
+        verdicts,
+        f"judge calls {verdicts} ({total('smoke/scripted_answers')} scripted answers)",
+        f"judge ({', '.join(judges)}: no answer was graded)"
+        if judges
+        else "judge (no verifier uses one)",
+    )
     code = sorted(
         {k for m in steps for k in m if k.startswith("train/reward/") and k.endswith("/exec")}
     )
-    if code:
-        runs = sum(total(k, "rollout/generated") for k in code)
-        if runs:
-            ran.append(f"sandbox runs {runs}")
-        else:
-            missing.append("sandbox (no completion had code to run)")
-    else:
-        missing.append("sandbox (no verifier uses it)")
+    runs = sum(total(k, "rollout/generated") for k in code)
+    stage(
+        runs,
+        f"sandbox runs {runs}",
+        "sandbox (no completion had code to run)" if code else "sandbox (no verifier uses it)",
+    )
     scored = {k.split("/")[2] for m in steps for k in m if k.startswith("train/reward/")}
     labels = [str(v.get("name", "")).rsplit(":", 1)[-1] for v in cfg.reward.verifiers]
     ran.append(f"verifiers {', '.join(v for v in labels if v in scored) or 'none'}")

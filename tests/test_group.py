@@ -280,6 +280,18 @@ def test_greedy_generation_equals_transformers_generate(family: str, modality: s
     assert len(shared.prompts) == 2 and set(shared.timings) == {"encode_s", "prefill_s", "decode_s"}
 
 
+def assert_sampler_equals_training(policy, out) -> None:
+    """The engine's sampling log-probs of every completion of ``out`` equal the training
+    forward's (group-shared), token by token, within 1e-5."""
+    logps, mask, _ = rollout_logps(
+        policy, out, list(range(len(out.completion_ids))), group_shared=True
+    )
+    sampler = torch.zeros_like(logps)
+    for i, values in enumerate(out.logprobs):
+        sampler[i, : len(values)] = torch.tensor(values)
+    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+
+
 @pytest.mark.parametrize(("family", "modality"), [c for c in CASES if c[1] != "images"])
 def test_sampler_logprobs_equal_the_training_forward(family: str, modality: str) -> None:
     policy = load(family)
@@ -288,11 +300,7 @@ def test_sampler_logprobs_equal_the_training_forward(family: str, modality: str)
     engine = HFEngine(policy, batch_size=3)
     out = engine.generate(conversations(modality), 4, Sampling(12, top_p=0.95, top_k=40))
     assert len(out.prompts) == 2 and out.prompt_index == [0, 0, 0, 0, 1, 1, 1, 1]
-    logps, mask, _ = rollout_logps(policy, out, list(range(8)), group_shared=True)
-    sampler = torch.zeros_like(logps)
-    for i, values in enumerate(out.logprobs):
-        sampler[i, : len(values)] = torch.tensor(values)
-    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+    assert_sampler_equals_training(policy, out)
     assert all(len(c) == 12 or not t for c, t in zip(out.completion_ids, out.truncated))
 
 
@@ -323,11 +331,7 @@ def test_scripted_completions_are_the_script_with_the_training_forwards_log_prob
     assert out.completion_ids[0] == script[0] and out.completion_ids[5] == script[5]
     assert out.truncated[0] is False and out.truncated[5] is True
     assert all(len(out.completion_ids[i]) <= 12 for i in range(8) if i not in script)
-    logps, mask, _ = rollout_logps(policy, out, list(range(8)), group_shared=True)
-    sampler = torch.zeros_like(logps)
-    for i, values in enumerate(out.logprobs):
-        sampler[i, : len(values)] = torch.tensor(values)
-    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+    assert_sampler_equals_training(policy, out)
 
 
 def test_stopped_completions_end_with_the_stop_token_and_leave_the_batch() -> None:
@@ -348,11 +352,7 @@ def test_stopped_completions_end_with_the_stop_token_and_leave_the_batch() -> No
     assert all(not any(t in engine.stop_ids for t in c[:-1]) for c in out.completion_ids)
     assert len({len(c) for c in out.completion_ids}) > 2
     # the sampler's log-probs still equal the training forward's after rows left the batch
-    logps, mask, _ = rollout_logps(policy, out, list(range(16)), group_shared=True)
-    sampler = torch.zeros_like(logps)
-    for i, values in enumerate(out.logprobs):
-        sampler[i, : len(values)] = torch.tensor(values)
-    assert float(((logps - sampler) * mask).abs().max().detach()) <= 1e-5
+    assert_sampler_equals_training(policy, out)
 
 
 def test_rollouts_select_and_extend_keep_one_prompt_per_group() -> None:

@@ -4,6 +4,7 @@ and a failed start-up leaves no run folder (mmrft/rollout/preflight.py, training
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -18,36 +19,22 @@ from mmrft.typecheck import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
-# label → (arguments of `mmrft`, what its one error line says)
+# label | arguments of `mmrft` (shell words) | what its one error line says
+MISTAKES_TABLE = """
+key typo | train demo optim.lrr=1 | unknown config key 'optim.lrr'; did you mean
+wrong type | train demo train.steps=abc | train.steps: expected an integer
+missing data file | train demo data.train=/nowhere/train.jsonl | dataset file not found: /nowhere/train.jsonl (data.train)
+hub id not cached | train demo model.path=org/not-cached-model | model.path: 'org/not-cached-model' is not a local folder, HF_HUB_OFFLINE is set
+missing extra | train demo rollout.engine=vllm | needs vLLM: pip install
+verifier parameter | train demo 'reward.verifiers=[{name: accuracy, params: {modee: x}}]' | verifier 'accuracy': unknown parameter 'modee'; did you mean 'mode'?
+sampler parameter | train demo data.sampler=variance data.sampler_params.floorr=1 | data.sampler_params: unknown parameter 'floorr'; did you mean 'floor'?
+task parameter | train demo task.params.thinkk=none | unknown parameter 'thinkk'
+tool name | train demo rollout.tools.names=[zoom] | rollout.tools.names:
+eval data file | eval demo data.test=/nowhere/test.jsonl | dataset file not found: /nowhere/test.jsonl (data.test)
+"""
 MISTAKES = {
-    "key typo": (["train", "demo", "optim.lrr=1"], "unknown config key 'optim.lrr'; did you mean"),
-    "wrong type": (["train", "demo", "train.steps=abc"], "train.steps: expected an integer"),
-    "missing data file": (
-        ["train", "demo", "data.train=/nowhere/train.jsonl"],
-        "dataset file not found: /nowhere/train.jsonl (data.train)",
-    ),
-    "hub id not cached": (
-        ["train", "demo", "model.path=org/not-cached-model"],
-        "model.path: 'org/not-cached-model' is not a local folder, HF_HUB_OFFLINE is set",
-    ),
-    "missing extra": (["train", "demo", "rollout.engine=vllm"], "needs vLLM: pip install"),
-    "verifier parameter": (
-        ["train", "demo", "reward.verifiers=[{name: accuracy, params: {modee: x}}]"],
-        "verifier 'accuracy': unknown parameter 'modee'; did you mean 'mode'?",
-    ),
-    "sampler parameter": (
-        ["train", "demo", "data.sampler=variance", "data.sampler_params.floorr=1"],
-        "data.sampler_params: unknown parameter 'floorr'; did you mean 'floor'?",
-    ),
-    "task parameter": (
-        ["train", "demo", "task.params.thinkk=none"],
-        "unknown parameter 'thinkk'",
-    ),
-    "tool name": (["train", "demo", "rollout.tools.names=[zoom]"], "rollout.tools.names:"),
-    "eval data file": (
-        ["eval", "demo", "data.test=/nowhere/test.jsonl"],
-        "dataset file not found: /nowhere/test.jsonl (data.test)",
-    ),
+    label.strip(): (shlex.split(args), said.strip())
+    for label, args, said in (line.split(" | ") for line in MISTAKES_TABLE.strip().splitlines())
 }
 # last: the device check imports torch (only torch) to ask for CUDA
 CUDA = (["train", "demo", "device=cuda"], "device: 'cuda' requested but no CUDA device")
