@@ -365,8 +365,14 @@ class VerifierSpec:
     def bind(self, params: Mapping[str, Any] | None = None) -> BoundVerifier:
         """Check ``params`` (names, types, then values via an empty call) and bind them. The
         bound verifier is async when that call returns an awaitable (which is then awaited, so
-        an async verifier's checks at the top of its body run now too)."""
+        an async verifier's checks at the top of its body run now too). The empty call is made
+        once per function and parameters in a process: a run's start-up checks its verifiers
+        before anything heavy (:mod:`mmrft.rollout.preflight`) and builds its reward later,
+        and a plugin sees one start-up call, not two."""
         checked = bind_keyword_params(self.fn, params or {}, where=f"verifier '{self.name}'")
+        key = (self.fn, repr(sorted(checked.items())))
+        if key in _PROBED:
+            return BoundVerifier(self, checked, is_async=_PROBED[key])
         try:
             if self.wants_trajectories:
                 result = self.fn([], [], [], **checked)
@@ -377,7 +383,12 @@ class VerifierSpec:
                 _run_now(result)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"verifier '{self.name}': {exc}") from exc
+        _PROBED[key] = is_async
         return BoundVerifier(self, checked, is_async=is_async)
+
+
+_PROBED: dict[tuple[Any, str], bool] = {}
+"""Whether each (function, parameters) bound in this process is async: its empty call ran."""
 
 
 def verifier(
