@@ -253,7 +253,7 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
         return 0
     if args.what == "tools":
         table = Table(title="tools (multi-turn rollouts)")
-        for column in ("name", "aliases", "timeout", "description"):
+        for column in ("name", "aliases", "timeout", "runs in", "example", "description"):
             table.add_column(column, overflow="fold")
         for name in TOOLS.names():
             spec = TOOLS.get(name)
@@ -262,6 +262,8 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
                     escape(name),
                     escape(", ".join(spec.aliases)),
                     f"{spec.timeout_s:g} s",
+                    "worker" if spec.isolate else "trainer",
+                    "yes" if spec.example is not None else "no",
                     escape(spec.description),
                 )
         console.print(table)

@@ -371,6 +371,28 @@ def test_version_and_list_alone(capsys):
         assert title in out
 
 
+def test_list_tools_says_where_each_runs_and_whether_it_has_an_example(tmp_path, capsys):
+    plugin = tmp_path / "here_tool.py"
+    plugin.write_text(
+        "from mmrft.rollout import tool\n"
+        "EMPTY = {'type': 'object', 'properties': {}}\n"
+        "@tool('test_cli_here', isolate=False, parameters=EMPTY)\n"
+        "def here(context):\n"
+        "    return 'hello'\n"
+    )
+    from mmrft.plugins import load_plugins
+
+    load_plugins([str(plugin)])
+    assert main(["list", "tools"]) == 0
+    rows = {
+        line.split("│")[1].strip(): line
+        for line in capsys.readouterr().out.splitlines()
+        if "│" in line and line.split("│")[1].strip()
+    }
+    assert "worker" in rows["crop"] and "yes" in rows["crop"]
+    assert "trainer" in rows["test_cli_here"] and "│ no " in rows["test_cli_here"]
+
+
 def test_sampled_evaluation_reports_pass_at_k(tmp_path):
     """eval.n = 4: four sampled completions per sample, pass@1/2/4 by the unbiased estimator,
     the same samples twice; mmrft eval's default folder is not a training evaluation's name."""
