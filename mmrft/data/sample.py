@@ -1,16 +1,18 @@
 """The sample every part of mmrft passes around, and the data layer's base: :class:`Sample`,
 :class:`DataError`, media references (:func:`local_media_path`, :func:`media_file_key`), image
-files (:func:`read_image`) and the per-process count of skipped samples. The readers (:mod:`mmrft.data.readers`) and the media
+files (:func:`read_image`, :func:`image_size`) and the per-process count of skipped samples. The readers (:mod:`mmrft.data.readers`) and the media
 modules (:mod:`mmrft.data.video`, :mod:`mmrft.data.audio`) import it; it imports neither.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -131,22 +133,17 @@ def local_media_path(source: str) -> str | None:
     return source
 
 
-def read_image(
-    path: str, missing: str = "image file", unreadable: str = "image", *, decode: bool = True
-) -> Any:
-    """The image file at ``path`` fully decoded to RGB (a PIL image; ``decode=False``: its
-    ``(width, height)`` in pixels from the header alone, nothing decoded). DataError naming the
-    file: ``<missing> not found``, or ``corrupt or unreadable <unreadable> (<why>)`` for a file
-    PIL cannot read, a truncated one, or one over PIL's decompression-bomb limit."""
+@contextlib.contextmanager
+def _opened_image(path: str, missing: str, unreadable: str) -> Iterator[Any]:
+    """The image file at ``path`` opened by PIL (lazily: the header is read); DataError naming
+    the file: ``<missing> not found``, or ``corrupt or unreadable <unreadable> (<why>)`` for a
+    file PIL cannot read, a truncated one, or one over PIL's decompression-bomb limit, whether
+    found when opening or in the ``with`` block (decoding)."""
     from PIL import Image, UnidentifiedImageError
-    from qwen_vl_utils.vision_process import to_rgb
 
     try:
         with Image.open(path) as image:
-            if not decode:
-                return image.size
-            image.load()
-            return to_rgb(image)
+            yield image
     except FileNotFoundError:
         raise DataError(f"{path}: {missing} not found") from None
     except (
@@ -157,6 +154,25 @@ def read_image(
         Image.DecompressionBombError,
     ) as exc:
         raise DataError(f"{path}: corrupt or unreadable {unreadable} ({exc})") from None
+
+
+def read_image(path: str, missing: str = "image file", unreadable: str = "image") -> Any:
+    """The image file at ``path`` fully decoded to RGB (a PIL image); DataError naming the file
+    (:func:`_opened_image`)."""
+    from qwen_vl_utils.vision_process import to_rgb
+
+    with _opened_image(path, missing, unreadable) as image:
+        image.load()
+        return to_rgb(image)
+
+
+def image_size(
+    path: str, missing: str = "image file", unreadable: str = "image"
+) -> tuple[int, int]:
+    """``(width, height)`` in pixels of the image file at ``path``, from its header alone
+    (nothing decoded); DataError naming the file (:func:`_opened_image`)."""
+    with _opened_image(path, missing, unreadable) as image:
+        return image.size
 
 
 def media_file_key(path: str, what: str = "media file") -> tuple[str, int, int]:

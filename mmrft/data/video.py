@@ -87,7 +87,13 @@ from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from mmrft.data.sample import DataError, local_media_path, media_file_key, read_image
+from mmrft.data.sample import (
+    DataError,
+    image_size,
+    local_media_path,
+    media_file_key,
+    read_image,
+)
 
 log = logging.getLogger(__name__)
 
@@ -692,7 +698,7 @@ def _frame_size(source: Any) -> tuple[int, int]:
     if isinstance(source, Image.Image):
         return source.size
     path = local_media_path(str(source)) or str(source)
-    return read_image(path, "video frame", "video frame", decode=False)
+    return image_size(path, "video frame", "video frame")
 
 
 def _decode_frame_list(

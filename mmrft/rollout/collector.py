@@ -548,9 +548,8 @@ class Collector:
         step 3): only with an async verifier, on an engine that reports its rounds."""
         self.script = _SCRIPT if getattr(engine, "scriptable", False) else None
         """What this collector scripts (:class:`Script`; inside :func:`scripted` only)."""
-        self.script_counts: Counter = (
-            Counter()
-        )  # scripted completions and calls since the step began
+        # scripted completions, answers and calls since the step began
+        self.script_counts: Counter = Counter()
 
     def sync_weights(self, version: int) -> None:
         """The trainer's weights are now ``version`` (RL updates included): an engine with its
