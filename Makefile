@@ -30,14 +30,16 @@ demo: $(STAMP)
 # ones (worksteal: durations range from milliseconds to a minute); then, in one process, the
 # tests marked serial, whose wall-clock budgets do not hold beside another worker.
 # TEST_WORKERS=0: the first part in one process too. DEFAULT_TESTS repeats pyproject's addopts
-# (a -m given here replaces it).
+# (a -m given here replaces it). The second part collects only the files that mark a test serial
+# (collecting all of them imports torch and transformers for 2,000 tests: ~5 s).
 TEST_WORKERS ?= logical
 DEFAULT_TESTS := not slow and not gpu and not vllm
+SERIAL_FILES = $(shell grep -l "mark\.serial" tests/test_*.py)
 
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "$(DEFAULT_TESTS) and not serial"; \
-	status=$$?; $(BIN)/pytest -q -m "$(DEFAULT_TESTS) and serial" && exit $$status
+	status=$$?; $(BIN)/pytest -q -m "$(DEFAULT_TESTS) and serial" $(SERIAL_FILES) && exit $$status
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -q -m slow

@@ -366,18 +366,35 @@ def _threaded_collector(cfg, task, policy, engine, reward, samples, source, auxi
     return AheadCollector(inner, policy, 0)
 
 
-def _train_worker(rank: int, world: int, cfg, threaded: bool) -> None:
+def _train_worker(rank: int, world: int, runs: list) -> None:
+    """Each (config, threaded) of ``runs`` in turn on this rank, in one process (one start-up
+    of torch and transformers for all of them; a run after the first is a fresh trainer, as a
+    new launch). After each run rank 0 records the checkpoints it finds, before a later run
+    may remove them: ``checkpoints-after-run-<i>.json`` beside the run, each checkpoint's
+    trainer_state.pt mtime (ns) and data position."""
     torch.set_num_threads(1)
-    if threaded:
-        training_setup.Collector = _threaded_collector
-    trainer.train(cfg)
+    plain = training_setup.Collector
+    for i, (cfg, threaded) in enumerate(runs):
+        training_setup.Collector = _threaded_collector if threaded else plain
+        trainer.train(cfg)
+        if rank == 0:
+            run_dir = Path(cfg.output_dir) / cfg.name
+            found = {}
+            for state in sorted(run_dir.glob("checkpoints/*/trainer_state.pt")):
+                position = torch.load(state, weights_only=False)["data_position"]
+                found[state.parent.name] = [state.stat().st_mtime_ns, position]
+            (run_dir / f"checkpoints-after-run-{i}.json").write_text(json.dumps(found))
 
 
-def train_on_two(cfg, threaded: bool = False) -> dict:
+def train_on_two(*runs: tuple) -> list[dict]:
+    """``runs``: (config, threaded) pairs, run in turn on the same two ranks; their summaries."""
     from ranks import run_ranks
 
-    run_ranks(_train_worker, cfg, threaded)
-    return json.loads((Path(cfg.output_dir) / cfg.name / "summary.json").read_text())
+    run_ranks(_train_worker, list(runs))
+    return [
+        json.loads((Path(cfg.output_dir) / cfg.name / "summary.json").read_text())
+        for cfg, _ in runs
+    ]
 
 
 @pytest.mark.parametrize("sharding", [pytest.param("none", marks=pytest.mark.slow), "fsdp_full"])
@@ -388,8 +405,10 @@ def test_two_processes_staleness_zero_through_the_rollout_thread_equal_synchrono
     snapshot gathered from the shards) equal two synchronous ranks: metrics and weights."""
     extra = ("optim.lr=5e-2", "algorithm.tis_cap=2", "train.prompts_per_step=4", "train.threads=1")
     sharded = (f"train.sharding={sharding}", "data.sampler=variance")  # stats reduced each step
-    sync = train_on_two(config(tmp_path / "sync", *extra, *sharded))
-    ahead = train_on_two(config(tmp_path / "ahead", *extra, *sharded), threaded=True)
+    sync, ahead = train_on_two(
+        (config(tmp_path / "sync", *extra, *sharded), False),
+        (config(tmp_path / "ahead", *extra, *sharded), True),
+    )
 
     def lines(summary):
         keep = ("train/reward", "loss", "rollout/logp_gap_max", "rollout/generated")
@@ -430,20 +449,20 @@ def test_two_processes_one_step_ahead_train_checkpoint_and_resume(tmp_path, shar
         "train.threads=1",
         *sharding,
     )
-    summary = train_on_two(config(tmp_path, *extra, "train.steps=4"))
+    # 4 steps, then a new launch to 5 that resumes from step 4
+    summary, _ = train_on_two(
+        (config(tmp_path, *extra, "train.steps=4"), False),
+        (config(tmp_path, *extra, "train.steps=5"), False),
+    )
     rows = [r for r in metrics(summary) if "rollout/lag_max" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert rows[0]["rollout/lag_max"] == 0.0
     assert all(r["rollout/lag_max"] <= 1.0 and r["rollout/stale_dropped"] == 0 for r in rows)
     assert all(r["rollout/generated"] == 4 * 4 for r in rows)  # both ranks' groups counted
-    state = torch.load(
-        next((tmp_path / "smoke/checkpoints").glob("step-*2")) / "trainer_state.pt",
-        weights_only=False,
+    run_dir = Path(summary["run_dir"])
+    first, second = (
+        json.loads((run_dir / f"checkpoints-after-run-{i}.json").read_text()) for i in (0, 1)
     )
-    assert state["data_position"] == 2 * 4  # before step 3, though the threads ran ahead
-    step4 = next((tmp_path / "smoke/checkpoints").glob("step-*4")) / "trainer_state.pt"
-    written = step4.stat().st_mtime_ns
-    train_on_two(config(tmp_path, *extra, "train.steps=5"))  # resumes from step 4
-    rows = [r for r in metrics(summary) if "rollout/lag_max" in r]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
-    assert step4.stat().st_mtime_ns == written  # steps 1-4 were not run again
+    step2, step4 = (next(k for k in first if k.endswith(f"{n:06d}")) for n in (2, 4))
+    assert first[step2][1] == 2 * 4  # before step 3, though the threads ran ahead
+    assert second[step4] == first[step4]  # steps 1-4 were not run again

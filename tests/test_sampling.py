@@ -6,15 +6,13 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from helpers import length_plugin, one_error_line
-from ranks import free_port
+from ranks import run_ranks
 
 from mmrft.config import load_config
 from mmrft.data import Sample
@@ -603,16 +601,23 @@ def test_two_steps_resume_exactly(sampler_name, tmp_path):
         assert not set(drawn[1]) & set(drawn[2])
 
 
-def torchrun(tmp_path: Path, name: str, steps: int, sampler_name: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", "-m", "mmrft.cli", "train", "demo",
-           *overrides(tmp_path, name, steps, sampler_name)]  # fmt: skip
-    result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+def _three_runs_on_two_ranks(rank: int, world: int, tmp_path: str, sampler_name: str) -> None:
+    """On each of two gloo ranks, in one process (one start-up instead of three): the whole
+    2-step run, then the interrupted one (1 step) and its resume to step 2 (a fresh trainer
+    reading the checkpoint, as a new launch would)."""
+    from mmrft.training.trainer import train
+
+    torch.set_num_threads(1)
+    for name, steps in (("full", 2), ("cut", 1), ("cut", 2)):
+        train(
+            load_config(
+                REPO / "configs/demo.yaml", overrides(Path(tmp_path), name, steps, sampler_name)
+            )
+        )
 
 
 @pytest.mark.parametrize(
-    "sampler_name",  # ~50 s each on 2 cores: one by default, the others with -m slow
+    "sampler_name",  # ~25 s each on 2 cores: one by default, the others with -m slow
     [
         "variance",
         *[pytest.param(n, marks=pytest.mark.slow) for n in ("difficulty", "curriculum", "uniform")],
@@ -621,15 +626,14 @@ def torchrun(tmp_path: Path, name: str, steps: int, sampler_name: str) -> None:
 def test_two_processes_resume_exactly(sampler_name, tmp_path):
     """Every rank holds the same statistics (a rank that kept only its own groups would draw
     other prompts after the resume, which hands it rank 0's table) and the ranks' prompts are
-    disjoint."""
-    torchrun(tmp_path, "full", 2, sampler_name)
-    torchrun(tmp_path, "cut", 1, sampler_name)
-    torchrun(tmp_path, "cut", 2, sampler_name)
+    disjoint. (The launch through torchrun and the CLI: test_sharding's resumes.)"""
+    run_ranks(_three_runs_on_two_ranks, str(tmp_path), sampler_name)
     assert_same_run(tmp_path / "full", tmp_path / "cut")
     # rank 0 wrote both ranks' groups: step 1's two prompts (one per rank) are distinct
     state = torch.load(
         tmp_path / "full/checkpoints/step-000001/trainer_state.pt", weights_only=False
     )
+    assert state["world_size"] == 2
     assert [s["drawn"] for s in state["prompt_stats"].values()] == [1, 1]
     rows = (tmp_path / "full" / "prompt_stats.jsonl").read_text().splitlines()
     assert sum(json.loads(r)["drawn"] for r in rows) == 4

@@ -352,23 +352,23 @@ def test_shard_units_are_the_text_decoder_layers():
 
 
 def torchrun(tmp_path: Path, nproc: int, steps: int, extra: list[str]) -> None:
-    """``mmrft train demo`` on ``nproc`` processes (1: plain python, no process group)."""
-    cmd = [sys.executable]
-    if nproc > 1:
-        cmd += [
-            "-m",
-            "torch.distributed.run",
-            f"--nproc_per_node={nproc}",
-            f"--master_port={free_port()}",
-        ]
-    cmd += [
-        "-m", "mmrft.cli", "train", "demo", f"output_dir={tmp_path}", "name=ws",
+    """``mmrft train demo`` on ``nproc`` processes through torchrun; ``nproc`` = 1: the same
+    command in this process (no process group; a start-up of torch and transformers saved)."""
+    args = [
+        "train", "demo", f"output_dir={tmp_path}", "name=ws",
         "warm_start.steps=2", f"train.steps={steps}", "train.prompts_per_step=2", "rollout.group_size=4",
         "rollout.max_new_tokens=6", "eval.before=false", "eval.every=3", "eval.batch_size=20",
         "data.max_test_samples=4", "checkpoint.every=1", "train.threads=1",
         "algorithm.beta=0",
         *extra,
     ]  # fmt: skip
+    if nproc == 1:
+        from mmrft.cli import main
+
+        assert main(args) == 0
+        return
+    launch = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
+    cmd = [*launch, f"--master_port={free_port()}", "-m", "mmrft.cli", *args]
     result = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "returned a view tensor" not in result.stderr  # FSDP2's false alarm, filtered
