@@ -41,10 +41,17 @@ periodic evaluations), without the warm start and model loading.
 
 Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings.
 ``--jobs N`` runs N of the runs (a recipe's seeds, its capacity checks) at a time, each in a
-process of its own with ``train.threads`` = cores // N (at least 1): on 2 cores the tiny models
-are overhead-bound, and two 1-thread runs finish sooner than two 2-thread runs one after the
-other; the figures differ from 2-thread ones only as a thread count changes a float reduction's
-order. The header of ``learning.md`` names the CPU model and the threads per run: floating-point paths differ between CPUs, and a recipe
+process of its own at the same ``train.threads`` as with ``--jobs 1``: the thread count sets the
+order of a float reduction, so it is never changed behind the user's back, and ``--jobs N``
+gives the figures of ``--jobs 1``. On 2 cores the tiny models are overhead-bound: ``--jobs 2
+train.threads=1`` finishes two 1-thread runs sooner than ``--jobs 1`` runs two 2-thread ones
+(their figures are the 1-thread ones, which differ from 2-thread ones as that order does).
+
+Each row names the learner (the model directory) and its parameter count, the threads per run
+and whether the runs shared the machine: the other load is the machine's busy time
+(``/proc/stat``) less the CPU time of this benchmark's own processes, per second of wall time,
+in cores; above 0.25 cores the RL seconds are marked as measured beside other jobs. The header
+of ``learning.md`` names the CPU model: floating-point paths differ between CPUs, and a recipe
 on a knife-edge can learn on one and not on another (the reason for ``--seeds``).
 """
 
@@ -69,6 +76,68 @@ LEARN = REPO / "configs" / "learn"
 def recipes() -> list[str]:
     """Every recipe name under ``configs/learn/``, sorted."""
     return sorted(p.stem for p in LEARN.glob("*.yaml"))
+
+
+BESIDE = 0.25  # cores of other load above which a timing is marked as shared
+
+
+def parameter_count(model_path: str | Path) -> int | None:
+    """Parameters of the model directory's ``*.safetensors`` (from the headers, nothing
+    loaded; a tensor tied to another is stored, and so counted, once); ``None`` without them."""
+    from safetensors import safe_open
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                numel = 1
+                for size in f.get_slice(key).get_shape():
+                    numel *= size
+                total += numel
+    return total
+
+
+def learner(cfg: Any) -> dict[str, Any]:
+    """The model a recipe trains: its directory's name and parameter count."""
+    path = Path(cfg.model.path)
+    return {"name": path.name, "parameters": parameter_count(path)}
+
+
+def fmt_parameters(n: int | None) -> str:
+    if n is None:
+        return "?"
+    return f"{n / 1e6:.2f} M" if n >= 1e5 else f"{n / 1e3:.0f} k"
+
+
+class OtherLoad:
+    """The machine's CPU load besides this process and its waited-for children, in cores:
+    (busy ticks of ``/proc/stat`` / ticks per second − this process tree's CPU seconds) / wall
+    seconds since the start. ``None`` where ``/proc/stat`` is absent (not Linux)."""
+
+    def __init__(self) -> None:
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> tuple[float, float, float] | None:
+        try:
+            fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+        except OSError:
+            return None
+        # user nice system idle iowait irq softirq steal (guest is counted in user)
+        ticks = [int(x) for x in fields[:8]]
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        own = sum(os.times()[:4])
+        return busy, own, time.monotonic()
+
+    def cores(self) -> float | None:
+        now = self._sample()
+        if self.start is None or now is None or now[2] <= self.start[2]:
+            return None
+        busy, own = now[0] - self.start[0], now[1] - self.start[1]
+        return max(0.0, busy - own) / (now[2] - self.start[2])
 
 
 def sft_overrides(cfg: Any, out: Path, name: str) -> list[str]:
@@ -174,28 +243,51 @@ def met(row: dict[str, Any]) -> str:
     return "—" if low is None else ("yes" if low >= row["target"] else "no")
 
 
+def fmt_seconds(row: dict[str, Any]) -> str:
+    """Mean RL seconds; ``*`` when the runs shared the machine with other jobs."""
+    seconds = fmt(row["rl_seconds"]["mean"], 0)
+    load = row.get("other_load")
+    return seconds + (
+        f" * ({load:.1f} cores besides)" if load is not None and load > BESIDE else ""
+    )
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
-        "| recipe | task | metric | seeds | chance | before RL | after RL: mean [min, max] | "
-        "SFT ceiling: mean [min, max] | target | met (min) | RL seconds |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| recipe | task | metric | learner (parameters) | seeds | chance | before RL | "
+        "after RL: mean [min, max] | SFT ceiling: mean [min, max] | target | met (min) | "
+        "RL seconds | threads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        model = r.get("learner") or {"name": "?", "parameters": None}
         lines.append(
             f"| {r['recipe']} | {r['task']} | {r['metric'].rsplit('/', 1)[-1]} | "
+            f"{model['name']} ({fmt_parameters(model['parameters'])}) | "
             f"{len(r['seeds'])} | {fmt(r['chance'])} | {fmt_spread(r['before'])} | "
             f"{fmt_spread(r['after'])} | {fmt_spread(r['sft'])} | {fmt(r['target'])} | "
-            f"{met(r)} | {fmt(r['rl_seconds']['mean'], 0)} |"
+            f"{met(r)} | {fmt_seconds(r)} | {r.get('threads') or '?'} |"
         )
     return "\n".join(lines)
 
 
-def recipe_row(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def recipe_row(
+    name: str,
+    runs: list[dict[str, Any]],
+    learner: dict[str, Any] | None = None,
+    threads: int | None = None,
+    other_load: float | None = None,
+) -> dict[str, Any]:
     """One table row from a recipe's runs, one per seed: each run ``{"seed", "summary",
-    "sft", "steps", "values"}``; the figures as ``{"mean", "min", "max"}`` over seeds."""
+    "sft", "steps", "values"}``; the figures as ``{"mean", "min", "max"}`` over seeds.
+    ``learner``: :func:`learner`'s; ``other_load``: :class:`OtherLoad`'s cores when the
+    recipe's last run ended."""
     first = runs[0]["summary"]
     return {
         "recipe": name,
+        "learner": learner,
+        "threads": threads,
+        "other_load": other_load,
         "task": first["task"],
         "metric": first["metric"],
         "chance": first["chance"],
@@ -275,6 +367,23 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def commit() -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes), else ``unknown``."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head + ("+dirty" if dirty else "")) if head else "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     from mmrft.evaluation.runlog import cpu_model
 
@@ -289,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs",
         type=int,
         default=1,
-        help="runs at a time, each in its own process at train.threads = cores // jobs (default 1)",
+        help="runs at a time, each in its own process at the same train.threads (default 1)",
     )
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     parser.add_argument("--single", metavar="NAME", help=argparse.SUPPRESS)  # a --jobs child
@@ -310,10 +419,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.seeds < 1:
         parser.error("--seeds needs at least 1")
-    threads = None
-    if args.jobs > 1 and not any(o.startswith("train.threads=") for o in args.overrides):
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
-    common = [*args.overrides, *([f"train.threads={threads}"] if threads else [])]
+    common = list(args.overrides)
+    threads_used = load_config(f"learn/{names[0]}", common).train.threads
+    cores = os.cpu_count() or 1
+    if args.jobs * threads_used > cores:
+        print(
+            f"note: {args.jobs} runs at a time × {threads_used} threads > {cores} cores: the "
+            f"runs share cores (the figures are those of --jobs 1; for speed on this machine "
+            f"pass train.threads={max(1, cores // args.jobs)})",
+            file=sys.stderr,
+        )
+    load = OtherLoad()
     started = time.perf_counter()
     # every run submitted at once; a recipe's row is written as soon as its runs are done
     # each run in a child process: torch's thread pools are per process
@@ -330,7 +446,6 @@ def main(argv: list[str] | None = None) -> int:
                 )
             rl = submit(pool, name, [*overrides, f"output_dir={out}", f"name={name}-s{seed}"])
             pending.setdefault(name, []).append((seed, rl, check))
-    threads_used = load_config(f"learn/{names[0]}", common).train.threads
     rows = []
     for name in names:
         runs = []
@@ -341,12 +456,20 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(
                 {"seed": seed, "summary": summary, "sft": sft, "steps": steps, "values": values}
             )
-        rows.append(recipe_row(name, runs))
+        cfg = load_config(f"learn/{name}", common)
+        rows.append(recipe_row(name, runs, learner(cfg), cfg.train.threads, load.cores()))
         # written after every recipe, so an interrupted run keeps what it measured
+        other = load.cores()
+        shared = (
+            "other load unknown"
+            if other is None
+            else f"other load {other:.2f} cores on average"
+            + (" (* measured beside other jobs)" if other > BESIDE else " (idle otherwise)")
+        )
         header = (
-            f"Measured {date.today().isoformat()} on {cpu_model()} ({platform.machine()}), "
-            f"{threads_used} thread(s) per run, {args.jobs} run(s) at a time, train.seed 0 … "
-            f"{args.seeds - 1}; command: "
+            f"Measured {date.today().isoformat()} on {cpu_model()} ({platform.machine()}, "
+            f"{cores} cores), {threads_used} thread(s) per run, {args.jobs} run(s) at a time, "
+            f"{shared}, train.seed 0 … {args.seeds - 1}, commit {commit()}; command: "
             f"`{' '.join(['python benchmarks/learning.py', *sys.argv[1:]])}`"
         )
         (out / "learning.md").write_text(header + "\n\n" + table(rows) + "\n")

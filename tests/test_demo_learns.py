@@ -16,8 +16,7 @@ features start to separate the colours (the demo config's comment has the measur
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,16 +29,13 @@ COLOURS = ("red", "green", "blue", "yellow")
 
 
 def per_colour_accuracy(run_dir: Path, test_file: Path) -> dict[str, float]:
-    """Held-out accuracy after RL for each true colour, from ``eval/after/predictions.jsonl``."""
-    truth = {}
-    for line in test_file.read_text().splitlines():
-        row = json.loads(line)
-        truth[row["id"]] = row["target"]
-    right: dict[str, list[float]] = defaultdict(list)
-    for line in (run_dir / "eval" / "after" / "predictions.jsonl").read_text().splitlines():
-        prediction = json.loads(line)
-        right[truth[prediction["id"]]].append(prediction["accuracy"])
-    return {colour: sum(v) / len(v) for colour, v in sorted(right.items())}
+    """Held-out accuracy after RL for each true colour (benchmarks/demo_seeds.py's)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        from demo_seeds import per_answer_accuracy
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return per_answer_accuracy(run_dir, test_file)
 
 
 def train_demo(tmp_path: Path, seed: int) -> tuple[dict, dict[str, float]]:
