@@ -47,6 +47,13 @@ Images (``<name>/images/<split>-NNNN.png``, ``meta.image_size = [W, H]``):
   its colour unreadable; a crop twice the ring's size, resized to the same budget, shows it
   (``benchmarks/zoom_oracle.py`` measures both).
 
+* ``zoom_sites`` (``classification``; "looking closer" where the region is plain): 840×840 px
+  images, each quadrant its own light gray, gray clutter, and a dark disc (270 px) over one
+  of four fixed sites (one per quadrant) holding a ``zoom_marks``-style mark (ring 18–20 px of
+  a random colour, dot 9.9–11 px of the asked colour); same question, choices and balance,
+  sites balanced too. ``meta.zoom_box`` the site's 30-px square (the crop that shows the
+  dot), ``meta.target_box`` the ring's box, ``meta.dot_box``, ``meta.site``.
+
 Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` shown over
 ``[i / fps, (i + 1) / fps)`` s, ``meta.duration`` s, ``meta.fps``, ``meta.frame_size = [W, H]``):
 
@@ -972,6 +979,91 @@ def write_zoom_marks(folder: Path, split: str, n: int, rng: np.random.Generator)
     write_jsonl(folder / f"{split}.jsonl", records)
 
 
+# zoom_sites: the region to zoom into is plain at the base view, the detail in it is not.
+ZOOM_SITES_SIZE = 840  # px, square images: 56×56 at the tiny recipe's 3136-pixel budget
+ZOOM_SITES_INPUT = 56  # px, the side of that base view (Qwen2.5-VL's input frame)
+ZOOM_SITES_BOXES = tuple(
+    (x, y, x + 2, y + 2) for y in (13, 41) for x in (13, 41)
+)  # input px: the four sites' crops, one in each quadrant (15 original px per input px)
+ZOOM_SITES_QUADRANT_GREYS = (236, 212, 188, 164)  # top left, top right, bottom left, bottom right
+ZOOM_SITES_DISC = 270  # px, the dark disc that marks the site (18 px of the base view)
+ZOOM_SITES_DISC_GREY = 60
+ZOOM_SITES_DISC_SHIFT = 40  # px, the disc's centre within ± this of its site's centre
+ZOOM_SITES_RING = (18, 20)  # px, the mark's ring, outer diameter
+ZOOM_SITES_HOLE = 0.65  # the ring's inner diameter / its outer diameter
+ZOOM_SITES_DOT = 0.55  # the centre dot's diameter / the ring's outer diameter (9.9–11 px)
+ZOOM_SITES_SHIFT = 4  # px, the mark's centre within ± this of its site's centre
+
+
+def zoom_sites_box(site: int) -> list[int]:
+    """Site ``site``'s (0–3: top left, top right, bottom left, bottom right) crop in pixels of
+    the original image, ``[x1, y1, x2, y2]`` (30 px a side: ``ZOOM_SITES_BOXES`` × 15)."""
+    scale = ZOOM_SITES_SIZE // ZOOM_SITES_INPUT
+    return [v * scale for v in ZOOM_SITES_BOXES[site]]
+
+
+def write_zoom_sites(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``zoom_sites``: 840×840 px images whose quadrants have their own gray
+    (``ZOOM_SITES_QUADRANT_GREYS``: a coordinate code for the tiny model, whose rotary
+    positions barely tell its 4 visual tokens apart) under neutral clutter (40 gray discs of
+    8–40 px), with a dark disc (270 px, gray 60) over one of four fixed sites, one per
+    quadrant (sites balanced), and on it, within ±4 px of the site's centre, a mark as
+    ``zoom_marks``'s: a ring (outer diameter 18–20 px, inner 0.65 of it) of a random one of
+    the 4 colours around a centre dot (0.55 of the diameter, 9.9–11 px) of the asked colour
+    (targets balanced, the ring's colour independent of it). At the tiny recipe's base view
+    (56×56 px, 15 px per input pixel) the disc is 18 px wide and the dot 0.7 px under its
+    ring's colour; ``meta.zoom_box``, the site's 30-px square (2 input pixels), resized to the
+    same view, shows the dot 18–21 px wide in a 34–37 px ring. ``meta.target_box`` is the
+    ring's tight box, ``meta.dot_box`` the dot's, ``meta.site`` 0–3 (top left, top right,
+    bottom left, bottom right), all boxes ``[x1, y1, x2, y2]`` in original pixels."""
+    (folder / "images").mkdir(exist_ok=True)
+    colours = list(COLOURS)
+    size = ZOOM_SITES_SIZE
+    records = []
+    # (colour, site) pairs in an order whose every run of 4 has each colour and each site once
+    pairs = [(colours[k % 4], (k + k // 4) % 4) for k in range(16)]
+    for i, (colour, site) in enumerate(balanced(rng, pairs, n)):
+        image = np.empty((size, size, 3), dtype=np.uint8)
+        half = size // 2
+        for quadrant, grey in enumerate(ZOOM_SITES_QUADRANT_GREYS):
+            top, left = quadrant // 2 * half, quadrant % 2 * half
+            image[top : top + half, left : left + half] = grey
+        for _ in range(40):  # neutral clutter: gray discs of 8–40 px
+            diameter = int(rng.integers(8, 41))
+            x, y = (float(v) for v in rng.uniform(diameter, size - diameter, 2))
+            disc_grey = ZOOM_DISC_GREYS[int(rng.integers(0, len(ZOOM_DISC_GREYS)))]
+            draw_disc(image, x, y, diameter, np.full(3, disc_grey, dtype=np.uint8))
+        x1, y1, x2, y2 = zoom_sites_box(site)
+        sx, sy = (x1 + x2) / 2, (y1 + y2) / 2
+        dx, dy = (float(v) for v in rng.uniform(-ZOOM_SITES_DISC_SHIFT, ZOOM_SITES_DISC_SHIFT, 2))
+        grey = np.full(3, ZOOM_SITES_DISC_GREY, dtype=np.uint8)
+        draw_disc(image, sx + dx, sy + dy, ZOOM_SITES_DISC, grey)
+        cx, cy = (float(v) for v in rng.uniform(-ZOOM_SITES_SHIFT, ZOOM_SITES_SHIFT, 2))
+        cx, cy = sx + cx, sy + cy
+        diameter = int(rng.integers(ZOOM_SITES_RING[0], ZOOM_SITES_RING[1] + 1))
+        ring = colours[int(rng.integers(0, len(colours)))]
+        box = draw_disc(image, cx, cy, diameter, colour_value(ring, rng))
+        draw_disc(image, cx, cy, ZOOM_SITES_HOLE * diameter, grey)
+        dot = draw_disc(image, cx, cy, ZOOM_SITES_DOT * diameter, colour_value(colour, rng))
+        relative = f"images/{split}-{i:04d}.png"
+        save_png(image, folder / relative)
+        meta = {
+            "choices": colours,
+            "image_size": [size, size],
+            "target_box": box,
+            "dot_box": dot,
+            "zoom_box": [x1, y1, x2, y2],
+            "site": site,
+            "ring_colour": ring,
+        }
+        records.append(
+            user_record(
+                f"{folder.name}-{split}-{i:04d}", "image", relative, ZOOM_QUESTION, colour, meta
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
 def uniform_frame_indices(total_frames: int, frames: int) -> list[int]:
     """The ``frames`` frame indices spread uniformly over ``[0, total_frames − 1]`` that
     qwen-vl-utils and :func:`mmrft.data.video.frame_indices` sample (``linspace``, rounded)."""
@@ -1063,6 +1155,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "audio_pitch": Benchmark(110, "classification", write_audio_pitch, {"train": 64, "test": 32}),
     "zoom_marks": Benchmark(111, "classification", write_zoom_marks, {"train": 400, "test": 100}),
     "zoom_video": Benchmark(112, "video_qa", write_zoom_video, {"train": 200, "test": 50}),
+    "zoom_sites": Benchmark(113, "classification", write_zoom_sites, {"train": 400, "test": 112}),
 }
 
 

@@ -10,8 +10,9 @@ input. Crop rules (DeepEyes' "refused below about 30 px or past aspect 100"):
   within that tolerance is clamped to the image;
 * ``x1 < x2`` and ``y1 < y2`` in the frame, else ``bad_argument``;
 * after mapping and clamping, a side under :data:`MIN_SIDE` = 28 original pixels is refused
-  (``box_too_small``), as is a long/short side ratio over :data:`MAX_ASPECT` = 100
-  (``box_aspect_ratio``);
+  (``box_too_small``), as is a long/short side ratio over :data:`MAX_ASPECT` = 100 or over
+  ``max_pixels / factor²`` (``box_aspect_ratio``: at a small pixel budget such a crop cannot
+  keep one patch group across its short side; 4 at 3136 pixels and a 28-px factor);
 * the crop is cut on whole pixels (``floor(x1), floor(y1), ceil(x2), ceil(y2)``) and downscaled
   to at most ``ToolContext.max_pixels`` of area, aspect kept (:func:`mmrft.rollout.tool.fit_pixels`).
 """
@@ -113,10 +114,13 @@ def crop(
             f"bbox_2d {_fmt(bbox_2d)} is {w}×{h} pixels of the image; each side needs at "
             f"least {MIN_SIDE} pixels, give a larger box",
         )
-    if max(w, h) / min(w, h) > MAX_ASPECT:
+    # a crop past max_pixels / factor² (4 at a 3136-pixel budget) cannot keep a side of one
+    # patch group within the budget: Qwen's smart_resize would floor that side to 0 px
+    longest = min(MAX_ASPECT, context.max_pixels / context.factor**2)
+    if max(w, h) / min(w, h) > longest:
         raise ToolFailure(
             "box_aspect_ratio",
-            f"bbox_2d {_fmt(bbox_2d)} is {w}×{h} pixels, longer than {MAX_ASPECT:g} times "
+            f"bbox_2d {_fmt(bbox_2d)} is {w}×{h} pixels, longer than {longest:g} times "
             "its width; give a less elongated box",
         )
     region = fit_pixels(image.crop((left, top, right, bottom)), context.max_pixels)

@@ -553,7 +553,8 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
       enabled: the square around its centre of side max(``DEMO_CROP_SCALE`` × the box's
       longer side, ``DEMO_CROP_SHARE`` × the image's shorter side, 28 px), shifted inside the
       image, written in the family's box frame (:func:`mmrft.rewards.boxes.from_pixels`, rounded to
-      integers);
+      integers); ``meta.zoom_box`` instead, when the sample names the region to crop itself
+      (pixels of the original image, taken as it is);
     * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
       on each side (within ``meta.duration``), 8 frames.
     """
@@ -563,16 +564,19 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
     if meta.get("image_size") and not meta.get("input_size"):  # a sample no family annotated
         meta["input_size"] = list(family.input_size(*(int(v) for v in meta["image_size"])))
     crop = next((n for n in ("crop", "image_zoom_in") if n in tools), None)
-    if crop and meta.get("target_box") and meta.get("image_size"):
-        x1, y1, x2, y2 = (float(v) for v in meta["target_box"])
-        width, height = (float(v) for v in meta["image_size"])
-        side = max(
-            DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), DEMO_CROP_SHARE * min(width, height), 28.0
-        )
-        side = min(side, width, height)
-        cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
-        cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
-        box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
+    if crop and (meta.get("zoom_box") or meta.get("target_box")) and meta.get("image_size"):
+        if meta.get("zoom_box"):
+            box = [float(v) for v in meta["zoom_box"]]
+        else:
+            x1, y1, x2, y2 = (float(v) for v in meta["target_box"])
+            width, height = (float(v) for v in meta["image_size"])
+            side = max(
+                DEMO_CROP_SCALE * max(x2 - x1, y2 - y1), DEMO_CROP_SHARE * min(width, height), 28.0
+            )
+            side = min(side, width, height)
+            cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
+            cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
+            box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
         framed = [round(v) for v in from_pixels(box, family.box_frame, meta)]
         arguments: dict[str, Any] = {"bbox_2d": framed}
         return f'<tool_call>{{"name": "{crop}", "arguments": {json.dumps(arguments)}}}</tool_call>'
