@@ -59,7 +59,7 @@ def seed_range(text: str) -> list[int]:
     return seeds
 
 
-def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
+def run_seed(seed: int, out: Path, overrides: list[str], test_file: Path) -> dict:
     """``mmrft train demo`` at ``seed`` in a child process; its summary.json and per-colour
     accuracy. The child's output goes to ``--out/seed-S.log``."""
     name = f"seed-{seed}"
@@ -70,9 +70,6 @@ def run_seed(seed: int, out: Path, overrides: list[str]) -> dict:
     if done.returncode != 0:
         raise RuntimeError(f"seed {seed} failed (exit {done.returncode}); its log: {log.name}")
     summary = json.loads((out / name / "summary.json").read_text())
-    from mmrft.config import load_config
-
-    test_file = Path(load_config("demo", overrides).data.test)
     return {"seed": seed, **summary, "colours": per_answer_accuracy(out / name, test_file)}
 
 
@@ -108,10 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     seeds = seed_range(args.seeds)
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    threads = load_config("demo", args.overrides).train.threads  # a typo fails here, at once
+    cfg = load_config("demo", args.overrides)  # a typo fails here, at once
+    threads, test_file = cfg.train.threads, Path(cfg.data.test)
     load, started = OtherLoad(), time.perf_counter()
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        rows = list(pool.map(lambda s: run_seed(s, out, args.overrides), seeds))
+        rows = list(pool.map(lambda s: run_seed(s, out, args.overrides, test_file), seeds))
     other = load.cores()
     shared = "other load unknown" if other is None else f"other load {other:.2f} cores"
     if other is not None and other > BESIDE:
