@@ -106,7 +106,9 @@ def test_a_checkpoint_without_time_totals_resumes_and_says_the_times_are_unknown
     summary = train(_cfg(tmp_path, "train.steps=3", "checkpoint.resume=force"))
     for key in ("train_seconds", "total_seconds", "processes", "train_seconds_before_resume"):
         assert summary[key] is None, key
-    assert summary["train_seconds_this_process"] > 0
+    # this process's own time is known (one tiny step can round to 0.0 s: no timing asserted)
+    assert isinstance(summary["train_seconds_this_process"], float)
+    assert summary["train_seconds_this_process"] >= 0
     assert "unknown" in summary["times_note"]
     # the next checkpoint does not make up a number either
     assert load_trainer_state(run_dir / "checkpoints" / "step-000003")["times"] is None
