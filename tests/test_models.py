@@ -227,6 +227,29 @@ def test_build_is_deterministic(tmp_path: Path) -> None:
     assert (other / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
 
 
+def test_the_learner_size_is_a_wider_qwen3_vl_with_a_position_table(tmp_path: Path) -> None:
+    """``size="learner"`` (scripts/make_learner.py's starting point): Qwen3-VL only, the sizes
+    of LEARNER_TEXT / LEARNER_VISION, the tiny model's tokenizer; other families or sizes are
+    refused by name."""
+    import json
+
+    from mmrft.models.tiny import qwen3
+
+    folder = tiny.build_tiny("qwen3_vl", tmp_path / "learner", size="learner")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl"
+    for key in ("hidden_size", "num_hidden_layers", "head_dim"):
+        assert config["text_config"][key] == qwen3.LEARNER_TEXT[key]
+    vision = config["vision_config"]
+    assert vision["depth"] == qwen3.LEARNER_VISION["depth"] and vision["num_position_embeddings"]
+    tiny_tokens = (ASSETS / "models" / "tiny-qwen3_vl" / "tokenizer.json").read_text()
+    assert (folder / "tokenizer.json").read_text() == tiny_tokens
+    with pytest.raises(ValueError, match="learner"):
+        tiny.build_tiny("qwen2_5_vl", tmp_path / "x", size="learner")
+    with pytest.raises(ValueError, match="huge"):
+        tiny.build_tiny("qwen3_vl", tmp_path / "y", size="huge")
+
+
 def test_video_frames_keep_their_time_step(loaded: dict, images: dict, tmp_path: Path) -> None:
     """A video given as frames: second_per_grid_ts survives split/collate (temporal mRoPE)."""
     family, processor, model = loaded["qwen2_5_vl"]

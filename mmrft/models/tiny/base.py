@@ -667,18 +667,21 @@ BENCH_VISION = {
     "num_heads": 4,
     "fullatt_block_indexes": [3, 7],
 }
+# Sizes other than the tiny one: text and vision-tower settings, and the one family each is
+# built for (the learner's sizes live with the Qwen3 builder, mmrft.models.tiny.qwen3).
+SIZE_FAMILIES = {"bench": "qwen2_5_vl", "learner": "qwen3_vl"}
 
 
-def build_config(family: str, tokenizer: Any, bench: bool = False) -> Any:
-    """The real config class with tiny sizes (``bench``: the benchmark sizes, Qwen2.5-VL
+def build_config(family: str, tokenizer: Any, size: str = "tiny") -> Any:
+    """The real config class with tiny sizes (``size="bench"``: :data:`BENCH_TEXT`, Qwen2.5-VL
     only); ``vocab_size`` = ``len(tokenizer)``."""
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     if family in AUDIO_FAMILIES:
         return build_audio_config(family, tokenizer)
-    if bench and family != "qwen2_5_vl":
-        raise ValueError("the bench size exists for qwen2_5_vl only")
-    sizes = BENCH_TEXT if bench else TEXT
+    if size not in ("tiny", "bench") or (size == "bench" and family != "qwen2_5_vl"):
+        raise ValueError(f"size {size!r} of {family}: see SIZE_FAMILIES")
+    sizes, vision_sizes = (BENCH_TEXT, BENCH_VISION) if size == "bench" else (TEXT, {})
     text = {
         **sizes,
         "rope_parameters": dict(sizes["rope_parameters"]),
@@ -690,7 +693,7 @@ def build_config(family: str, tokenizer: Any, bench: bool = False) -> Any:
             **QWEN2_5_VISION,
             "out_hidden_size": sizes["hidden_size"],
             "tokens_per_second": 2,
-            **(BENCH_VISION if bench else {}),
+            **vision_sizes,
         }
         config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **common)
     else:
@@ -777,9 +780,10 @@ def reinit_fan_in(model: Any, seed: int) -> None:
                 param.normal_(0.0, INIT_STD, generator=generator)
 
 
-def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -> Path:
+def build_tiny(family: str, out_dir: Path, seed: int = 0, size: str = "tiny") -> Path:
     """Write a tiny ``family`` checkpoint (model, tokenizer, processor) to ``out_dir``
-    (``bench``: the benchmark sizes, see :data:`BENCH_TEXT`).
+    (``size``: ``"bench"`` or ``"learner"``, the families of :data:`SIZE_FAMILIES`; random
+    weights either way).
 
     ``out_dir`` is replaced. Returns ``out_dir``. Same ``seed`` → same bytes.
     """
@@ -794,13 +798,18 @@ def build_tiny(family: str, out_dir: Path, seed: int = 0, bench: bool = False) -
 
     if family not in FAMILIES:
         raise ValueError(f"unknown tiny family {family!r}; choose from {', '.join(FAMILIES)}")
+    if size != "tiny" and size not in SIZE_FAMILIES:
+        raise ValueError(f"unknown size {size!r}; choose from tiny, {', '.join(SIZE_FAMILIES)}")
+    if size != "tiny" and SIZE_FAMILIES[size] != family:
+        raise ValueError(f"the {size} size exists for {SIZE_FAMILIES[size]} only, not {family}")
     if family in NEXT_BUILDERS:
         builder = importlib.import_module(NEXT_BUILDERS[family])
-        model, processor = builder.build(family, seed)
+        args = {"size": size} if size != "tiny" else {}
+        model, processor = builder.build(family, seed, **args)
         return save_checkpoint(model, processor, Path(out_dir))
     tokenizer = train_tokenizer(family)
     processor = build_processor(family, tokenizer)
-    config = build_config(family, tokenizer, bench=bench)
+    config = build_config(family, tokenizer, size=size)
     cls = {
         "qwen2_5_vl": Qwen2_5_VLForConditionalGeneration,
         "qwen2_vl": Qwen2VLForConditionalGeneration,
@@ -841,7 +850,7 @@ def bench_model(assets_dir: Path, rebuild: bool = False) -> Path:
     """``assets_dir/models/bench-qwen2_5_vl``, built on first use (not committed)."""
     folder = Path(assets_dir) / "models" / BENCH_MODEL
     if rebuild or not (folder / "config.json").is_file():
-        build_tiny("qwen2_5_vl", folder, bench=True)
+        build_tiny("qwen2_5_vl", folder, size="bench")
     return folder
 
 

@@ -83,6 +83,28 @@ QWEN3_VISION = {
     "temporal_patch_size": 2,
     "deepstack_visual_indexes": [0, 1],
 }
+# The "learner" size (built and pre-trained by scripts/make_learner.py): a
+# Qwen3-VL of about 1.6 M parameters with room to learn what the tiny models cannot (boxes,
+# chart values, clip events; docs/learning.md). Qwen3-VL rather than Qwen2.5-VL: its vision
+# tower adds a learned absolute position table to the patches, so a visual token carries where
+# it is; Qwen2.5-VL's tower has rotary (relative) positions only. Text 128 wide, 4 layers, 4
+# heads of 32 (2 KV heads); vision 64 wide, 4 blocks, DeepStack from blocks 1–3.
+LEARNER_TEXT = {
+    **QWEN3_TEXT,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "head_dim": 32,
+    "rope_parameters": {**QWEN3_TEXT["rope_parameters"], "mrope_section": [4, 6, 6]},
+}
+LEARNER_VISION = {
+    **QWEN3_VISION,
+    "depth": 4,
+    "hidden_size": 64,
+    "intermediate_size": 192,
+    "out_hidden_size": LEARNER_TEXT["hidden_size"],
+    "deepstack_visual_indexes": [1, 2, 3],
+}
 MOE = {
     "num_experts": 4,
     "num_experts_per_tok": 2,
@@ -144,7 +166,8 @@ def vl_processor(tokenizer: Any, chat_template: str) -> Any:
     )
 
 
-def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
+def build_qwen3_vl(family: str, seed: int, size: str = "tiny") -> tuple[Any, Any]:
+    """The tiny Qwen3-VL (``size="learner"``: :data:`LEARNER_TEXT`, dense only)."""
     from transformers import (
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
@@ -154,7 +177,10 @@ def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
 
     tokenizer = train_qwen3_tokenizer(QWEN3_VL_CHAT_TEMPLATE)
     processor = vl_processor(tokenizer, QWEN3_VL_CHAT_TEMPLATE)
-    text = {**QWEN3_TEXT, "rope_parameters": dict(QWEN3_TEXT["rope_parameters"])}
+    sizes, vision = (
+        (LEARNER_TEXT, LEARNER_VISION) if size == "learner" else (QWEN3_TEXT, QWEN3_VISION)
+    )
+    text = {**sizes, "rope_parameters": dict(sizes["rope_parameters"])}
     text |= tiny.qwen_token_ids(tokenizer)
     moe = family == "qwen3_vl_moe"
     if moe:
@@ -162,7 +188,7 @@ def build_qwen3_vl(family: str, seed: int) -> tuple[Any, Any]:
     config_cls = Qwen3VLMoeConfig if moe else Qwen3VLConfig
     config = config_cls(
         text_config=text,
-        vision_config=dict(QWEN3_VISION),
+        vision_config=dict(vision),
         **tiny.qwen_vision_ids(tokenizer),
     )
     model_cls = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
@@ -323,12 +349,15 @@ def build_qwen3_5(seed: int) -> tuple[Any, Any]:
     return model, processor
 
 
-def build(family: str, seed: int) -> tuple[Any, Any]:
-    """``(model, processor)`` of the tiny ``family`` (see the module docstring)."""
+def build(family: str, seed: int, size: str = "tiny") -> tuple[Any, Any]:
+    """``(model, processor)`` of the tiny ``family`` (see the module docstring); ``size``:
+    ``"learner"`` for ``qwen3_vl``."""
+    if size != "tiny" and family != "qwen3_vl":
+        raise ValueError(f"size {size!r} exists for qwen3_vl only")
     if family == "qwen3_5":
         return build_qwen3_5(seed)
     if family in ("qwen3_vl", "qwen3_vl_moe"):
-        return build_qwen3_vl(family, seed)
+        return build_qwen3_vl(family, seed, size)
     if family == "qwen3_omni":
         return build_qwen3_omni(seed)
     raise ValueError(f"tiny.qwen3 builds no {family!r}")

@@ -1,0 +1,274 @@
+"""Build the learner: a small Qwen3-VL pre-trained here on the bundled generators' data.
+
+    python scripts/make_learner.py                          # assets/models/learner-qwen3_vl
+    python scripts/make_learner.py --steps 300 --out /tmp/learner --only shapes_grounding
+
+The tiny models (0.2 M parameters, 4–16 visual tokens) cannot learn boxes, chart values or clip
+events at all: their supervised ceilings on those tasks are at chance (docs/learning.md). The
+learner is the tiny Qwen3-VL's architecture made wider and deeper (``size="learner"`` in
+:mod:`mmrft.models.tiny.qwen3`: about 1.6 M parameters), then pre-trained, as a real VLM is
+before anyone runs RL on it:
+
+1. **data**: a *pretraining* split of each benchmark in :data:`MIXTURE`, drawn by the bundled
+   generators (scripts/make_benchmarks.py) at seeds of its own (``[PRETRAIN_SEED, i]``), never
+   the benchmarks' train or test splits (checked: no pretraining image equals a test image),
+   written under ``--cache`` once;
+2. **form**: each sample's bare question ("the green cross", "Which direction does the green
+   triangle move?") answered by its bare reference answer (``{"bbox_2d": [...]}``, ``down``):
+   not the tasks' prompt templates, instructions or ``<answer>`` format, which the RL recipes'
+   warm start teaches;
+3. **training**: supervised next-token loss on the answer tokens; each step one benchmark's
+   batch (round robin over :data:`MIXTURE`), each benchmark at its learning recipe's media budget
+   (configs/learn/NAME.yaml); AdamW, linear warm-up then cosine decay; fixed seeds, so the same
+   command on the same CPU and thread count writes the same weights;
+4. **output**: ``--out`` (a ``save_pretrained`` folder) and ``--out/pretraining.json`` (the
+   command, steps, seconds, threads, CPU, the loss curve per benchmark).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from mmrft.config import load_config  # noqa: E402
+from mmrft.models.tiny.base import build_tiny, save_checkpoint  # noqa: E402
+from mmrft.policy.model import Policy, completion_logps  # noqa: E402
+from mmrft.rollout.base import Sampling  # noqa: E402
+from mmrft.rollout.hf import HFEngine  # noqa: E402
+from mmrft.rollout.preflight import preflight  # noqa: E402
+from mmrft.rollout.setup import read_data  # noqa: E402
+from mmrft.runtime.device import seed_everything  # noqa: E402
+
+PRETRAIN_SEED = 7001
+# benchmark → samples in its pretraining split (each benchmark's learning recipe,
+# configs/learn/NAME.yaml, gives the task and the media budget)
+MIXTURE = {"shapes_grounding": 20000}
+DEFAULT_OUT = REPO / "assets" / "models" / "learner-qwen3_vl"
+DEFAULT_CACHE = REPO / "runs" / "learner-data"
+
+
+def generators():
+    """scripts/make_benchmarks.py, imported from its file (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "make_benchmarks", REPO / "scripts" / "make_benchmarks.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["make_benchmarks"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def pretraining_split(name: str, n: int, cache: Path) -> Path:
+    """``cache/name/pretrain.jsonl``, ``n`` samples drawn by ``name``'s generator at
+    ``[PRETRAIN_SEED, index of name]``; written once (kept while ``n`` is unchanged)."""
+    folder = cache / name
+    stamp = folder / "pretrain.n"
+    if stamp.is_file() and stamp.read_text() == str(n):
+        return folder / "pretrain.jsonl"
+    make = generators()
+    index = list(make.BENCHMARKS).index(name)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    make.BENCHMARKS[name].write(
+        folder, "pretrain", n, np.random.default_rng([PRETRAIN_SEED, index])
+    )
+    check_disjoint(folder, REPO / "assets" / "benchmarks" / name)
+    stamp.write_text(str(n))
+    return folder / "pretrain.jsonl"
+
+
+def check_disjoint(pretrain: Path, benchmark: Path) -> None:
+    """Refuse a pretraining split that holds any of the benchmark's test media (same bytes)."""
+
+    def digests(folder: Path, prefix: str) -> set[bytes]:
+        import hashlib
+
+        return {
+            hashlib.sha256(p.read_bytes()).digest()
+            for p in folder.rglob(f"{prefix}-*")
+            if p.is_file()
+        }
+
+    shared = digests(pretrain, "pretrain") & digests(benchmark, "test")
+    if shared:
+        raise SystemExit(
+            f"{pretrain}: {len(shared)} pretraining media equal test media of {benchmark}"
+        )
+
+
+def load_samples(name: str, split: Path, model: Path):
+    """``(pretraining samples, test samples, family, task)``: the pretraining split and the
+    benchmark's test split read by ``name``'s learning recipe (its task, model family and media
+    budget) with the learner at ``model``."""
+    cfg = load_config(f"learn/{name}", [f"model.path={model}", f"data.train={split}"])
+    task, family = preflight(cfg)
+    train, test = read_data(cfg, task, family)
+    return train, test, family, task
+
+
+def held_out(model, processor, test, family, task, max_new_tokens: int = 48) -> float:
+    """The task's strict held-out metric on the bare questions of ``test``, greedy, each
+    completion scored as if it were the answer block's content."""
+    policy = Policy(family, model, processor)
+    sampling = Sampling(max_new_tokens, greedy=True)
+    with torch.no_grad():
+        rollouts = HFEngine(policy, 100).generate([s.messages for s in test], 1, sampling)
+    records = task.evaluate([f"<answer>{t.strip()}</answer>" for t in rollouts.texts], test)
+    return float(task.aggregate(records)[task.primary_metric])
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to 0.1·lr at ``steps``."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def evaluate_only(args: argparse.Namespace) -> dict:
+    """The held-out metric of an existing learner (``--eval-only MODEL``) on each benchmark."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    torch.set_num_threads(args.threads)
+    model = AutoModelForImageTextToText.from_pretrained(args.eval_only, dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(args.eval_only)
+    metrics = {}
+    for name in [k for k in MIXTURE if not args.only or k in args.only]:
+        split = REPO / "assets" / "benchmarks" / name / "train.jsonl"  # read, not trained on
+        _, test, family, task = load_samples(name, split, Path(args.eval_only))
+        metrics[name] = {task.primary_metric: held_out(model, processor, test, family, task)}
+    return metrics
+
+
+def pretrain(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    seed_everything(args.seed)
+    mixture = {k: args.samples or v for k, v in MIXTURE.items() if not args.only or k in args.only}
+    out = Path(args.out)
+    start = Path(tempfile.mkdtemp(prefix="learner-init-"))
+    build_tiny("qwen3_vl", start, seed=args.seed, size="learner")
+    data = {}
+    for name, n in mixture.items():
+        split = pretraining_split(name, n, Path(args.cache))
+        data[name] = load_samples(name, split, start)
+        print(f"{name}: {len(data[name][0])} pretraining samples", flush=True)
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(start, dtype=torch.float32)
+    processor = AutoProcessor.from_pretrained(start)
+    model.train()
+    end_of_turn = processor.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    rng = random.Random(args.seed)
+    names = list(data)
+    curve: dict[str, list[list[float]]] = {name: [] for name in names}
+    recent: dict[str, list[float]] = {name: [] for name in names}
+    t0 = time.perf_counter()
+    for step in range(args.steps):
+        name = names[step % len(names)]
+        samples, _, family, task = data[name]
+        batch = [samples[rng.randrange(len(samples))] for _ in range(args.batch_size)]
+        conversations = [s.messages for s in batch]  # the bare question with its media
+        answers = [task.reference_answer(s) for s in batch]
+        prepared = family.prepare(processor, conversations, add_generation_prompt=True)
+        rows = family.split_rows(prepared, processor)
+        completions = [
+            processor.tokenizer.encode(a, add_special_tokens=False) + [end_of_turn] for a in answers
+        ]
+        logps, mask, _ = completion_logps(Policy(family, model, processor), rows, completions)
+        loss = -(logps * mask).sum() / mask.sum()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        recent[name].append(loss.item())
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            for key in names:
+                if recent[key]:
+                    curve[key].append([step + 1, float(np.mean(recent[key]))])
+                    recent[key] = []
+            losses = ", ".join(f"{k} {curve[k][-1][1]:.3f}" for k in names if curve[k])
+            print(
+                f"step {step + 1}/{args.steps} ({time.perf_counter() - t0:.0f} s): {losses}",
+                flush=True,
+            )
+    seconds = time.perf_counter() - t0
+    model.eval()
+    metrics = {}
+    for name, (_, test, family, task) in data.items():
+        metrics[name] = {task.primary_metric: held_out(model, processor, test, family, task)}
+        print(
+            f"{name}: held-out {task.primary_metric} {metrics[name][task.primary_metric]:.3f} (bare questions)",
+            flush=True,
+        )
+    save_checkpoint(model, processor, out)
+    shutil.rmtree(start, ignore_errors=True)
+    record = {
+        "command": "python scripts/make_learner.py " + " ".join(sys.argv[1:]),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "mixture": mixture,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "threads": args.threads,
+        "seconds": round(seconds, 1),
+        "cpu": cpu_model(),
+        "held_out": metrics,
+        "loss": curve,
+    }
+    (out / "pretraining.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record
+
+
+def cpu_model() -> str:
+    for line in (
+        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    ):
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="output model folder")
+    parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="pretraining data folder")
+    parser.add_argument("--only", nargs="+", help="benchmarks of MIXTURE to pretrain on")
+    parser.add_argument(
+        "--samples", type=int, help="pretraining samples per benchmark (default: MIXTURE's)"
+    )
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument("--eval-only", metavar="MODEL", help="only evaluate an existing learner")
+    args = parser.parse_args()
+    if args.eval_only:
+        print(json.dumps(evaluate_only(args)))
+        return
+    record = pretrain(args)
+    print(json.dumps({k: v for k, v in record.items() if k != "loss"}))
+
+
+if __name__ == "__main__":
+    main()
