@@ -56,7 +56,7 @@ from mmrft.runtime.device import seed_everything  # noqa: E402
 PRETRAIN_SEED = 7001
 # benchmark → samples in its pretraining split (each benchmark's learning recipe,
 # configs/learn/NAME.yaml, gives the task and the media budget)
-MIXTURE = {"shapes_grounding": 20000}
+MIXTURE = {"shapes_grounding": 20000, "shapes_detection": 10000}
 DEFAULT_OUT = REPO / "assets" / "models" / "learner-qwen3_vl"
 DEFAULT_CACHE = REPO / "runs" / "learner-data"
 
@@ -160,7 +160,11 @@ def pretrain(args: argparse.Namespace) -> dict:
     mixture = {k: args.samples or v for k, v in MIXTURE.items() if not args.only or k in args.only}
     out = Path(args.out)
     start = Path(tempfile.mkdtemp(prefix="learner-init-"))
-    build_tiny("qwen3_vl", start, seed=args.seed, size="learner")
+    if args.init:  # continued pretraining of an earlier learner
+        shutil.rmtree(start)
+        shutil.copytree(args.init, start)
+    else:
+        build_tiny("qwen3_vl", start, seed=args.seed, size="learner")
     data = {}
     for name, n in mixture.items():
         split = pretraining_split(name, n, Path(args.cache))
@@ -221,6 +225,9 @@ def pretrain(args: argparse.Namespace) -> dict:
     shutil.rmtree(start, ignore_errors=True)
     record = {
         "command": "python scripts/make_learner.py " + " ".join(sys.argv[1:]),
+        "init": json.loads((Path(args.init) / "pretraining.json").read_text())
+        if args.init
+        else None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "mixture": mixture,
         "steps": args.steps,
@@ -261,6 +268,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument(
+        "--init", metavar="MODEL", help="continue from this learner (default: random)"
+    )
     parser.add_argument("--eval-only", metavar="MODEL", help="only evaluate an existing learner")
     args = parser.parse_args()
     if args.eval_only:

@@ -1,0 +1,64 @@
+"""scripts/make_learner.py: the learner's pretraining runs end to end on a few fresh samples,
+never on a benchmark's test media, and writes a loadable checkpoint with its record."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "make_learner", REPO / "scripts" / "make_learner.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_short_pretraining_writes_the_learner_and_its_record(tmp_path: Path) -> None:
+    out, cache = tmp_path / "learner", tmp_path / "cache"
+    command = [
+        sys.executable, str(REPO / "scripts" / "make_learner.py"), "--only", "shapes_grounding",
+        "--samples", "12", "--steps", "3", "--batch-size", "2", "--log-every", "1",
+        "--threads", "1", "--out", str(out), "--cache", str(cache),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((out / "pretraining.json").read_text())
+    assert record["mixture"] == {"shapes_grounding": 12} and record["steps"] == 3
+    assert [step for step, _ in record["loss"]["shapes_grounding"]] == [1, 2, 3]
+    held = record["held_out"]["shapes_grounding"]["acc@0.5"]
+    assert 0.0 <= held <= 1.0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen3_vl" and record["parameters"] > 1_000_000
+    lines = (cache / "shapes_grounding" / "pretrain.jsonl").read_text().splitlines()
+    assert len(lines) == 12 and all('"images/pretrain-' in line for line in lines)
+
+
+def test_pretraining_media_equal_to_test_media_are_refused(tmp_path: Path) -> None:
+    make_learner = _script()
+    benchmark = REPO / "assets" / "benchmarks" / "shapes_grounding"
+    (tmp_path / "images").mkdir()
+    test_image = benchmark / "images" / "test-0007.png"
+    (tmp_path / "images" / "pretrain-0000.png").write_bytes(test_image.read_bytes())
+    with pytest.raises(SystemExit, match="1 pretraining media equal test media"):
+        make_learner.check_disjoint(tmp_path, benchmark)
+    (tmp_path / "images" / "pretrain-0000.png").write_bytes(b"other bytes")
+    make_learner.check_disjoint(tmp_path, benchmark)
+
+
+def test_the_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
+    lr_at = _script().lr_at
+    assert lr_at(0, 100, 1e-3, 10) == pytest.approx(1e-4)
+    assert lr_at(9, 100, 1e-3, 10) == pytest.approx(1e-3)
+    assert lr_at(10, 100, 1e-3, 10) == pytest.approx(1e-3)
+    assert lr_at(55, 100, 1e-3, 10) == pytest.approx(1e-3 * (0.1 + 0.9 * 0.5))
+    assert lr_at(100, 100, 1e-3, 10) == pytest.approx(1e-4)
