@@ -72,20 +72,46 @@ def generators():
     return module
 
 
-def pretraining_split(name: str, n: int, cache: Path) -> Path:
-    """``cache/name/pretrain.jsonl``, ``n`` samples drawn by ``name``'s generator at
-    ``[PRETRAIN_SEED, index of name]``; written once (kept while ``n`` is unchanged)."""
+CHUNK = (
+    1000  # samples per generator call: chunk c of a benchmark draws at [PRETRAIN_SEED, index, c]
+)
+
+
+def write_chunk(job: tuple[str, Path, int, int]) -> None:
+    """Chunk ``c`` of ``name``'s pretraining split: ``n`` samples into ``folder`` as split
+    ``pretrain<c>`` (a worker process's job)."""
+    name, folder, c, n = job
+    make = generators()
+    index = list(make.BENCHMARKS).index(name)
+    rng = np.random.default_rng([PRETRAIN_SEED, index, c])
+    make.BENCHMARKS[name].write(folder, f"pretrain{c:03d}", n, rng)
+
+
+def pretraining_split(name: str, n: int, cache: Path, workers: int = 1) -> Path:
+    """``cache/name/pretrain.jsonl``: ``n`` samples drawn by ``name``'s generator in chunks of
+    :data:`CHUNK` (chunk ``c`` at ``[PRETRAIN_SEED, index of name, c]``, so the split does not
+    depend on ``workers``, the processes that draw them); written once (kept while ``n`` is
+    unchanged)."""
+    import multiprocessing
+
     folder = cache / name
     stamp = folder / "pretrain.n"
     if stamp.is_file() and stamp.read_text() == str(n):
         return folder / "pretrain.jsonl"
-    make = generators()
-    index = list(make.BENCHMARKS).index(name)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    make.BENCHMARKS[name].write(
-        folder, "pretrain", n, np.random.default_rng([PRETRAIN_SEED, index])
-    )
+    jobs = [(name, folder, c, min(CHUNK, n - c * CHUNK)) for c in range(math.ceil(n / CHUNK))]
+    if workers > 1:
+        with multiprocessing.get_context("spawn").Pool(workers) as pool:
+            pool.map(write_chunk, jobs)
+    else:
+        for job in jobs:
+            write_chunk(job)
+    with open(folder / "pretrain.jsonl", "w") as out:
+        for _, _, c, _ in jobs:
+            chunk = folder / f"pretrain{c:03d}.jsonl"
+            out.write(chunk.read_text())
+            chunk.unlink()
     check_disjoint(folder, REPO / "assets" / "benchmarks" / name)
     stamp.write_text(str(n))
     return folder / "pretrain.jsonl"
@@ -99,7 +125,7 @@ def check_disjoint(pretrain: Path, benchmark: Path) -> None:
 
         return {
             hashlib.sha256(p.read_bytes()).digest()
-            for p in folder.rglob(f"{prefix}-*")
+            for p in folder.rglob(f"{prefix}*")
             if p.is_file()
         }
 
@@ -167,7 +193,7 @@ def pretrain(args: argparse.Namespace) -> dict:
         build_tiny("qwen3_vl", start, seed=args.seed, size="learner")
     data = {}
     for name, n in mixture.items():
-        split = pretraining_split(name, n, Path(args.cache))
+        split = pretraining_split(name, n, Path(args.cache), args.workers)
         data[name] = load_samples(name, split, start)
         print(f"{name}: {len(data[name][0])} pretraining samples", flush=True)
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -257,6 +283,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="output model folder")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="pretraining data folder")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="processes drawing the pretraining data"
+    )
     parser.add_argument("--only", nargs="+", help="benchmarks of MIXTURE to pretrain on")
     parser.add_argument(
         "--samples", type=int, help="pretraining samples per benchmark (default: MIXTURE's)"
