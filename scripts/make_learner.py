@@ -9,10 +9,11 @@ learner is the tiny Qwen3-VL's architecture made wider and deeper (``size="learn
 :mod:`mmrft.models.tiny.qwen3`: about 1.6 M parameters), then pre-trained, as a real VLM is
 before anyone runs RL on it:
 
-1. **data**: a *pretraining* split of each benchmark in :data:`MIXTURE`, drawn by the bundled
-   generators (scripts/make_benchmarks.py) at seeds of its own (``[PRETRAIN_SEED, i]``), never
-   the benchmarks' train or test splits (checked: no pretraining image equals a test image),
-   written under ``--cache`` once;
+1. **data**: a *pretraining* split of each benchmark in :data:`MIXTURE` (so far grounding and
+   detection), drawn by the bundled generators (scripts/make_benchmarks.py) at seeds of its own
+   (chunk ``c`` of benchmark ``i`` at ``[PRETRAIN_SEED, i, c]``), never the benchmarks' train
+   or test splits (checked: no pretraining image equals a test image), written under
+   ``--cache`` once by ``--workers`` processes;
 2. **form**: each sample's bare question ("the green cross", "Which direction does the green
    triangle move?") answered by its bare reference answer (``{"bbox_2d": [...]}``, ``down``):
    not the tasks' prompt templates, instructions or ``<answer>`` format, which the RL recipes'
@@ -62,7 +63,9 @@ DEFAULT_CACHE = REPO / "runs" / "learner-data"
 
 
 def generators():
-    """scripts/make_benchmarks.py, imported from its file (scripts/ is not a package)."""
+    """scripts/make_benchmarks.py, imported once from its file (scripts/ is not a package)."""
+    if "make_benchmarks" in sys.modules:
+        return sys.modules["make_benchmarks"]
     spec = importlib.util.spec_from_file_location(
         "make_benchmarks", REPO / "scripts" / "make_benchmarks.py"
     )
