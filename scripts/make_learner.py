@@ -29,6 +29,7 @@ before anyone runs RL on it:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -46,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from mmrft.config import load_config  # noqa: E402
+from mmrft.evaluation.runlog import cpu_model  # noqa: E402
 from mmrft.models.tiny.base import build_tiny, save_checkpoint  # noqa: E402
 from mmrft.policy.model import Policy, completion_logps  # noqa: E402
 from mmrft.rollout.base import Sampling  # noqa: E402
@@ -124,8 +126,6 @@ def check_disjoint(pretrain: Path, benchmark: Path) -> None:
     """Refuse a pretraining split that holds any of the benchmark's test media (same bytes)."""
 
     def digests(folder: Path, prefix: str) -> set[bytes]:
-        import hashlib
-
         return {
             hashlib.sha256(p.read_bytes()).digest()
             for p in folder.rglob(f"{prefix}*")
@@ -271,15 +271,6 @@ def pretrain(args: argparse.Namespace) -> dict:
     }
     (out / "pretraining.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
-
-
-def cpu_model() -> str:
-    for line in (
-        Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
-    ):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def main() -> None:
