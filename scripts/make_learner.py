@@ -14,10 +14,13 @@ before anyone runs RL on it:
    (chunk ``c`` of benchmark ``i`` at ``[PRETRAIN_SEED, i, c]``), never the benchmarks' train
    or test splits (checked: no pretraining image equals a test image), written under
    ``--cache`` once by ``--workers`` processes;
-2. **form**: each sample's bare question ("the green cross", "Which direction does the green
-   triangle move?") answered by its bare reference answer (``{"bbox_2d": [...]}``, ``down``):
-   not the tasks' prompt templates, instructions or ``<answer>`` format, which the RL recipes'
-   warm start teaches;
+2. **form** (``--form``): ``task`` (the default) trains on each task's own prompt (template,
+   instructions, the family's box instruction) answered ``<answer>reference</answer>``, as the
+   instruction-tuned checkpoints RL papers start from, so the learner's RL recipes need no
+   format warm start and "before RL" is the pretrained model's level; ``bare`` trains on the
+   bare question ("the green cross") answered by the bare reference (``{"bbox_2d": [...]}``),
+   leaving the prompt and the answer format to a warm start (measured: a random-label warm
+   start then wipes the skill, docs/learning.md);
 3. **training**: supervised next-token loss on the answer tokens; each step one benchmark's
    batch (round robin over :data:`MIXTURE`), each benchmark at its learning recipe's media budget
    (configs/learn/NAME.yaml); AdamW, linear warm-up then cosine decay; fixed seeds, so the same
@@ -38,7 +41,9 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,11 +60,12 @@ from mmrft.rollout.hf import HFEngine  # noqa: E402
 from mmrft.rollout.preflight import preflight  # noqa: E402
 from mmrft.rollout.setup import read_data  # noqa: E402
 from mmrft.runtime.device import seed_everything  # noqa: E402
+from mmrft.training.warm_start import answer_completion  # noqa: E402
 
 PRETRAIN_SEED = 7001
 # benchmark → samples in its pretraining split (each benchmark's learning recipe,
 # configs/learn/NAME.yaml, gives the task and the media budget)
-MIXTURE = {"shapes_grounding": 20000, "shapes_detection": 10000}
+MIXTURE = {"shapes_grounding": 40000, "shapes_detection": 20000}
 DEFAULT_OUT = REPO / "assets" / "models" / "learner-qwen3_vl"
 DEFAULT_CACHE = REPO / "runs" / "learner-data"
 
@@ -139,25 +145,53 @@ def check_disjoint(pretrain: Path, benchmark: Path) -> None:
         )
 
 
-def load_samples(name: str, split: Path, model: Path):
-    """``(pretraining samples, test samples, family, task)``: the pretraining split and the
-    benchmark's test split read by ``name``'s learning recipe (its task, model family and media
-    budget) with the learner at ``model``."""
+FORMS = ("task", "bare")
+
+
+@dataclass
+class Benchmark:
+    """One benchmark of the mixture as its learning recipe reads it with the learner."""
+
+    train: list  # the pretraining split's samples
+    test: list  # the benchmark's test split (evaluated, never trained on)
+    family: Any
+    task: Any
+    max_new_tokens: int  # the recipe's evaluation budget
+
+
+def load_benchmark(name: str, split: Path, model: Path) -> Benchmark:
+    """The pretraining split and the benchmark's test split read by ``name``'s learning recipe
+    (configs/learn/NAME.yaml: its task, model family, media and token budgets) with the learner
+    at ``model``."""
     cfg = load_config(f"learn/{name}", [f"model.path={model}", f"data.train={split}"])
     task, family = preflight(cfg)
     train, test = read_data(cfg, task, family)
-    return train, test, family, task
+    budget = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    return Benchmark(train, test, family, task, budget)
 
 
-def held_out(model, processor, test, family, task, max_new_tokens: int = 48) -> float:
-    """The task's strict held-out metric on the bare questions of ``test``, greedy, each
-    completion scored as if it were the answer block's content."""
-    policy = Policy(family, model, processor)
-    sampling = Sampling(max_new_tokens, greedy=True)
+def training_pair(sample, bench: Benchmark, form: str) -> tuple[list[dict], str]:
+    """``(conversation, answer text)`` of one sample in ``form`` (see the module docstring)."""
+    if form == "task":
+        prompt = bench.task.prompt(sample, bench.family)
+        return prompt, answer_completion(bench.task.reference_answer(sample))
+    return sample.messages, bench.task.reference_answer(sample)
+
+
+def held_out(model, processor, bench: Benchmark, form: str) -> float:
+    """The task's strict held-out metric on ``bench``'s test split, greedy, with the recipe's
+    evaluation budget, the prompts in ``form`` (a bare completion is scored as if it were the
+    answer block's content)."""
+    policy = Policy(bench.family, model, processor)
+    sampling = Sampling(bench.max_new_tokens, greedy=True)
+    conversations = [training_pair(s, bench, form)[0] for s in bench.test]
     with torch.no_grad():
-        rollouts = HFEngine(policy, 100).generate([s.messages for s in test], 1, sampling)
-    records = task.evaluate([f"<answer>{t.strip()}</answer>" for t in rollouts.texts], test)
-    return float(task.aggregate(records)[task.primary_metric])
+        rollouts = HFEngine(policy, 100).generate(conversations, 1, sampling)
+    texts = rollouts.texts
+    if form == "bare":
+        texts = [answer_completion(t.strip()) for t in texts]
+    records = bench.task.evaluate(texts, bench.test)
+    return float(bench.task.aggregate(records)[bench.task.primary_metric])
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -178,8 +212,9 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     metrics = {}
     for name in [k for k in MIXTURE if not args.only or k in args.only]:
         split = REPO / "assets" / "benchmarks" / name / "train.jsonl"  # read, not trained on
-        _, test, family, task = load_samples(name, split, Path(args.eval_only))
-        metrics[name] = {task.primary_metric: held_out(model, processor, test, family, task)}
+        bench = load_benchmark(name, split, Path(args.eval_only))
+        metric = held_out(model, processor, bench, args.form)
+        metrics[name] = {bench.task.primary_metric: metric}
     return metrics
 
 
@@ -197,8 +232,8 @@ def pretrain(args: argparse.Namespace) -> dict:
     data = {}
     for name, n in mixture.items():
         split = pretraining_split(name, n, Path(args.cache), args.workers)
-        data[name] = load_samples(name, split, start)
-        print(f"{name}: {len(data[name][0])} pretraining samples", flush=True)
+        data[name] = load_benchmark(name, split, start)
+        print(f"{name}: {len(data[name].train)} pretraining samples", flush=True)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     model = AutoModelForImageTextToText.from_pretrained(start, dtype=torch.float32)
@@ -210,19 +245,64 @@ def pretrain(args: argparse.Namespace) -> dict:
     names = list(data)
     curve: dict[str, list[list[float]]] = {name: [] for name in names}
     recent: dict[str, list[float]] = {name: [] for name in names}
+    held_out_curve: list[list] = []  # [step, {benchmark: {metric: value}}]
+    eval_seconds = 0.0
+
+    def evaluate_and_save(done: int) -> dict:
+        """Held-out metrics after ``done`` steps; the weights and the record written to ``out``
+        (a kill loses at most ``--eval-every`` steps)."""
+        nonlocal eval_seconds
+        t_eval = time.perf_counter()
+        model.eval()
+        metrics = {}
+        for name, bench in data.items():
+            metric = held_out(model, processor, bench, args.form)
+            metrics[name] = {bench.task.primary_metric: metric}
+            print(
+                f"step {done}: {name} held-out {bench.task.primary_metric} {metric:.3f} "
+                f"({args.form} prompts)",
+                flush=True,
+            )
+        model.train()
+        held_out_curve.append([done, metrics])
+        save_checkpoint(model, processor, out)
+        eval_seconds += time.perf_counter() - t_eval
+        record = {
+            "command": "python scripts/make_learner.py " + " ".join(sys.argv[1:]),
+            "init": json.loads((Path(args.init) / "pretraining.json").read_text())
+            if args.init
+            else None,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "mixture": mixture,
+            "form": args.form,
+            "steps": args.steps,
+            "steps_done": done,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "seed": args.seed,
+            "threads": args.threads,
+            "seconds": round(time.perf_counter() - t0 - eval_seconds, 1),  # training only
+            "eval_seconds": round(eval_seconds, 1),
+            "cpu": cpu_model(),
+            "held_out": metrics,
+            "held_out_curve": held_out_curve,
+            "loss": curve,
+        }
+        (out / "pretraining.json").write_text(json.dumps(record, indent=1) + "\n")
+        return record
+
     t0 = time.perf_counter()
     for step in range(args.steps):
         name = names[step % len(names)]
-        samples, _, family, task = data[name]
-        batch = [samples[rng.randrange(len(samples))] for _ in range(args.batch_size)]
-        conversations = [s.messages for s in batch]  # the bare question with its media
-        answers = [task.reference_answer(s) for s in batch]
-        prepared = family.prepare(processor, conversations, add_generation_prompt=True)
-        rows = family.split_rows(prepared, processor)
+        bench = data[name]
+        batch = [bench.train[rng.randrange(len(bench.train))] for _ in range(args.batch_size)]
+        conversations, answers = zip(*(training_pair(s, bench, args.form) for s in batch))
+        prepared = bench.family.prepare(processor, list(conversations), add_generation_prompt=True)
+        rows = bench.family.split_rows(prepared, processor)
         completions = [
             processor.tokenizer.encode(a, add_special_tokens=False) + [end_of_turn] for a in answers
         ]
-        logps, mask, _ = completion_logps(Policy(family, model, processor), rows, completions)
+        logps, mask, _ = completion_logps(Policy(bench.family, model, processor), rows, completions)
         loss = -(logps * mask).sum() / mask.sum()
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
@@ -241,35 +321,10 @@ def pretrain(args: argparse.Namespace) -> dict:
                 f"step {step + 1}/{args.steps} ({time.perf_counter() - t0:.0f} s): {losses}",
                 flush=True,
             )
-    seconds = time.perf_counter() - t0
-    model.eval()
-    metrics = {}
-    for name, (_, test, family, task) in data.items():
-        metrics[name] = {task.primary_metric: held_out(model, processor, test, family, task)}
-        print(
-            f"{name}: held-out {task.primary_metric} {metrics[name][task.primary_metric]:.3f} (bare questions)",
-            flush=True,
-        )
-    save_checkpoint(model, processor, out)
+        if args.eval_every and (step + 1) % args.eval_every == 0 and step + 1 < args.steps:
+            evaluate_and_save(step + 1)
+    record = evaluate_and_save(args.steps)
     shutil.rmtree(start, ignore_errors=True)
-    record = {
-        "command": "python scripts/make_learner.py " + " ".join(sys.argv[1:]),
-        "init": json.loads((Path(args.init) / "pretraining.json").read_text())
-        if args.init
-        else None,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "mixture": mixture,
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "lr": args.lr,
-        "seed": args.seed,
-        "threads": args.threads,
-        "seconds": round(seconds, 1),
-        "cpu": cpu_model(),
-        "held_out": metrics,
-        "loss": curve,
-    }
-    (out / "pretraining.json").write_text(json.dumps(record, indent=1) + "\n")
     return record
 
 
@@ -284,13 +339,19 @@ def main() -> None:
     parser.add_argument(
         "--samples", type=int, help="pretraining samples per benchmark (default: MIXTURE's)"
     )
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument(
+        "--form", choices=FORMS, default="task", help="task prompts (default) or bare questions"
+    )
+    parser.add_argument("--steps", type=int, default=12000)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--log-every", type=int, default=50)
+    parser.add_argument(
+        "--eval-every", type=int, default=2000, help="held-out metrics and weights every N steps"
+    )
     parser.add_argument(
         "--init", metavar="MODEL", help="continue from this learner (default: random)"
     )
