@@ -39,6 +39,7 @@ Dr.GRPO 2503.20783; GSPO 2507.18071; RLOO 2402.14740; REINFORCE++ 2501.03262; du
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -171,6 +172,22 @@ def entropy_from_logits(logits: Tensor) -> Tensor:
         dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
         return logits.new_zeros(logits.shape[:2], dtype=dtype)
     return torch.stack(rows)
+
+
+TokenStat = Callable[[Tensor, Tensor], Tensor]
+"""A per-position statistic of a forward's logits ``[B, T, V]`` and the completion's token ids
+``[B, T]``, ``[B, T]`` out: what the training forward returns beside the log-probs."""
+
+
+def token_entropy(logits: Tensor, ids: Tensor) -> Tensor:
+    """:func:`entropy_from_logits` as a :data:`TokenStat` (the ids are not needed)."""
+    return entropy_from_logits(logits)
+
+
+def argmax_match(logits: Tensor, ids: Tensor) -> Tensor:
+    """1.0 where the model's most likely next token is the completion's token, else 0.0
+    (``[B, T]``, no gradient): e.g. the student's samples' agreement with a teacher's argmax."""
+    return (logits.detach().argmax(-1) == ids.to(logits.device)).float()
 
 
 # --------------------------------------------------------------------------- advantages
@@ -536,6 +553,49 @@ def policy_loss(
         if dual_clip is not None:
             stats["clip_frac/dual"] = _masked_mean(((r > dual_clip) & (a < 0)).float(), w)
     return loss, stats
+
+
+def distill_advantages(
+    student_logps: Tensor, teacher_logps: Tensor, mask: Tensor, discount: float = 0.0
+) -> Tensor:
+    """Per-token advantages of on-policy distillation (reverse KL on the student's samples).
+
+    On each sampled token ``d_{i,t} = −(log π_S(y_{i,t}) − log π_T(y_{i,t}))``: minus the
+    per-token estimate of ``KL(π_S ‖ π_T)`` on the student's own sample, whose expectation
+    over ``y ~ π_S`` is the reverse KL. With it as the advantage, the policy gradient
+    ``E[d·∇log π_S]`` is the gradient of ``−KL(π_S ‖ π_T)`` (GKD, Agarwal et al. 2024,
+    arXiv:2306.13649; Qwen3, arXiv:2505.09388; Thinking Machines, "On-policy distillation",
+    2025). With a discount ``γ > 0`` token ``t`` also carries the later tokens' terms,
+    ``A_{i,t} = Σ_{k≥t, m_k=1} γ^{n(t,k)} d_{i,k}`` with ``n(t, k)`` the student's tokens in
+    ``(t, k]`` (a tool observation between two turns adds no discount); ``γ = 0`` is each
+    token's own term, the published recipes' choice.
+
+    Args:
+        student_logps: ``[B, T]`` log π_S of the sampled tokens (the sampling policy, π_old).
+        teacher_logps: ``[B, T]`` log π_T of the same tokens.
+        mask: ``[B, T]`` the student's own tokens.
+        discount: ``γ ∈ [0, 1]``.
+
+    Returns:
+        ``[B, T]`` advantages, detached, 0 outside the mask.
+    """
+    if not 0 <= discount <= 1:
+        raise ValueError(f"discount={discount} must be in [0, 1]")
+    if student_logps.shape != teacher_logps.shape or student_logps.shape != mask.shape:
+        raise ValueError(
+            f"student_logps {tuple(student_logps.shape)}, teacher_logps "
+            f"{tuple(teacher_logps.shape)} and mask {tuple(mask.shape)} must all be [B, T]"
+        )
+    m = mask.to(student_logps.dtype)
+    own = -(student_logps.detach() - teacher_logps.detach()) * m
+    if discount == 0:
+        return own
+    out = torch.zeros_like(own)
+    running = torch.zeros_like(own[:, 0])
+    for t in range(own.shape[1] - 1, -1, -1):  # masked positions pass the sum on unchanged
+        running = torch.where(m[:, t] > 0, own[:, t] + discount * running, running)
+        out[:, t] = running * m[:, t]
+    return out
 
 
 def kl_penalty(logps: Tensor, ref_logps: Tensor, estimator: KLEstimator = "k3") -> Tensor:

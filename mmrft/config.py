@@ -566,6 +566,34 @@ class AlgorithmConfig:
         default_factory=TemporalContrastConfig,
         metadata={"help": "Video-R1's T-GRPO ordered-vs-shuffled frames bonus."},
     )
+    distill_coef: float = _f(
+        1.0,
+        "With teacher.path (on-policy distillation, docs/algorithms.md): weight λ_D of the per-token advantage −(log π_old − log π_teacher) of each sampled token, the negative per-token reverse KL to the teacher on the policy's own samples (Agarwal et al. 2024, GKD; Qwen3; Thinking Machines 2025); added to λ_R·A_i in the clipped surrogate. Must be > 0 with a teacher.",
+    )
+    reward_coef: float = _f(
+        1.0,
+        "Weight λ_R of the verifiers' group advantage A_i in the per-token advantage λ_R·A_i + λ_D·d_{i,t}. With a teacher, 0 = pure distillation (the verifiers still score and log every completion; they do not enter the loss); without one it must stay 1.",
+    )
+    distill_discount: float = _f(
+        0.0,
+        "γ ∈ [0, 1]: the distillation advantage of token t is Σ_{k≥t} γ^(k−t) d_{i,k} (future tokens' reverse KL too); 0 = each token's own term only, as the published on-policy distillation recipes.",
+    )
+
+
+@dataclass
+class TeacherConfig:
+    """The frozen teacher of on-policy distillation (``algorithm.distill_coef``)."""
+
+    path: str | None = _f(
+        None,
+        "Checkpoint directory or hub id of a frozen teacher of the policy's model family and tokenizer (checked at start-up: token ids must mean the same text); it scores every sampled token of the policy (on-policy distillation, docs/algorithms.md). Loaded and sharded like the KL reference (train.sharding). None = no teacher.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] | None = _f(
+        None, "Teacher weights dtype; None = model.dtype."
+    )
+    attn_implementation: str | None = _f(
+        None, "The teacher's attention implementation; None = model.attn_implementation."
+    )
 
 
 @dataclass
@@ -690,6 +718,10 @@ class RunConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "Sampling."})
     algorithm: AlgorithmConfig = field(
         default_factory=AlgorithmConfig, metadata={"help": "GRPO-family loss."}
+    )
+    teacher: TeacherConfig = field(
+        default_factory=TeacherConfig,
+        metadata={"help": "On-policy distillation's teacher (algorithm.distill_coef)."},
     )
     optim: OptimConfig = field(
         default_factory=OptimConfig, metadata={"help": "Optimizer and schedule."}
@@ -914,6 +946,7 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
     need(0 <= cfg.algorithm.clip_low < 1, "algorithm.clip_low", "must be in [0, 1)")
     need(cfg.algorithm.clip_high >= 0, "algorithm.clip_high", "must be ≥ 0")
     need(cfg.algorithm.beta >= 0, "algorithm.beta", "must be ≥ 0")
+    check_distillation(cfg, need)
     need(
         cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,
         "algorithm.dual_clip",
@@ -992,6 +1025,26 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
     ):
         value = getattr(cfg.data, key)
         need(value is None or value > 0, f"data.{key}", "must be > 0 (or null for no bound)")
+
+
+def check_distillation(cfg: RunConfig, need: Any) -> None:
+    """``teacher`` and the distillation keys of ``algorithm`` (``need(ok, key, message)``)."""
+    algo, teacher = cfg.algorithm, cfg.teacher.path
+    need(0 <= algo.distill_discount <= 1, "algorithm.distill_discount", "must be in [0, 1]")
+    need(algo.reward_coef >= 0, "algorithm.reward_coef", "must be ≥ 0")
+    if teacher:
+        need(
+            algo.distill_coef > 0,
+            "algorithm.distill_coef",
+            "must be > 0 with teacher.path (for verifiable rewards alone, remove teacher.path)",
+        )
+    else:
+        need(
+            algo.reward_coef == 1.0,
+            "algorithm.reward_coef",
+            "weighs the verifiers against a teacher; without teacher.path it must be 1 "
+            "(scale optim.lr instead)",
+        )
 
 
 def check_perturb(cfg: RunConfig, need: Any) -> None:
@@ -1141,6 +1194,7 @@ def resolve_config_path(name: str | Path | None) -> Path:
 # (where this user wants runs), and so do plugin paths given on the command line.
 PATH_KEYS = (
     "model.path",
+    "teacher.path",
     "data.train",
     "data.test",
     "data.media_root",
@@ -1182,7 +1236,8 @@ def _anchor_tree(tree: dict[str, Any], base: Path) -> None:
         for name in parents:
             node = node.get(name) if isinstance(node, dict) else None
         if isinstance(node, dict) and isinstance(node.get(key), str):
-            node[key] = anchor_path(node[key], base, hub_id_ok=dotted == "model.path")
+            hub_id_ok = dotted in ("model.path", "teacher.path")
+            node[key] = anchor_path(node[key], base, hub_id_ok=hub_id_ok)
     params = (tree.get("task") or {}).get("params") if isinstance(tree.get("task"), dict) else None
     if isinstance(params, dict):
         for key, value in params.items():

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from mmrft.algorithms import token_entropy
 from mmrft.config import load_config
 from mmrft.policy.group import check_attention, group_logps, pack, rollout_logps, rounds
 from mmrft.policy.model import completion_logps, load_policy
@@ -382,7 +383,7 @@ def test_group_backward_is_bitwise_repeatable_on_two_threads() -> None:
         seen = set()
         for _ in range(8):
             policy.model.zero_grad(set_to_none=True)
-            logps, mask, entropy = group_logps(policy, prompts, index, comps, with_entropy=True)
+            logps, mask, entropy = group_logps(policy, prompts, index, comps, token_stat=token_entropy)
             ((logps * mask).sum() + (entropy * mask).sum()).backward()
             grads = torch.cat([p.grad.flatten() for p in policy.model.parameters()])
             seen.add(grads.numpy().tobytes())

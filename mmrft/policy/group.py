@@ -60,7 +60,7 @@ except ImportError:
         """A layer that stores nothing (stand-in for transformers ≥ 5.20's own)."""
 
 
-from mmrft.algorithms import entropy_from_logits, selective_log_softmax
+from mmrft.algorithms import TokenStat, selective_log_softmax
 from mmrft.models.attention import REGISTERED as BLOCK_SPARSE
 from mmrft.policy.trajectory import joined_row, with_media
 from mmrft.runtime import distributed
@@ -388,7 +388,7 @@ def group_logps(
     prompt_index: Sequence[int],
     completions: Sequence[Sequence[int]],
     micro_group: int = 0,
-    with_entropy: bool = False,
+    token_stat: TokenStat | None = None,
     trajectories: Sequence[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """log π(c_t | prompt, c_<t) of ``completions[i]`` given ``prompts[prompt_index[i]]``, the
@@ -396,7 +396,7 @@ def group_logps(
     group) in one forward. ``trajectories``: the tool trajectories of the completions (their
     media and positions, :func:`pack`); the prefix path takes none with media.
 
-    Returns ``(logps [n, C], mask [n, C], entropy [n, C] or None)`` on the policy's device, in
+    Returns ``(logps [n, C], mask [n, C], token_stat [n, C] or None)`` on the policy's device, in
     the order of ``completions``: the same as :func:`mmrft.policy.completion_logps` on the
     per-completion prompts, computed with one prompt pass per round.
     """
@@ -419,7 +419,7 @@ def group_logps(
         )
     ids, mask = ids.to(device), mask.to(device)
     logps = selective_log_softmax(logits, ids)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    stat = token_stat(logits, ids) if token_stat is not None else None
     # back to the order of `completions`
     packed = [i for members in order for i in members]
     inverse = torch.empty(len(packed), dtype=torch.long)
@@ -428,7 +428,7 @@ def group_logps(
     return (
         logps[inverse],
         mask[inverse],
-        entropy[inverse] if entropy is not None else None,
+        stat[inverse] if stat is not None else None,
     )
 
 
@@ -578,7 +578,7 @@ def rollout_logps(
     *,
     group_shared: bool,
     micro_group: int = 0,
-    with_entropy: bool = False,
+    token_stat: TokenStat | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The training forward of the completions ``indices`` of ``rollouts``
     (:class:`mmrft.rollout.Rollouts`): packed behind one prompt per round (:func:`group_logps`)
@@ -601,24 +601,24 @@ def rollout_logps(
         media = trajectories is not None
     if group_shared and not (media and packing(policy.model) == "prefix"):
         prompt_index = [rollouts.prompt_index[i] for i in indices]
-        logps, mask, entropy = group_logps(
+        logps, mask, stat = group_logps(
             policy,
             rollouts.prompts,
             prompt_index,
             completions,
             micro_group,
-            with_entropy,
+            token_stat,
             trajectories,
         )
     else:
         rows = [rollouts.prompts[rollouts.prompt_index[i]] for i in indices]
-        logps, mask, entropy = completion_logps(
-            policy, rows, completions, with_entropy=with_entropy, trajectories=trajectories
+        logps, mask, stat = completion_logps(
+            policy, rows, completions, token_stat=token_stat, trajectories=trajectories
         )
     if trajectories is not None:
         loss_mask, _ = pad_completions([t.loss_mask for t in trajectories], 0)
         mask = mask * loss_mask[:, : mask.shape[1]].to(mask.device)
-    return logps, mask, entropy
+    return logps, mask, stat
 
 
 # -- prefix caches: families whose prompt cannot be packed behind a block mask -----------------

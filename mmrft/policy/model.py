@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mmrft.algorithms import entropy_from_logits, selective_log_softmax
+from mmrft.algorithms import TokenStat, selective_log_softmax
 from mmrft.config import ModelConfig, resolve_path
 from mmrft.models.family import ModelFamily, no_weight_bars, resolve_family
 from mmrft.runtime import distributed
@@ -133,10 +133,11 @@ def completion_logps(
     policy: Policy,
     prompt_rows: list[dict[str, Any]],
     completions: list[list[int]],
-    with_entropy: bool = False,
+    token_stat: TokenStat | None = None,
     trajectories: list[Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """log π(c_t | prompt, c_<t) for each completion token.
+    """log π(c_t | prompt, c_<t) for each completion token, and ``token_stat`` of the same
+    logits (e.g. :func:`mmrft.algorithms.token_entropy`).
 
     Args:
         prompt_rows: one prepared prompt per completion (``ModelFamily.split_rows`` output).
@@ -148,7 +149,7 @@ def completion_logps(
             the multimodal positions over the whole sequence. The mask stays the token mask
             (the caller applies the loss mask).
     Returns:
-        ``(logps [B, C], mask [B, C], entropy [B, C] or None)`` on the policy's device.
+        ``(logps [B, C], mask [B, C], token_stat [B, C] or None)`` on the policy's device.
     """
     from mmrft.policy.trajectory import with_media
 
@@ -180,8 +181,8 @@ def completion_logps(
     )
     logits = out.logits[:, :-1, :].float()  # position t predicts token t+1
     logps = selective_log_softmax(logits, completion_ids.to(device))
-    entropy = entropy_from_logits(logits) if with_entropy else None
-    return logps, completion_mask.to(device), entropy
+    stat = token_stat(logits, completion_ids.to(device)) if token_stat is not None else None
+    return logps, completion_mask.to(device), stat
 
 
 PEFT_PREFIX = "base_model.model."  # what a peft model's state-dict names add to the base model's

@@ -33,6 +33,7 @@ from mmrft.evaluation.runlog import (
 from mmrft.evaluation.tracking import build_trackers
 from mmrft.policy.group import check_attention
 from mmrft.policy.model import Policy, load_policy
+from mmrft.policy.teacher import load_teacher
 from mmrft.rewards import judges
 from mmrft.rewards.reward import WeightedReward, build_reward
 from mmrft.rewards.task import Task
@@ -65,6 +66,7 @@ class Run:
     reward: WeightedReward
     policy: Policy
     reference: Policy | None
+    teacher: Policy | None  # on-policy distillation's (teacher.path)
     train_samples: list[Sample]
     test_samples: list[Sample]
     engine: Engine
@@ -210,6 +212,14 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
             frozen=True,
             deepspeed_config=zero.run_deepspeed_config(cfg, world, training=False),
         )
+    teacher = load_teacher(cfg, policy, device) if cfg.teacher.path else None
+    if teacher is not None:  # sharded like the reference
+        distributed.shard_model(
+            teacher.model,
+            cfg.train.sharding,
+            frozen=True,
+            deepspeed_config=zero.run_deepspeed_config(cfg, world, training=False),
+        )
     if cfg.rollout.group_shared:
         try:
             check_attention(policy.model)
@@ -268,6 +278,7 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
         reward=reward,
         policy=policy,
         reference=reference,
+        teacher=teacher,
         train_samples=train_samples,
         test_samples=test_samples,
         engine=engine,
@@ -277,7 +288,8 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
         stream=stream,
         runlog=runlog,
         t_start=t_start,
-        no_signal=NoSignalWatch(cfg.train.warn_no_signal_steps),
+        # with a teacher every token has a signal, equal rewards or not
+        no_signal=NoSignalWatch(0 if teacher is not None else cfg.train.warn_no_signal_steps),
         eval_verifiers=eval_verifiers(cfg),
         skipped_before=skipped_before,
         previous_config=previous,

@@ -301,6 +301,7 @@ def update(run: Run, batch: StepBatch, advantage: torch.Tensor, step: int) -> di
             advantage,
             run.cfg,
             step,
+            teacher=run.teacher,
         )
     except FloatingPointError as exc:
         write_step_failure(run.run_dir, step, str(exc), (s.id for s in batch.samples))
@@ -316,7 +317,7 @@ def log_step(
     completions (every ``train.completions_every``); returns the mean reward."""
     cfg, G = run.cfg, run.cfg.rollout.group_size
     rollouts, scored = batch.generated, batch.scored
-    times = {k: v for k, v in stats.items() if k.startswith(("time/", "rollout/"))}
+    times = {k: v for k, v in stats.items() if k.startswith(("time/", "rollout/", "distill/"))}
     # the model's own tokens (tool observations are not generated and not trained on)
     generated_tokens = sum(rollouts.loss_tokens(i) for i in range(len(rollouts.texts)))
     trained_tokens = sum(batch.rollouts.loss_tokens(i) for i in range(len(batch.rollouts.texts)))

@@ -8,6 +8,9 @@ For completion ``i`` of the step with advantage ``A_i`` and token ``t`` of its m
     ρ_{i,t} = exp(log π_θ(y_{i,t}) − log π_old(y_{i,t}))
         (``algorithm.ratio_level: sequence``: GSPO's length-normalised sequence ratio)
     s_{i,t} = −min(ρ_{i,t}·A_i, clip(ρ_{i,t}, 1 − ε_low, 1 + ε_high)·A_i)
+        (with a teacher, on-policy distillation: A_i becomes the per-token
+        A_{i,t} = λ_R·A_i + λ_D·d_{i,t}, d_{i,t} = −(log π_old − log π_teacher)(y_{i,t}),
+        ``algorithm.reward_coef`` / ``distill_coef`` / ``distill_discount``)
         (``algorithm.dual_clip`` = c: min(s_{i,t}, −c·A_i) where A_i < 0)
     ℓ_{i,t} = w_{i,t}·s_{i,t}
               + β·KL_k(π_θ ‖ π_ref)_{i,t}   (``algorithm.kl_estimator``; only with ``kl_mode: loss``)
@@ -47,7 +50,14 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from mmrft.algorithms import grpo_loss, kl_penalty, truncated_importance_weights
+from mmrft.algorithms import (
+    argmax_match,
+    distill_advantages,
+    grpo_loss,
+    kl_penalty,
+    token_entropy,
+    truncated_importance_weights,
+)
 from mmrft.config import RunConfig
 from mmrft.policy.group import packing, rollout_logps
 from mmrft.policy.model import Policy
@@ -65,6 +75,7 @@ def grpo_update(
     advantages: torch.Tensor,
     cfg: RunConfig,
     step: int,
+    teacher: Policy | None = None,
 ) -> dict[str, float]:
     """μ = ``updates_per_batch`` optimizer updates on one rollout batch.
 
@@ -75,6 +86,11 @@ def grpo_update(
     advantage 0 are skipped when they cannot contribute (β = 0, no entropy bonus): their loss
     term is exactly zero and they still count in the denominators. Sharded (``train.sharding``),
     a rank with fewer micro-batches than another adds passes with loss 0 (``_padding_passes``).
+
+    With a ``teacher`` (on-policy distillation) its log-probs of every sampled token are
+    computed once per micro-batch before the updates, and the advantage is per token:
+    ``λ_R·A_i + λ_D·d_{i,t}`` (:func:`mmrft.algorithms.distill_advantages` on π_old; λ_R =
+    ``algorithm.reward_coef``, λ_D = ``algorithm.distill_coef``).
     """
     algo = cfg.algorithm
     rollouts = batch.rollouts
@@ -88,7 +104,9 @@ def grpo_update(
     )
     if num_seqs == 0:
         return {"active_frac": 0.0}
-    needs_all = (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0
+    needs_all = (
+        (algo.beta > 0 and algo.kl_mode == "loss") or algo.entropy_coef > 0 or teacher is not None
+    )
     active = [i for i in range(n) if i not in masked and (needs_all or advantages[i].item() != 0.0)]
     chunks = list(micro_batches(active, cfg.train.micro_batch_size))
     padding = _padding_passes(policy, len(chunks))
@@ -114,15 +132,43 @@ def grpo_update(
             if reference is not None and algo.kl_mode == "loss":
                 _padding_pass(reference, rollouts, cfg)
     clock.lap("no_grad_forward_s")
+    # the teacher's log-probs of the sampled tokens and whether each is its argmax
+    stored_teacher: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(chunks)
+    if teacher is not None:
+        for k, chunk in enumerate(chunks):
+            with torch.no_grad():
+                t_logps, _, agree = rollout_logps(
+                    teacher,
+                    rollouts,
+                    chunk,
+                    group_shared=cfg.rollout.group_shared,
+                    micro_group=cfg.rollout.micro_group,
+                    token_stat=argmax_match,
+                )
+            stored_teacher[k] = (t_logps, agree)
+        for _ in range(padding):
+            with torch.no_grad():
+                _padding_pass(teacher, rollouts, cfg)
+        clock.lap("teacher_forward_s")
 
     totals: Counter = Counter()
     weight = 0.0
     grad_norms = []
     gap = Counter()  # the sampler's log-probs against π_old's (engines that report them)
+    distill = Counter()  # reverse KL to the teacher and argmax agreement, summed over tokens
     for update in range(algo.updates_per_batch):
         for k, chunk in enumerate(chunks):
             logps, mask, entropy = forward(policy, chunk, with_grad=True)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
+            advantage = advantages[chunk].to(logps.device)
+            if stored_teacher[k] is not None:
+                t_logps, agree = stored_teacher[k]
+                d = distill_advantages(old, t_logps, mask, algo.distill_discount)
+                advantage = algo.reward_coef * advantage.unsqueeze(1) + algo.distill_coef * d
+                if update == 0:
+                    distill["kl_sum"] += float(((old - t_logps) * mask).sum())
+                    distill["agree"] += float((agree * mask).sum())
+                    distill["tokens"] += float(mask.sum())
             sampler = sampler_logps(rollouts, chunk, old)
             if sampler is not None and update == 0:
                 diff = (old - sampler).abs() * mask
@@ -137,7 +183,7 @@ def grpo_update(
             loss, stats = grpo_loss(
                 logps,
                 old,
-                advantages[chunk].to(logps.device),
+                advantage,
                 mask.float(),
                 ref_logps=stored_ref[k],
                 beta=algo.beta if algo.kl_mode == "loss" else 0.0,
@@ -189,6 +235,9 @@ def grpo_update(
     if gap["tokens"]:
         out["rollout/logp_gap_mean"] = gap["sum"] / gap["tokens"]
         out["rollout/logp_gap_max"] = gap["max"]
+    if teacher is not None:  # this rank's tokens; merged over ranks with the other metrics
+        out["distill/reverse_kl"] = distill["kl_sum"] / max(distill["tokens"], 1.0)
+        out["distill/teacher_agree"] = distill["agree"] / max(distill["tokens"], 1.0)
     return out
 
 
@@ -204,7 +253,7 @@ def training_forward(
         indices,
         group_shared=cfg.rollout.group_shared,
         micro_group=cfg.rollout.micro_group,
-        with_entropy=with_entropy,
+        token_stat=token_entropy if with_entropy else None,
     )
 
 
