@@ -142,6 +142,13 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
     notes = [f"model {cfg.model.path} → {tiny} (family {family}), CPU, float32"]
     if cfg.model.attn_implementation == "flash_attention_2":
         overrides.append("model.attn_implementation=sdpa")
+    if cfg.teacher.path:  # the tiny model teaches itself: the distillation path runs, no download
+        overrides += [
+            f"teacher.path={tiny}",
+            "teacher.dtype=null",
+            "teacher.attn_implementation=null",
+        ]
+        notes.append(f"teacher {cfg.teacher.path} → {tiny}")
     ws = cfg.warm_start
     overrides += [
         f"warm_start.steps={min(ws.steps, 2)}",

@@ -177,3 +177,20 @@ def test_describe_run_names_model_task_device_data_and_tools():
         f"40 samples of /d/t e s t.jsonl; tools crop, zoom (at most {cfg.rollout.tools.max_turns} turns)"
     )
     assert "\n" not in line
+
+
+def test_a_distillation_run_gets_the_reverse_kl_panel(tmp_path):
+    run = fake_run(tmp_path / "distill")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        if "train/reward" in line:
+            line.update({"distill/reverse_kl": 0.5 / line["step"], "distill/teacher_agree": 0.5})
+            line["time/teacher_forward_s"] = 0.05
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fig = figure({"distill": RunData.read(run)}, "distill")
+    axes = panels(fig)
+    labels = [t.get_text() for t in axes["on-policy distillation"].get_legend().get_texts()]
+    assert sorted(labels) == ["reverse KL to the teacher", "tokens at the teacher's argmax"]
+    times = [t.get_text() for t in axes["time per RL step"].get_legend().get_texts()]
+    assert "teacher" in times
+    plt.close(fig)

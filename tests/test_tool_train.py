@@ -141,3 +141,20 @@ def test_tool_run_resumes_exactly(tmp_path, forced_first_turn):
     for x, y in zip(a, b):
         for key in ("train/reward", "train/loss", "rollout/tools/turns_mean", "rollout/len_mean"):
             assert x[key] == pytest.approx(y[key], abs=1e-6), key
+
+
+def test_a_teacher_scores_tool_trajectories_of_a_lora_student(tmp_path, forced_first_turn):
+    """On-policy distillation through tool turns with LoRA: the teacher (the student's own base
+    checkpoint) reads the same interleaved rows, observations included, and scores the
+    model's tokens; at step 1 the LoRA student is its base (B = 0), so the reverse KL is 0."""
+    forced_first_turn("tools/zoom_marks", tokenizer())
+    model = REPO / "assets/models/tiny-qwen2_5_vl"
+    cfg = config(
+        tmp_path, "distil", "tools/zoom_marks", "model.lora.enabled=true",
+        f"teacher.path={model}", "eval.after=false", "checkpoint.every=0",
+    )  # fmt: skip
+    steps = [m for m in metrics(Path(train(cfg)["run_dir"])) if "train/reward" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert steps[0]["rollout/tools/use_rate"] == 1.0
+    assert steps[0]["distill/reverse_kl"] == 0.0
+    assert all(0.0 <= m["distill/teacher_agree"] <= 1.0 for m in steps)

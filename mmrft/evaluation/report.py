@@ -31,12 +31,19 @@ from matplotlib.lines import Line2D
 # panels, in order.
 PANELS: list[tuple[str, str, Any]] = [
     ("KL to the reference model", "KL (nats / token)", lambda k: k == "train/kl"),
+    (
+        "on-policy distillation",
+        "nats / token; share",
+        lambda k: k in ("distill/reverse_kl", "distill/teacher_agree"),
+    ),
     ("policy entropy", "entropy (nats / token)", lambda k: k == "train/entropy"),
     ("completion length", "tokens (mean)", lambda k: k == "rollout/len_mean"),
     (
         "time per RL step",
         "seconds",
-        lambda k: k in ("time/rollout_s", "time/reward_s", "time/update_s"),
+        lambda k: (
+            k in ("time/rollout_s", "time/reward_s", "time/update_s", "time/teacher_forward_s")
+        ),
     ),
     (
         "tool rollouts: turns",
@@ -59,6 +66,9 @@ LABELS = {
     "time/rollout_s": "rollout",
     "time/reward_s": "verifiers",
     "time/update_s": "update",
+    "time/teacher_forward_s": "teacher",
+    "distill/reverse_kl": "reverse KL to the teacher",
+    "distill/teacher_agree": "tokens at the teacher's argmax",
     "format_fail": "format failures",
     "len_mean": "mean length",
     "turns_mean": "turns",
@@ -363,7 +373,9 @@ def summary_markdown(runs: dict[str, Path]) -> str:
             k
             for f in finals.values()
             for k in f
-            if k.startswith(("train/reward", "eval/", "train/kl", "train/entropy", "rollout/"))
+            if k.startswith(
+                ("train/reward", "eval/", "train/kl", "train/entropy", "rollout/", "distill/")
+            )
         }
     )
     for key in keys:
