@@ -383,7 +383,9 @@ def test_group_backward_is_bitwise_repeatable_on_two_threads() -> None:
         seen = set()
         for _ in range(8):
             policy.model.zero_grad(set_to_none=True)
-            logps, mask, entropy = group_logps(policy, prompts, index, comps, token_stat=token_entropy)
+            logps, mask, entropy = group_logps(
+                policy, prompts, index, comps, token_stat=token_entropy
+            )
             ((logps * mask).sum() + (entropy * mask).sum()).backward()
             grads = torch.cat([p.grad.flatten() for p in policy.model.parameters()])
             seen.add(grads.numpy().tobytes())
