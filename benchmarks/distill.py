@@ -70,7 +70,7 @@ def reached(run_dir: Path, goal: float) -> dict[str, Any]:
         "step": step,
         "seconds": None
         if step is None
-        else round(sum(t for s, t in seconds.items() if s <= step), 1),
+        else round(float(sum(t for s, t in seconds.items() if s <= step)), 1),
         "before": evals[0][1] if evals else None,
         "after": evals[-1][1] if evals else None,
         "curve": evals,
@@ -78,10 +78,10 @@ def reached(run_dir: Path, goal: float) -> dict[str, Any]:
     }
 
 
-def fmt(value: Any) -> str:
+def fmt(value: Any, digits: int = 3) -> str:
     if value is None:
         return "never"
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
 def table(teacher: dict[str, Any], rows: list[dict[str, Any]], goal: float) -> str:
@@ -95,7 +95,7 @@ def table(teacher: dict[str, Any], rows: list[dict[str, Any]], goal: float) -> s
     for r in rows:
         lines.append(
             f"| {r['seed']} | {r['method']} | {r['steps']} | {fmt(r['before'])} | {fmt(r['after'])} | "
-            f"{fmt(r['step'])} | {fmt(r['seconds'])} | {r['rl_seconds']:.1f} |"
+            f"{fmt(r['step'])} | {fmt(r['seconds'], 1)} | {r['rl_seconds']:.1f} |"
         )
     return "\n".join(lines)
 
