@@ -555,6 +555,77 @@ def policy_loss(
     return loss, stats
 
 
+def full_reverse_kl(student_logits: Tensor, teacher_logp: Tensor) -> Tensor:
+    """Per-position reverse KL over the whole next-token distribution:
+    ``KL_t(π_S ‖ π_T) = Σ_v π_S(v | s_t) (log π_S(v | s_t) − log π_T(v | s_t))``, in nats, ≥ 0.
+
+    The exact term of on-policy distillation at each state ``s_t`` the student reached (GKD,
+    arXiv:2306.13649, with β = 1): its gradient needs no sampling of the next token, so it has
+    none of the per-token estimate's variance (:func:`distill_advantages`). Summed over the
+    vocabulary both models share (the first ``S = min(V_S, V_T)`` ids: a larger output layer's
+    extra rows are padding that no text uses), one sequence at a time.
+
+    The gradient is written in closed form, ``∂KL_t/∂z_j = p_j (d_j − KL_t) + p_j ([j < S] − P_S)``
+    with ``d_j = log p_j − log π_T(j)`` (0 for j ≥ S) and ``P_S = Σ_{v<S} p_v``; the second term
+    is dropped when ``S = V_S``, where it is 0 but autograd would leave float noise ``p_j (1 −
+    Σ p)``, which Adam's normalisation turns into full-size steps: a teacher equal to the
+    student must leave the student unchanged.
+
+    Args:
+        student_logits: ``[B, T, V_S]`` (with grad).
+        teacher_logp: ``[B, T, V_T]`` the teacher's log-softmax at the same positions (no grad).
+
+    Returns:
+        ``[B, T]`` float32 (float64 for float64 logits), differentiable w.r.t. ``student_logits``.
+    """
+    if student_logits.shape[:2] != teacher_logp.shape[:2]:
+        raise ValueError(
+            f"student logits {tuple(student_logits.shape)} and teacher log-probs "
+            f"{tuple(teacher_logp.shape)} must share [B, T]"
+        )
+    return _ReverseKL.apply(student_logits, teacher_logp.detach())
+
+
+def _upcast(x: Tensor) -> Tensor:
+    return x if x.dtype == torch.float64 else x.float()
+
+
+class _ReverseKL(torch.autograd.Function):
+    """:func:`full_reverse_kl` with its closed-form gradient, one sequence at a time."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: Tensor, teacher_logp: Tensor) -> Tensor:
+        shared = min(logits.shape[-1], teacher_logp.shape[-1])
+        rows = []
+        for z, t in zip(logits, teacher_logp):
+            logp = _upcast(z).log_softmax(-1)[..., :shared]
+            rows.append((logp.exp() * (logp - _upcast(t[..., :shared]))).sum(-1))
+        ctx.save_for_backward(logits, teacher_logp)
+        if not rows:
+            return _upcast(logits.new_zeros(logits.shape[:2]))
+        return torch.stack(rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None]:
+        logits, teacher_logp = ctx.saved_tensors
+        vocab = logits.shape[-1]
+        shared = min(vocab, teacher_logp.shape[-1])
+        grads = []
+        for z, t, g in zip(logits, teacher_logp, grad_out):
+            logp = _upcast(z).log_softmax(-1)
+            p = logp.exp()
+            diff = torch.zeros_like(logp)
+            diff[..., :shared] = logp[..., :shared] - _upcast(t[..., :shared])
+            kl = (p * diff).sum(-1, keepdim=True)
+            grad = p * (diff - kl)
+            if shared < vocab:
+                inside = torch.zeros_like(logp)
+                inside[..., :shared] = 1.0
+                grad = grad + p * (inside - p[..., :shared].sum(-1, keepdim=True))
+            grads.append((grad * g.unsqueeze(-1)).to(logits.dtype))
+        return (torch.stack(grads) if grads else torch.zeros_like(logits)), None
+
+
 def distill_advantages(
     student_logps: Tensor, teacher_logps: Tensor, mask: Tensor, discount: float = 0.0
 ) -> Tensor:
@@ -714,6 +785,7 @@ def grpo_loss(
     num_seqs: float | Tensor | None = None,
     max_len: int | None = None,
     token_weights: Tensor | None = None,
+    token_penalty: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The GRPO-family loss of one micro-batch.
 
@@ -736,6 +808,8 @@ def grpo_loss(
         agg_mode, num_tokens, num_seqs, max_len: as in :func:`aggregate_loss`.
         token_weights: ``[B, T]`` detached weights of the policy term per token (the KL and
             entropy terms are not weighted), e.g. :func:`truncated_importance_weights`.
+        token_penalty: ``[B, T]`` a term added to each token's loss (with grad) and aggregated
+            like the others, e.g. ``λ_D`` × :func:`full_reverse_kl` to a teacher.
 
     Returns:
         ``(loss, metrics)``: the scalar loss, and floats: ``kl`` (when ``ref_logps`` is given)
@@ -771,6 +845,8 @@ def grpo_loss(
         if entropy_coef != 0:
             per_token = per_token - entropy_coef * entropy
         logged["entropy"] = _masked_mean(entropy.detach(), mask)
+    if token_penalty is not None:
+        per_token = per_token + token_penalty
     loss = aggregate_loss(
         per_token, mask, agg_mode, num_tokens=num_tokens, num_seqs=num_seqs, max_len=max_len
     )

@@ -574,6 +574,10 @@ class AlgorithmConfig:
         1.0,
         "Weight λ_R of the verifiers' group advantage A_i in the per-token advantage λ_R·A_i + λ_D·d_{i,t}. With a teacher, 0 = pure distillation (the verifiers still score and log every completion; they do not enter the loss); without one it must stay 1.",
     )
+    distill_loss: Literal["sampled", "full"] = _f(
+        "sampled",
+        "With teacher.path: 'sampled' puts the teacher's verdict on each sampled token into its advantage (λ_D·d_{i,t}, the per-token reverse-KL estimate, as the published on-policy distillation recipes); 'full' adds λ_D·KL(π_θ ‖ π_teacher) over the whole next-token distribution at every position the policy reached to the loss (GKD with β = 1, arXiv:2306.13649): exact, no sampling variance, the teacher's logits of one micro-batch in memory (the teacher runs beside each micro-batch's forward).",
+    )
     distill_discount: float = _f(
         0.0,
         "γ ∈ [0, 1]: the distillation advantage of token t is Σ_{k≥t} γ^(k−t) d_{i,k} (future tokens' reverse KL too); 0 = each token's own term only, as the published on-policy distillation recipes.",
@@ -1032,6 +1036,11 @@ def check_distillation(cfg: RunConfig, need: Any) -> None:
     algo, teacher = cfg.algorithm, cfg.teacher.path
     need(0 <= algo.distill_discount <= 1, "algorithm.distill_discount", "must be in [0, 1]")
     need(algo.reward_coef >= 0, "algorithm.reward_coef", "must be ≥ 0")
+    need(
+        algo.distill_loss == "sampled" or algo.distill_discount == 0,
+        "algorithm.distill_discount",
+        "applies to distill_loss 'sampled' (the full KL is exact at each position)",
+    )
     if teacher:
         need(
             algo.distill_coef > 0,

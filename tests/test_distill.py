@@ -13,7 +13,7 @@ import torch
 from helpers import NO_EVAL, short_run
 from safetensors.torch import load_file
 
-from mmrft.algorithms import distill_advantages, grpo_loss
+from mmrft.algorithms import distill_advantages, full_reverse_kl, grpo_loss
 from mmrft.config import load_config
 from mmrft.models.tiny.base import build_tiny
 from mmrft.policy.teacher import check_teacher
@@ -53,6 +53,42 @@ def test_the_surrogates_gradient_is_the_reverse_kl_estimators() -> None:
     torch.testing.assert_close(student.grad, expected)
 
 
+def test_the_full_reverse_kl_equals_trls_gkd_at_beta_1() -> None:
+    """``distill_loss: full`` with the token-mean aggregation is TRL's GKD loss with β = 1
+    (reverse KL, masked positions left out): value and gradient on the same logits."""
+    from trl.experimental.gkd.gkd_trainer import GKDTrainer
+
+    torch.manual_seed(0)
+    student = torch.randn(2, 4, 7, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(2, 4, 7, dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]], dtype=torch.float64)
+    labels = torch.where(mask > 0, 0, -100)
+    theirs = GKDTrainer.generalized_jsd_loss(student, teacher, labels=labels, beta=1.0)
+    (grad_theirs,) = torch.autograd.grad(theirs, student)
+    kl = full_reverse_kl(student, teacher.log_softmax(-1))
+    zero = torch.zeros(2)
+    ours, _ = grpo_loss(torch.zeros(2, 4), torch.zeros(2, 4), zero, mask.float(), token_penalty=kl)
+    (grad_ours,) = torch.autograd.grad(ours, student)
+    torch.testing.assert_close(ours.double(), theirs)
+    torch.testing.assert_close(grad_ours, grad_theirs)
+    # a teacher with a larger output layer: its extra rows (padding no text uses) are left out
+    wider = torch.cat([teacher, torch.full((2, 4, 3), -30.0, dtype=torch.float64)], dim=-1)
+    torch.testing.assert_close(
+        full_reverse_kl(student, wider.log_softmax(-1)), kl, atol=1e-9, rtol=1e-9
+    )
+
+
+@pytest.mark.parametrize("teacher_vocab", [7, 5, 9])
+def test_the_full_kls_closed_form_gradient_is_the_derivative(teacher_vocab: int) -> None:
+    """gradcheck of the hand-written backward, for a teacher vocabulary equal to, smaller than
+    and larger than the student's (the KL sums over the shared ids)."""
+    torch.manual_seed(1)
+    student = torch.randn(2, 3, 7, dtype=torch.float64, requires_grad=True)
+    teacher = torch.randn(2, 3, teacher_vocab, dtype=torch.float64).log_softmax(-1)
+    assert torch.autograd.gradcheck(lambda z: full_reverse_kl(z, teacher), (student,))
+    assert bool((full_reverse_kl(student, student.detach().log_softmax(-1)) == 0).all())
+
+
 def _distill_run(tmp_path: Path, name: str, *extra: str):
     return load_config(
         REPO / "configs/demo.yaml",
@@ -78,11 +114,15 @@ def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
     return {k: v for f in folder.glob("*.safetensors") for k, v in load_file(f).items()}
 
 
-def test_a_teacher_equal_to_the_student_teaches_nothing(tmp_path: Path) -> None:
-    """Pure distillation (reward_coef 0) from the policy's own checkpoint: every advantage is
-    0, the weights after two steps are the initial weights bit for bit, and the logs say the
-    reverse KL is 0 and the teacher's argmax is measured."""
-    summary = train(_distill_run(tmp_path, "same", "algorithm.reward_coef=0"), verbose=False)
+@pytest.mark.parametrize("loss", ["sampled", "full"])
+def test_a_teacher_equal_to_the_student_teaches_nothing(tmp_path: Path, loss: str) -> None:
+    """Pure distillation (reward_coef 0) from the policy's own checkpoint: every advantage (or
+    the full KL's gradient) is 0, the weights after two steps are the initial weights bit for
+    bit, and the logs say the reverse KL is 0 and the teacher's argmax is measured."""
+    cfg = _distill_run(
+        tmp_path, "same", "algorithm.reward_coef=0", f"algorithm.distill_loss={loss}"
+    )
+    summary = train(cfg, verbose=False)
     run_dir = Path(summary["run_dir"])
     initial = {k: v for f in MODEL.glob("*.safetensors") for k, v in load_file(f).items()}
     after = _weights(run_dir, 2)
@@ -119,6 +159,30 @@ def test_another_teacher_moves_the_student_and_resumes_exactly(tmp_path, other_t
     moved, resumed = _weights(full, 3), _weights(cut, 3)
     assert any(not torch.equal(moved[k], initial[k]) for k in initial)
     assert all(torch.equal(moved[k], resumed[k]) for k in moved)
+
+
+def test_the_full_kl_moves_the_student_and_shares_the_packed_forward(
+    tmp_path, other_teacher
+) -> None:
+    """``distill_loss: full``: the exact KL to another teacher is > 0 and logged with the
+    teacher's time; group-shared and per-completion forwards give the same KL (the teacher's
+    distributions are read in the policy's own row order)."""
+    runs = {}
+    for shared in ("true", "false"):
+        cfg = _distill_run(
+            tmp_path, f"full-{shared}", f"teacher.path={other_teacher}", "train.steps=1",
+            "algorithm.distill_loss=full", "algorithm.reward_coef=0",
+            f"rollout.group_shared={shared}",
+        )  # fmt: skip
+        run_dir = Path(train(cfg, verbose=False)["run_dir"])
+        runs[shared] = _metrics(run_dir)[0]
+        initial = {k: v for f in MODEL.glob("*.safetensors") for k, v in load_file(f).items()}
+        after = _weights(run_dir, 1)
+        assert any(not torch.equal(after[k], initial[k]) for k in initial)
+    assert runs["true"]["distill/reverse_kl"] > 0.01
+    assert runs["true"]["time/teacher_forward_s"] > 0
+    for key in ("distill/reverse_kl", "distill/teacher_agree", "train/reward"):
+        assert runs["true"][key] == pytest.approx(runs["false"][key], abs=1e-5), key
 
 
 def test_the_group_shared_teacher_forward_equals_one_sequence_per_completion(
@@ -166,3 +230,12 @@ def test_distillation_keys_are_checked_at_start_up() -> None:
         load_config("demo", ["algorithm.reward_coef=0.5"])
     with pytest.raises(ConfigError, match=r"algorithm.distill_discount: must be in \[0, 1\]"):
         load_config("demo", [f"teacher.path={MODEL}", "algorithm.distill_discount=2"])
+    with pytest.raises(ConfigError, match="algorithm.distill_discount: applies to distill_loss"):
+        load_config(
+            "demo",
+            [
+                f"teacher.path={MODEL}",
+                "algorithm.distill_loss=full",
+                "algorithm.distill_discount=0.5",
+            ],
+        )

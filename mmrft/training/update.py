@@ -46,13 +46,17 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from mmrft.algorithms import (
+    TokenStat,
     argmax_match,
     distill_advantages,
+    entropy_from_logits,
+    full_reverse_kl,
     grpo_loss,
     kl_penalty,
     token_entropy,
@@ -87,10 +91,13 @@ def grpo_update(
     term is exactly zero and they still count in the denominators. Sharded (``train.sharding``),
     a rank with fewer micro-batches than another adds passes with loss 0 (``_padding_passes``).
 
-    With a ``teacher`` (on-policy distillation) its log-probs of every sampled token are
-    computed once per micro-batch before the updates, and the advantage is per token:
-    ``λ_R·A_i + λ_D·d_{i,t}`` (:func:`mmrft.algorithms.distill_advantages` on π_old; λ_R =
-    ``algorithm.reward_coef``, λ_D = ``algorithm.distill_coef``).
+    With a ``teacher`` (on-policy distillation, λ_R = ``algorithm.reward_coef``, λ_D =
+    ``algorithm.distill_coef``): ``distill_loss: sampled``: its log-probs of every sampled token
+    are computed once per micro-batch before the updates, and the advantage is per token,
+    ``λ_R·A_i + λ_D·d_{i,t}`` (:func:`mmrft.algorithms.distill_advantages` on π_old);
+    ``full``: the teacher runs beside each micro-batch's forward and λ_D·KL(π_θ ‖ π_teacher) of
+    every position (:func:`mmrft.algorithms.full_reverse_kl`) joins the loss, the advantage
+    staying λ_R·A_i.
     """
     algo = cfg.algorithm
     rollouts = batch.rollouts
@@ -132,20 +139,13 @@ def grpo_update(
             if reference is not None and algo.kl_mode == "loss":
                 _padding_pass(reference, rollouts, cfg)
     clock.lap("no_grad_forward_s")
-    # the teacher's log-probs of the sampled tokens and whether each is its argmax
+    full = teacher is not None and algo.distill_loss == "full"
+    # distill_loss sampled: the teacher's log-probs of the sampled tokens and whether each is
+    # its argmax, once per micro-batch (full: beside each micro-batch's forward, below)
     stored_teacher: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(chunks)
-    if teacher is not None:
+    if teacher is not None and not full:
         for k, chunk in enumerate(chunks):
-            with torch.no_grad():
-                t_logps, _, agree = rollout_logps(
-                    teacher,
-                    rollouts,
-                    chunk,
-                    group_shared=cfg.rollout.group_shared,
-                    micro_group=cfg.rollout.micro_group,
-                    token_stat=argmax_match,
-                )
-            stored_teacher[k] = (t_logps, agree)
+            stored_teacher[k] = teacher_forward(teacher, rollouts, chunk, cfg)[:2]
         for _ in range(padding):
             with torch.no_grad():
                 _padding_pass(teacher, rollouts, cfg)
@@ -158,17 +158,33 @@ def grpo_update(
     distill = Counter()  # reverse KL to the teacher and argmax agreement, summed over tokens
     for update in range(algo.updates_per_batch):
         for k, chunk in enumerate(chunks):
-            logps, mask, entropy = forward(policy, chunk, with_grad=True)
+            penalty = None  # distill_loss full: λ_D·KL(π_θ ‖ π_teacher) per position
+            if full:
+                with clock.part("teacher_forward_s"):
+                    t_logps, agree, teacher_logp = teacher_forward(
+                        teacher, rollouts, chunk, cfg, full=True
+                    )
+                stat = with_reverse_kl(teacher_logp)
+                logps, mask, both = training_forward(policy, rollouts, chunk, cfg, token_stat=stat)
+                entropy, kl = both[..., 0], both[..., 1]
+                del teacher_logp, stat
+                penalty = algo.distill_coef * kl
+                advantage = algo.reward_coef * advantages[chunk].to(logps.device)
+                if update == 0:
+                    distill["kl_sum"] += float((kl.detach() * mask).sum())
+            else:
+                logps, mask, entropy = forward(policy, chunk, with_grad=True)
+                advantage = advantages[chunk].to(logps.device)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
-            advantage = advantages[chunk].to(logps.device)
-            if stored_teacher[k] is not None:
+            if stored_teacher[k] is not None:  # distill_loss sampled
                 t_logps, agree = stored_teacher[k]
                 d = distill_advantages(old, t_logps, mask, algo.distill_discount)
                 advantage = algo.reward_coef * advantage.unsqueeze(1) + algo.distill_coef * d
                 if update == 0:
                     distill["kl_sum"] += float(((old - t_logps) * mask).sum())
-                    distill["agree"] += float((agree * mask).sum())
-                    distill["tokens"] += float(mask.sum())
+            if teacher is not None and update == 0:
+                distill["agree"] += float((agree * mask).sum())
+                distill["tokens"] += float(mask.sum())
             sampler = sampler_logps(rollouts, chunk, old)
             if sampler is not None and update == 0:
                 diff = (old - sampler).abs() * mask
@@ -199,6 +215,7 @@ def grpo_update(
                 num_seqs=num_seqs,
                 max_len=cfg.rollout.max_new_tokens,
                 token_weights=tis,
+                token_penalty=penalty,
             )
             if not torch.isfinite(loss):
                 ids_text = ", ".join(sorted({batch.samples[i].id for i in chunk}))
@@ -210,6 +227,9 @@ def grpo_update(
             for key, value in stats.items():
                 totals[key] += float(value) * tokens
         for _ in range(padding):
+            if full:  # the teacher's pass beside each of the policy's
+                with clock.part("teacher_forward_s"), torch.no_grad():
+                    _padding_pass(teacher, rollouts, cfg)
             distributed.backward(policy.model, _padding_pass(policy, rollouts, cfg))
         clock.lap("forward_backward_s")
 
@@ -242,19 +262,55 @@ def grpo_update(
 
 
 def training_forward(
-    policy: Policy, rollouts: Rollouts, indices: list[int], cfg: RunConfig, with_entropy: bool
+    policy: Policy,
+    rollouts: Rollouts,
+    indices: list[int],
+    cfg: RunConfig,
+    with_entropy: bool = False,
+    token_stat: TokenStat | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """log-probs (mask, entropy) of the completions ``indices``: group-shared packed rows
-    (``rollout.group_shared``, at most ``rollout.micro_group`` completions per prompt pass) or
-    one sequence per completion."""
+    """log-probs, mask and entropy (``with_entropy``) or ``token_stat`` of the completions
+    ``indices``: group-shared packed rows (``rollout.group_shared``, at most
+    ``rollout.micro_group`` completions per prompt pass) or one sequence per completion."""
     return rollout_logps(
         policy,
         rollouts,
         indices,
         group_shared=cfg.rollout.group_shared,
         micro_group=cfg.rollout.micro_group,
-        token_stat=token_entropy if with_entropy else None,
+        token_stat=token_stat or (token_entropy if with_entropy else None),
     )
+
+
+def teacher_forward(
+    teacher: Policy, rollouts: Rollouts, indices: list[int], cfg: RunConfig, full: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The teacher's training forward of the completions ``indices``, no gradient: its
+    log-probs of the sampled tokens ``[n, C]``, 1.0 where a token is its argmax ``[n, C]``, and
+    (``full``) its log-softmax ``[n, C, V]`` in the forward's own row order, which a policy's
+    forward of the same completions shares (:func:`with_reverse_kl`)."""
+    kept: dict[str, torch.Tensor] = {}
+
+    def stat(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if full:
+            kept["logp"] = logits.log_softmax(-1)
+        return argmax_match(logits, ids)
+
+    with torch.no_grad():
+        logps, _, agree = training_forward(teacher, rollouts, indices, cfg, token_stat=stat)
+    return logps, agree, kept.get("logp")
+
+
+def with_reverse_kl(teacher_logp: torch.Tensor) -> TokenStat:
+    """A :data:`~mmrft.algorithms.TokenStat` of the policy's forward: ``[n, C, 2]``, the entropy
+    and :func:`~mmrft.algorithms.full_reverse_kl` to ``teacher_logp`` (from
+    :func:`teacher_forward` of the same completions) at every position."""
+
+    def stat(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        kl = full_reverse_kl(logits, teacher_logp)
+        return torch.stack([entropy_from_logits(logits), kl], dim=-1)
+
+    return stat
 
 
 def sampler_logps(rollouts: Rollouts, chunk: list[int], like: torch.Tensor) -> torch.Tensor | None:
@@ -336,3 +392,14 @@ class Clock:
         now = self._now()
         self.totals[name] = self.totals.get(name, 0.0) + now - self.last
         self.last = now
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Seconds of the block summed under ``name`` and left out of the next lap."""
+        start = self._now()
+        try:
+            yield
+        finally:
+            spent = self._now() - start
+            self.totals[name] = self.totals.get(name, 0.0) + spent
+            self.last += spent
