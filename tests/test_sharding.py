@@ -90,6 +90,21 @@ CASES = {
         "optim.max_grad_norm=0",
         "optim.lr=1e-3",
     ],
+    # on-policy distillation with a sharded teacher (the model's own checkpoint: the KL is 0
+    # at step 1 and not at step 2): the per-token estimate with μ = 2, and the full KL, whose
+    # teacher pass runs beside every forward/backward (padded like it)
+    "fsdp_full_teacher": [
+        *BASE,
+        "train.sharding=fsdp_full",
+        f"teacher.path={REPO / 'assets/models/tiny-qwen2_5_vl'}",
+        "algorithm.updates_per_batch=2",
+    ],
+    "deepspeed_zero3_teacher_full": [
+        *BASE,
+        "train.sharding=deepspeed_zero3",
+        f"teacher.path={REPO / 'assets/models/tiny-qwen2_5_vl'}",
+        "algorithm.distill_loss=full",
+    ],
     "deepspeed_zero2_lora": [
         *BASE,
         "train.sharding=deepspeed_zero2",
@@ -136,6 +151,17 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
             frozen=True,
             deepspeed_config=run_deepspeed_config(cfg, world, training=False),
         )
+    teacher = None  # on-policy distillation's, sharded like the reference
+    if cfg.teacher.path:
+        from mmrft.policy.teacher import load_teacher
+
+        teacher = load_teacher(cfg, policy, torch.device("cpu"))
+        distributed.shard_model(
+            teacher.model,
+            cfg.train.sharding,
+            frozen=True,
+            deepspeed_config=run_deepspeed_config(cfg, world, training=False),
+        )
     samples, _ = task.read(REPO / cfg.data.train)
     samples = samples[:GROUPS]
     for s in samples:
@@ -166,7 +192,7 @@ def train_two_steps(overrides: list[str], world: int, rank: int) -> dict[str, to
         advantages = group_advantages(rewards, G)
         batch = rank_batch(expanded, rollouts, rewards, share)
         stats = grpo_update(
-            policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step
+            policy, reference, optimizer, scheduler, batch, advantages[share], cfg, step, teacher
         )
         norms.append(stats["grad_norm"])
         sampled.append([t for ids in rollouts.completion_ids for t in ids])
@@ -222,6 +248,7 @@ def _worker(rank: int, world: int, overrides: list[str], out_dir: str) -> None:
 SLOW = {
     "fsdp_grad_op_lora",
     "deepspeed_zero2_lora",
+    "fsdp_full_teacher",  # deepspeed_zero3_teacher_full covers the teacher's sharded passes
 }  # their full twins and fsdp_full_lora cover them
 
 
