@@ -239,3 +239,15 @@ def test_distillation_keys_are_checked_at_start_up() -> None:
                 "algorithm.distill_discount=0.5",
             ],
         )
+
+
+def test_a_teacher_scores_rollouts_sampled_one_step_ahead(tmp_path, other_teacher) -> None:
+    """Asynchronous rollouts (``rollout.max_staleness=1``): the teacher scores each batch at
+    update time, whichever weights sampled it."""
+    cfg = _distill_run(
+        tmp_path, "ahead", f"teacher.path={other_teacher}", "rollout.max_staleness=1", "algorithm.tis_cap=2",
+        "train.steps=3",
+    )  # fmt: skip
+    steps = _metrics(Path(train(cfg, verbose=False)["run_dir"]))
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["distill/reverse_kl"] > 0.01 and "time/teacher_forward_s" in m for m in steps)
