@@ -329,6 +329,7 @@ RECIPES: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
         bundled("charts/code_train.jsonl", "charts/code_test.jsonl"),
     ),
     "vlm_r1_rec": ("tiny-qwen2_5_vl", refcoco_files),
+    "opd_qwen2_5_vl": ("tiny-qwen2_5_vl", refcoco_files),  # the tiny model its own teacher
     # the newer families' recipes
     "qwen3_vl_rec": ("tiny-qwen3_vl", refcoco_files),
     "internvl_rec": ("tiny-internvl", refcoco_files),
@@ -422,6 +423,7 @@ def test_recipe_runs_one_step_with_its_tiny_model(tmp_path, recipe):
             f"output_dir={tmp_path / 'runs'}",
             "name=recipe",
             f"model.path={MODELS / model}",
+            *([f"teacher.path={MODELS / model}"] if paper.teacher.path else []),
             *TINY_SIZES,
             *data(tmp_path),
             *judged,
