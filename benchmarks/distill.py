@@ -39,7 +39,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from learning import commit  # noqa: E402  (benchmarks/ is not a package)
+from learning import commit, eval_curve  # noqa: E402  (benchmarks/ is not a package)
 
 METRIC = "eval/classification/accuracy"
 WITHIN = 0.05
@@ -58,10 +58,8 @@ def curve(run_dir: Path) -> tuple[list[tuple[int, float]], dict[int, float]]:
     """``([(step, held-out accuracy)], {step: seconds of that RL step})`` of a run."""
     from mmrft.evaluation.report import read_history
 
-    history = read_history(run_dir)
-    evals = sorted({h["step"]: h[METRIC] for h in history if METRIC in h}.items())
-    seconds = {h["step"]: h["time/step_s"] for h in history if "time/step_s" in h}
-    return evals, seconds
+    seconds = {h["step"]: h["time/step_s"] for h in read_history(run_dir) if "time/step_s" in h}
+    return list(zip(*eval_curve(run_dir, METRIC))), seconds
 
 
 def reached(run_dir: Path, goal: float) -> dict[str, Any]:

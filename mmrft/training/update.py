@@ -167,7 +167,6 @@ def grpo_update(
                 stat = with_reverse_kl(teacher_logp)
                 logps, mask, both = training_forward(policy, rollouts, chunk, cfg, token_stat=stat)
                 entropy, kl = both[..., 0], both[..., 1]
-                del teacher_logp, stat
                 penalty = algo.distill_coef * kl
                 advantage = algo.reward_coef * advantages[chunk].to(logps.device)
                 if update == 0:
