@@ -127,8 +127,8 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
     ]
     config, overrides = split_config_arg(args.config, overrides)
     cfg = load_config(config or DEFAULT_CONFIG, overrides)
-    if not cfg.data.test:
-        raise ConfigError("data.test: evaluation needs a test file")
+    if not cfg.data.test and not cfg.eval.harness:
+        raise ConfigError("data.test: evaluation needs a test file (or eval.harness=lmms_eval)")
     preflight(cfg, training=False)  # before torch and transformers are imported
     from mmrft.evaluation.evaluate import evaluate_config, print_table, write_eval
     from mmrft.training.resume import run_name
@@ -141,14 +141,21 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         else Path(cfg.output_dir) / run_name(cfg) / "eval" / f"of-{Path(cfg.model.path).name}"
     )
     write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
+    on = " + ".join(
+        [cfg.data.test] * bool(cfg.data.test)
+        + [f"lmms-eval {cfg.eval.harness_tasks}"] * bool(result.harness)
+    )
     print_table(
-        f"{result.task}: {cfg.model.path} on {cfg.data.test}",
+        f"{result.task}: {cfg.model.path} on {on}",
         {"value": result.metrics},
         console,
         categories={"value": result.categories},
         primary=result.primary_metric,
     )
     console.print(f"wrote {out / 'results.json'} and {out / 'predictions.jsonl'}")
+    if result.harness is not None:  # lmms-eval's own files, as its CLI's --output_path writes
+        path = result.harness.write(out / "lmms_eval")
+        console.print(f"wrote {path} and the samples beside it (lmms-eval's format)")
     return 0
 
 

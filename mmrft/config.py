@@ -687,12 +687,35 @@ class EvalConfig:
         [],
         "Verifiers also scored on the evaluation's completions, as metrics verifier/<name> (the mean of each; the same {name, params} entries as reward.verifiers, plugins included); the task's own metrics are unchanged.",
     )
+    harness: Literal["", "lmms_eval"] = _f(
+        "",
+        "A standard evaluation harness run at every evaluation (before, every eval.every steps, after) on the model in memory and in `mmrft eval`: 'lmms_eval' (pip install -e \".[eval]\"); '' = none. Metrics harness/<task>/<metric>; lmms-eval's own results and samples files under each evaluation's folder.",
+    )
+    harness_tasks: list[str] = _f(
+        [],
+        "lmms-eval task or group names (e.g. [mmmu_val, chartqa]); the bundled local tasks (configs/lmms_eval, e.g. mmrft_shapes_colour) need no download.",
+    )
+    harness_limit: float | None = _f(
+        None,
+        "At most this many samples per harness task (a number in (0, 1): that fraction of each); None = all.",
+    )
+    harness_include: list[str] = _f(
+        [],
+        "Folders of local lmms-eval task YAML files, indexed beside the bundled configs/lmms_eval.",
+    )
 
 
 @dataclass
 class CheckpointConfig:
     every: int = _f(100, "Save a checkpoint every N steps (0 = only at the end).")
     keep_last: int = _f(2, "Keep the newest N step checkpoints.")
+    keep_best: str = _f(
+        "",
+        "A metric logged at evaluation (eval/<task>/<metric>, harness/<task>/<metric>, verifier/...): the weights of the evaluation where it was best so far are kept in <run dir>/best (with best.json: metric, value, step); '' = off.",
+    )
+    keep_best_mode: Literal["max", "min"] = _f(
+        "max", "'max': higher is better (accuracy); 'min': lower is better (format_fail)."
+    )
     resume: str = _f(
         "auto",
         "'auto' resumes from the newest complete checkpoint in the run directory, and refuses when the config changed in a key that changes the run (naming each); 'force' resumes all the same; 'never' starts over; or a checkpoint path. `resume=` is short for this key.",
@@ -951,6 +974,7 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
     need(cfg.algorithm.clip_high >= 0, "algorithm.clip_high", "must be ≥ 0")
     need(cfg.algorithm.beta >= 0, "algorithm.beta", "must be ≥ 0")
     check_distillation(cfg, need)
+    check_harness(cfg, need)
     need(
         cfg.algorithm.dual_clip is None or cfg.algorithm.dual_clip > 1,
         "algorithm.dual_clip",
@@ -1054,6 +1078,48 @@ def check_distillation(cfg: RunConfig, need: Any) -> None:
             "weighs the verifiers against a teacher; without teacher.path it must be 1 "
             "(scale optim.lr instead)",
         )
+
+
+def check_harness(cfg: RunConfig, need: Any) -> None:
+    """``eval.harness*`` and ``checkpoint.keep_best`` (``need(ok, key, message)``); whether
+    lmms-eval is installed is checked here too (its package found, not imported)."""
+    import importlib.util
+
+    ev = cfg.eval
+    if ev.harness:
+        need(
+            importlib.util.find_spec("lmms_eval") is not None,
+            "eval.harness",
+            'lmms-eval is not installed: pip install -e ".[eval]" (or: pip install "lmms-eval>=0.7")',
+        )
+        need(
+            bool(ev.harness_tasks),
+            "eval.harness_tasks",
+            "names no task; e.g. eval.harness_tasks=[mmrft_shapes_colour] (bundled, local) or [mmmu_val]",
+        )
+    else:
+        need(
+            not ev.harness_tasks,
+            "eval.harness_tasks",
+            "is set but eval.harness is not; add eval.harness=lmms_eval",
+        )
+    limit = ev.harness_limit
+    need(
+        limit is None or (limit > 0 and (limit < 1 or float(limit).is_integer())),
+        "eval.harness_limit",
+        f"must be a whole number of samples or a fraction in (0, 1), got {limit}",
+    )
+    best = cfg.checkpoint.keep_best
+    need(
+        not best or best.startswith(("eval/", "harness/", "verifier/")),
+        "checkpoint.keep_best",
+        f"must name a metric logged at evaluation (eval/<task>/<metric> or harness/<task>/<metric>), got {best!r}",
+    )
+    need(
+        not best.startswith("harness/") or bool(ev.harness),
+        "checkpoint.keep_best",
+        f"{best} is a harness metric but eval.harness is not set",
+    )
 
 
 def check_perturb(cfg: RunConfig, need: Any) -> None:
@@ -1263,6 +1329,11 @@ def _anchor_tree(tree: dict[str, Any], base: Path) -> None:
             if isinstance(name, str) and ".py:" in name:
                 source, function = name.rsplit(":", 1)
                 entry["name"] = f"{anchor_path(source, base)}:{function}"
+    evaluation = tree.get("eval")
+    if isinstance(evaluation, dict) and isinstance(evaluation.get("harness_include"), list):
+        evaluation["harness_include"] = [
+            anchor_path(p, base) if isinstance(p, str) else p for p in evaluation["harness_include"]
+        ]
     plugins = tree.get("plugins")
     if isinstance(plugins, list):
         tree["plugins"] = [

@@ -41,6 +41,9 @@ class EvalResult:
     seconds: float
     categories: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     primary_metric: str = "primary"
+    # eval.harness: lmms-eval's results (mmrft.evaluation.harness.HarnessResult), whose
+    # harness/<task>/<metric> numbers are also in ``metrics``
+    harness: Any = None
 
     @property
     def primary(self) -> float:
@@ -186,10 +189,25 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
     from mmrft.typecheck import ConfigError
 
     seed_everything(cfg.train.seed)
-    if not cfg.data.test:
-        raise ConfigError("data.test: evaluation needs a test file")
+    if not cfg.data.test and not cfg.eval.harness:
+        raise ConfigError("data.test: evaluation needs a test file (or eval.harness=lmms_eval)")
     task, family = preflight(cfg, training=False)
-    (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
+    samples: list[Sample] = []
+    if cfg.data.test:
+        (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
+    harness = None
+    if cfg.eval.harness:  # its task index built (and a bad task name refused) before weights load
+        from mmrft.evaluation.harness import Harness
+
+        harness = Harness(
+            cfg.eval.harness_tasks,
+            cfg.eval.harness_include,
+            cfg.eval.harness_limit,
+            cfg.eval.batch_size,
+            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            cfg.train.seed,
+            cfg.model.path,
+        )
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     console.print(escape(describe_run(cfg, policy.family.name, policy.device, len(samples))))
@@ -199,20 +217,27 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
 
         tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))
     try:
-        with progress_bar(console, transient=True) as progress:
-            return evaluate(
-                policy,
-                task,
-                samples,
-                cfg.eval.batch_size,
-                cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                progress,
-                tool_loop=tool_loop,
-                n=cfg.eval.n,
-                temperature=cfg.eval.temperature,
-                seed=cfg.train.seed,
-                verifiers=verifiers,
-            )
+        result = EvalResult(task.name, {}, [], 0.0, primary_metric=task.primary_metric)
+        if samples:
+            with progress_bar(console, transient=True) as progress:
+                result = evaluate(
+                    policy,
+                    task,
+                    samples,
+                    cfg.eval.batch_size,
+                    cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+                    progress,
+                    tool_loop=tool_loop,
+                    n=cfg.eval.n,
+                    temperature=cfg.eval.temperature,
+                    seed=cfg.train.seed,
+                    verifiers=verifiers,
+                )
+        if harness is not None:
+            result.harness = harness.run(policy, HFEngine(policy, cfg.eval.batch_size))
+            result.metrics.update(result.harness.metrics)
+            result.seconds += result.harness.seconds
+        return result
     finally:
         if verifiers is not None:
             verifiers.close()  # their worker processes

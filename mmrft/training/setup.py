@@ -83,6 +83,10 @@ class Run:
     resumed_from: Path | None = None
     progress: Progress | None = None  # the RL loop's live progress display, while it runs
     eval_verifiers: Any = None  # eval.verifiers, built at set-up (a bad entry fails there)
+    # eval.harness (mmrft.evaluation.harness.Harness), rank 0 only: it evaluates alone
+    harness: Any = None
+    # checkpoint.keep_best: the best evaluation so far, {"metric", "value", "step"}
+    best: dict[str, Any] | None = None
     skipped_before: Counter = field(default_factory=Counter)  # skip_counts() at set-up
     # the run's history (mmrft.training.resume): its config.yaml as the last process left it,
     # the time totals of the processes before this one (None: unknown, an older checkpoint),
@@ -291,8 +295,26 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
         # with a teacher every token has a signal, equal rewards or not
         no_signal=NoSignalWatch(0 if teacher is not None else cfg.train.warn_no_signal_steps),
         eval_verifiers=eval_verifiers(cfg),
+        harness=build_harness(cfg, cfg.model.path) if rank == 0 else None,
         skipped_before=skipped_before,
         previous_config=previous,
+    )
+
+
+def build_harness(cfg: RunConfig, model_name: str) -> Any:
+    """The run's :class:`~mmrft.evaluation.harness.Harness` (``eval.harness``), or ``None``."""
+    if not cfg.eval.harness:
+        return None
+    from mmrft.evaluation.harness import Harness
+
+    return Harness(
+        cfg.eval.harness_tasks,
+        cfg.eval.harness_include,
+        cfg.eval.harness_limit,
+        cfg.eval.batch_size,
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        cfg.train.seed,
+        model_name,
     )
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -53,6 +54,7 @@ from mmrft.policy.model import Policy, save_pretrained
 from mmrft.rewards.verifier import RewardError, write_failure
 from mmrft.rollout.base import Rollouts
 from mmrft.rollout.collector import BadMediaError, StepBatch
+from mmrft.rollout.hf import HFEngine
 from mmrft.rollout.sampling import SamplerError
 from mmrft.runtime import distributed, zero
 from mmrft.runtime.checkpoint import (
@@ -153,7 +155,7 @@ def _run(cfg: RunConfig, console: Console | None) -> TrainResult:
                 progress.update(bar, completed=step, info=f"reward {reward:.3f}")
                 log.info("step %d done: reward %.4f, %.1fs", step, reward, t_end - t0)
 
-                if due(cfg.eval.every, step, cfg.train.steps) and run.test_samples:
+                if due(cfg.eval.every, step, cfg.train.steps) and evaluates(run):
                     heartbeat.phase(f"evaluation, step {step}")
                     run_eval(run, run.run_dir / "eval" / f"step-{step:06d}", step)
                 if due(cfg.checkpoint.every, step, cfg.train.steps):
@@ -194,6 +196,7 @@ def begin(run: Run) -> int:
         run.collector.stats.load_state_dict(state.get("prompt_stats", {}))
         run.evals = state.get("evals", {})
         run.categories = state.get("eval_categories", {})
+        run.best = state.get("best")
         run.times_before = saved_times(state)  # None: an older checkpoint, without totals
         start_step = state["step"]
         run.runlog.truncate_after(start_step)
@@ -232,7 +235,7 @@ def begin(run: Run) -> int:
             cfg, run.policy, run.run_dir, run.rank, run.world, load=True
         )
     run.collector.sync_weights(start_step)  # an engine with its own weights starts from these
-    if checkpoint is None and cfg.eval.before and run.test_samples:
+    if checkpoint is None and cfg.eval.before and evaluates(run):
         run.evals["before"] = run_eval(run, run.run_dir / "eval" / "before", 0)
     # DeepSpeed: the engine takes the model and optimizer now, after weights were loaded
     distributed.prepare_optimizer(
@@ -354,44 +357,109 @@ def log_step(
     return metrics["train/reward"]
 
 
+def evaluates(run: Run) -> bool:
+    """The run has something to evaluate (the same answer on every rank): a test split, or
+    a harness (``eval.harness``)."""
+    return bool(run.test_samples) or bool(run.cfg.eval.harness)
+
+
 def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
     """Greedy evaluation on rank 0 (greedy decoding draws no random numbers, so no rank's
-    sampling stream moves); the metrics reach every rank."""
+    sampling stream moves): the task's metrics on the test split, then the harness's
+    (``eval.harness``: ``harness/<task>/<metric>``, lmms-eval's files in
+    ``directory/lmms_eval``), one ``metrics.jsonl`` line with ``time/eval_s`` (both) and
+    ``time/harness_s``; the metrics reach every rank. Then ``checkpoint.keep_best``."""
     cfg, task, shared = run.cfg, run.task, None
     # sharded: every rank takes part in gathering the parameters, then rank 0 alone generates
     with distributed.gathered(run.policy.model):
         if distributed.is_main():
-            # a bar on the RL loop's display while it runs, else a display of its own
-            own = progress_bar(run.console, transient=True)
-            with nullcontext(run.progress) if run.progress else own as progress:
-                result: EvalResult = evaluate(
-                    run.policy,
-                    task,
-                    run.test_samples,
-                    cfg.eval.batch_size,
-                    cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                    progress,
-                    # an engine with its own weights (vLLM) holds the current ones; hf builds
-                    # its own with the evaluation batch size
-                    engine=None if run.engine.name == "hf" else run.engine,
-                    tool_loop=run.collector.tool_loop,
-                    n=cfg.eval.n,
-                    temperature=cfg.eval.temperature,
-                    seed=cfg.train.seed,
-                    verifiers=run.eval_verifiers,
+            start = time.perf_counter()
+            # an engine with its own weights (vLLM) holds the current ones; hf builds its own
+            # with the evaluation batch size
+            engine = None if run.engine.name == "hf" else run.engine
+            metrics: dict[str, float] = {}
+            logged: dict[str, float] = {}
+            categories: dict[str, Any] = {}
+            if run.test_samples:
+                result = _evaluate_task(run, engine)
+                write_eval(result, directory, {"step": step})
+                metrics, categories = dict(result.metrics), result.categories
+                logged = {f"eval/{task.name}/{k}": v for k, v in metrics.items() if k != "primary"}
+                run.console.print(
+                    f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
+                    f"(format_fail {result.metrics.get('format_fail', 0):.3f}, "
+                    f"{result.seconds:.1f}s)"
                 )
-            write_eval(result, directory, {"step": step})
-            run.runlog.metrics(
-                step,
-                {f"eval/{task.name}/{k}": v for k, v in result.metrics.items() if k != "primary"},
-            )
-            run.console.print(
-                f"eval step {step}: {task.primary_metric} = {result.primary:.3f} "
-                f"(format_fail {result.metrics.get('format_fail', 0):.3f}, {result.seconds:.1f}s)"
-            )
-            shared = (result.metrics, result.categories)
-    metrics, run.categories[directory.name] = distributed.broadcast_object(shared)
+            if run.harness is not None:
+                on = engine or HFEngine(run.policy, cfg.eval.batch_size)
+                harness = run.harness.run(run.policy, on)
+                harness.write(directory / "lmms_eval")
+                metrics.update(harness.metrics)
+                logged.update(harness.metrics)
+                logged["time/harness_s"] = harness.seconds
+                shown = ", ".join(
+                    f"{k.removeprefix('harness/')} = {v:.3f}"
+                    for k, v in harness.metrics.items()
+                    if "_stderr" not in k
+                )
+                run.console.print(f"harness step {step}: {shown} ({harness.seconds:.1f}s)")
+            logged["time/eval_s"] = time.perf_counter() - start
+            run.runlog.metrics(step, logged)
+            shared = (metrics, categories, logged)
+    metrics, run.categories[directory.name], logged = distributed.broadcast_object(shared)
+    if cfg.checkpoint.keep_best:
+        keep_best(run, logged, step)
     return metrics
+
+
+def _evaluate_task(run: Run, engine: Any) -> EvalResult:
+    """The task's evaluation on the test split, on the RL loop's display when it runs."""
+    cfg = run.cfg
+    # a bar on the RL loop's display while it runs, else a display of its own
+    own = progress_bar(run.console, transient=True)
+    with nullcontext(run.progress) if run.progress else own as progress:
+        return evaluate(
+            run.policy,
+            run.task,
+            run.test_samples,
+            cfg.eval.batch_size,
+            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            progress,
+            engine=engine,
+            tool_loop=run.collector.tool_loop,
+            n=cfg.eval.n,
+            temperature=cfg.eval.temperature,
+            seed=cfg.train.seed,
+            verifiers=run.eval_verifiers,
+        )
+
+
+def keep_best(run: Run, logged: dict[str, float], step: int) -> None:
+    """``checkpoint.keep_best``: when this evaluation's metric beats the best so far
+    (``keep_best_mode`` max or min; the first one always does), the policy's weights go to
+    ``<run dir>/best`` (as a step checkpoint's model files) with ``best.json`` (metric, value,
+    step). Collective: every rank calls it (the weights are gathered when sharded)."""
+    cfg = run.cfg.checkpoint
+    value = logged.get(cfg.keep_best)
+    if value is None:
+        if run.rank == 0:
+            log.warning("checkpoint.keep_best: %s was not logged at step %d", cfg.keep_best, step)
+        return
+    better = max if cfg.keep_best_mode == "max" else min
+    if run.best is not None and better(value, run.best["value"]) == run.best["value"]:
+        return  # not strictly better: the earlier evaluation stays
+    run.best = {"metric": cfg.keep_best, "value": value, "step": step}
+    weights = distributed.full_model_state(run.policy.model)
+    if run.rank == 0:
+        target = run.run_dir / "best"
+        partial = run.run_dir / "best.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        save_pretrained(run.policy, partial, state_dict=weights)
+        (partial / "best.json").write_text(json.dumps(run.best, indent=2) + "\n")
+        shutil.rmtree(target, ignore_errors=True)
+        partial.rename(target)  # a kill leaves the previous best or the new one, whole
+        run.console.print(f"best {cfg.keep_best} = {value:.3f} at step {step}: {target}")
+    distributed.barrier()
 
 
 def save(run: Run, step: int) -> None:
@@ -410,6 +478,7 @@ def save(run: Run, step: int) -> None:
         "world_size": run.world,
         "evals": run.evals,
         "eval_categories": run.categories,
+        "best": run.best,
         "config": to_dict(run.cfg),
         # wall-clock seconds of the run's processes up to this checkpoint (summary.json)
         "times": checkpoint_times(run),
@@ -433,7 +502,7 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     """Evaluation after RL, the last checkpoint, the before/after table and ``summary.json``."""
     cfg, task = run.cfg, run.task
     run.train_seconds = train_seconds  # the RL loop's clock stops here
-    if cfg.eval.after and run.test_samples:
+    if cfg.eval.after and evaluates(run):
         run.evals["after"] = run_eval(run, run.run_dir / "eval" / "after", cfg.train.steps)
     if cfg.train.steps > start_step or run.resumed_from is None:
         save(run, cfg.train.steps)
@@ -453,6 +522,7 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
         "before": run.evals.get("before", {}).get("primary"),
         "after": run.evals.get("after", {}).get("primary"),
         "steps": cfg.train.steps,
+        **({"best": run.best} if run.best else {}),
         # summed over the run's processes; this process's and the ones before apart
         **summary_times(run),
     }
