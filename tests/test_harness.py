@@ -335,3 +335,25 @@ def test_a_distributed_run_evaluates_each_sample_once(tmp_path, monkeypatch):
         (results,) = (run_dir / "eval" / name / "lmms_eval").glob("*/*_results.json")
         (samples,) = results.parent.glob("*_samples_*.jsonl")
         assert [json.loads(x)["doc_id"] for x in samples.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+def test_the_harness_leaves_the_runs_rollouts_unchanged(tmp_path):
+    """lmms-eval seeds Python, NumPy and torch; the run's streams are restored after it."""
+    from mmrft.training.trainer import train
+
+    def rewards(run_dir: Path) -> list:
+        return [
+            (m["step"], m["train/reward"], m["rollout/len_mean"])
+            for m in metric_lines(run_dir)
+            if "train/reward" in m
+        ]
+
+    extra = ("optim.lr=0.05", "train.completions_every=1")
+    with_harness = train(tiny_run(tmp_path / "a", *extra), verbose=False)
+    plain = tiny_run(tmp_path / "b", *extra, "eval.harness=", "eval.harness_tasks=[]")
+    without = train(plain, verbose=False)
+    assert rewards(with_harness.run_dir) == rewards(without.run_dir)
+    completions = [
+        (r / "completions.jsonl").read_text() for r in (with_harness.run_dir, without.run_dir)
+    ]
+    assert completions[0] == completions[1]

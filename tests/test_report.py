@@ -194,3 +194,20 @@ def test_a_distillation_run_gets_the_reverse_kl_panel(tmp_path):
     times = [t.get_text() for t in axes["time per RL step"].get_legend().get_texts()]
     assert "teacher" in times
     plt.close(fig)
+
+
+def test_a_run_with_a_harness_gets_the_benchmarks_panel(tmp_path):
+    run = fake_run(tmp_path / "harness")
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for line in lines:
+        if any(k.startswith("eval/") for k in line):
+            line.update({"harness/mmmu_val/acc": 0.3, "harness/mmmu_val/acc_stderr": 0.01})
+            line["harness/chartqa/relaxed_overall"] = 0.5
+    (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    fig = figure({"harness": RunData.read(run)}, "harness")
+    legend = panels(fig)["lmms-eval benchmarks (eval.harness)"].get_legend()
+    assert sorted(t.get_text() for t in legend.get_texts()) == [
+        "chartqa/relaxed_overall",
+        "mmmu_val/acc",
+    ]  # stderrs left out
+    plt.close(fig)

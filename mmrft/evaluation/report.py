@@ -30,6 +30,11 @@ from matplotlib.lines import Line2D
 # (title, y-axis label, metric-name predicate) of each panel after the reward and evaluation
 # panels, in order.
 PANELS: list[tuple[str, str, Any]] = [
+    (
+        "lmms-eval benchmarks (eval.harness)",
+        "metric",
+        lambda k: k.startswith("harness/") and "_stderr" not in k,
+    ),
     ("KL to the reference model", "KL (nats / token)", lambda k: k == "train/kl"),
     (
         "on-policy distillation",
@@ -135,6 +140,8 @@ def _series(history: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
 
 
 def _label(key: str) -> str:
+    if key.startswith("harness/"):  # several benchmarks share a metric name: task/metric
+        return key.removeprefix("harness/")
     name = LABELS.get(key) or LABELS.get(key.rsplit("/", 1)[-1]) or key.rsplit("/", 1)[-1]
     return f"{name} (evaluation)" if key.startswith("eval/") and "/tools/" in key else name
 
@@ -374,7 +381,15 @@ def summary_markdown(runs: dict[str, Path]) -> str:
             for f in finals.values()
             for k in f
             if k.startswith(
-                ("train/reward", "eval/", "train/kl", "train/entropy", "rollout/", "distill/")
+                (
+                    "train/reward",
+                    "eval/",
+                    "harness/",
+                    "train/kl",
+                    "train/entropy",
+                    "rollout/",
+                    "distill/",
+                )
             )
         }
     )
