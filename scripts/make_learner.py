@@ -159,11 +159,14 @@ class Benchmark:
     max_new_tokens: int  # the recipe's evaluation budget
 
 
-def load_benchmark(name: str, split: Path, model: Path) -> Benchmark:
+def load_benchmark(name: str, split: Path, model: Path, held_out: int | None = None) -> Benchmark:
     """The pretraining split and the benchmark's test split read by ``name``'s learning recipe
     (configs/learn/NAME.yaml: its task, model family, media and token budgets) with the learner
-    at ``model``."""
-    cfg = load_config(f"learn/{name}", [f"model.path={model}", f"data.train={split}"])
+    at ``model``; ``held_out``: only the test split's first N samples (a quick check)."""
+    overrides = [f"model.path={model}", f"data.train={split}"]
+    if held_out is not None:
+        overrides.append(f"data.max_test_samples={held_out}")
+    cfg = load_config(f"learn/{name}", overrides)
     task, family = preflight(cfg)
     train, test = read_data(cfg, task, family)
     budget = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
@@ -212,7 +215,7 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     metrics = {}
     for name in [k for k in MIXTURE if not args.only or k in args.only]:
         split = REPO / "assets" / "benchmarks" / name / "train.jsonl"  # read, not trained on
-        bench = load_benchmark(name, split, Path(args.eval_only))
+        bench = load_benchmark(name, split, Path(args.eval_only), args.held_out)
         metric = held_out(model, processor, bench, args.form)
         metrics[name] = {bench.task.primary_metric: metric}
     return metrics
@@ -232,7 +235,7 @@ def pretrain(args: argparse.Namespace) -> dict:
     data = {}
     for name, n in mixture.items():
         split = pretraining_split(name, n, Path(args.cache), args.workers)
-        data[name] = load_benchmark(name, split, start)
+        data[name] = load_benchmark(name, split, start, args.held_out)
         print(f"{name}: {len(data[name].train)} pretraining samples", flush=True)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -356,6 +359,12 @@ def main() -> None:
         "--init", metavar="MODEL", help="continue from this learner (default: random)"
     )
     parser.add_argument("--eval-only", metavar="MODEL", help="only evaluate an existing learner")
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        metavar="N",
+        help="evaluate on the first N test samples of each benchmark (default: all; a quick check)",
+    )
     args = parser.parse_args()
     if args.eval_only:
         print(json.dumps(evaluate_only(args)))

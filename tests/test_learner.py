@@ -30,7 +30,7 @@ def test_a_short_pretraining_writes_the_learner_and_its_record(tmp_path: Path) -
     command = [
         sys.executable, str(REPO / "scripts" / "make_learner.py"), "--only", "shapes_grounding",
         "--samples", "12", "--steps", "3", "--batch-size", "2", "--log-every", "1",
-        "--threads", "1", "--out", str(out), "--cache", str(cache),
+        "--threads", "1", "--held-out", "8", "--out", str(out), "--cache", str(cache),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -249,6 +249,9 @@ SLOW = {
     "fsdp_grad_op_lora",
     "deepspeed_zero2_lora",
     "fsdp_full_teacher",  # deepspeed_zero3_teacher_full covers the teacher's sharded passes
+    # full-parameter ZeRO-3 training: deepspeed_zero3_teacher_full; its sharded reference model
+    # with μ = 2: deepspeed_zero3_lora
+    "deepspeed_zero3",
 }  # their full twins and fsdp_full_lora cover them
 
 
