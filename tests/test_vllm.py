@@ -264,6 +264,23 @@ def test_tool_loop_runs_on_the_vllm_engine(setup) -> None:
     )
 
 
+def test_lmms_eval_runs_through_the_vllm_engine(setup, tmp_path, monkeypatch) -> None:
+    """lmms-eval's bundled local task (eval.harness) through the vLLM engine: the same greedy
+    answers and scores as through the hf engine."""
+    pytest.importorskip("lmms_eval")
+    from mmrft.evaluation.harness import Harness
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
+    policy, engine = setup
+    harness = Harness(["mmrft_shapes_colour"], [], 6, 6, 12, 0, "tiny")
+    answers = []
+    for on in (engine, HFEngine(policy, 6)):
+        result = harness.run(policy, on)
+        docs = result.samples["mmrft_shapes_colour"]
+        answers.append(([d["filtered_resps"] for d in docs], result.metrics))
+    assert answers[0] == answers[1] and len(answers[0][0]) == 6
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="vLLM's CPU build places a video sampled below its native rate (9 s at 20 fps, 4 "
