@@ -22,6 +22,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from mmrft.data import Sample
+from mmrft.evaluation.harness import build_harness
 from mmrft.policy.model import Policy
 from mmrft.rewards.task import EvalRecord, Task
 from mmrft.rollout.base import Engine, Rollouts, Sampling
@@ -195,19 +196,8 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
     samples: list[Sample] = []
     if cfg.data.test:
         (samples,) = read_data(cfg, task, family, splits=("test",))  # as training reads it
-    harness = None
-    if cfg.eval.harness:  # its task index built (and a bad task name refused) before weights load
-        from mmrft.evaluation.harness import Harness
-
-        harness = Harness(
-            cfg.eval.harness_tasks,
-            cfg.eval.harness_include,
-            cfg.eval.harness_limit,
-            cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-            cfg.train.seed,
-            cfg.model.path,
-        )
+    # its task index built (and a bad task name refused) before the weights load
+    harness = build_harness(cfg)
     verifiers = eval_verifiers(cfg)  # a bad entry fails before any weights load
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     console.print(escape(describe_run(cfg, policy.family.name, policy.device, len(samples))))

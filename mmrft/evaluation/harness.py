@@ -431,3 +431,20 @@ class Harness:
         samples = results.pop("samples", None) or {}
         seconds = time.perf_counter() - start
         return HarnessResult(flatten_results(results), results, samples, seconds, self.model_name)
+
+
+def build_harness(cfg: Any) -> Harness | None:
+    """The :class:`Harness` of a config's ``eval.harness*`` keys (``None`` when off): its
+    budgets are the evaluation's (``eval.batch_size``, ``eval.max_new_tokens`` or
+    ``rollout.max_new_tokens``), its seed ``train.seed``, its results named by ``model.path``."""
+    if not cfg.eval.harness:
+        return None
+    return Harness(
+        cfg.eval.harness_tasks,
+        cfg.eval.harness_include,
+        cfg.eval.harness_limit,
+        cfg.eval.batch_size,
+        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        cfg.train.seed,
+        cfg.model.path,
+    )

@@ -21,6 +21,7 @@ from rich.progress import Progress
 from mmrft.config import RunConfig, check_config, config_diff, resolve_path, to_dict, to_yaml
 from mmrft.data import Sample, skip_counts
 from mmrft.evaluation.evaluate import eval_verifiers
+from mmrft.evaluation.harness import build_harness
 from mmrft.evaluation.prompt_view import show_prompt
 from mmrft.evaluation.report import describe_model, describe_tools
 from mmrft.evaluation.runlog import (
@@ -295,26 +296,9 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
         # with a teacher every token has a signal, equal rewards or not
         no_signal=NoSignalWatch(0 if teacher is not None else cfg.train.warn_no_signal_steps),
         eval_verifiers=eval_verifiers(cfg),
-        harness=build_harness(cfg, cfg.model.path) if rank == 0 else None,
+        harness=build_harness(cfg) if rank == 0 else None,
         skipped_before=skipped_before,
         previous_config=previous,
-    )
-
-
-def build_harness(cfg: RunConfig, model_name: str) -> Any:
-    """The run's :class:`~mmrft.evaluation.harness.Harness` (``eval.harness``), or ``None``."""
-    if not cfg.eval.harness:
-        return None
-    from mmrft.evaluation.harness import Harness
-
-    return Harness(
-        cfg.eval.harness_tasks,
-        cfg.eval.harness_include,
-        cfg.eval.harness_limit,
-        cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-        cfg.train.seed,
-        model_name,
     )
 
 
