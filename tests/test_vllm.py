@@ -264,14 +264,13 @@ def test_tool_loop_runs_on_the_vllm_engine(setup) -> None:
     )
 
 
-def test_lmms_eval_runs_through_the_vllm_engine(setup, tmp_path, monkeypatch) -> None:
-    """lmms-eval's bundled local task (eval.harness) through the vLLM engine: the same greedy
+def harness_matches_hf(policy, engine, tmp_path, monkeypatch) -> None:
+    """lmms-eval's bundled local task (eval.harness) through ``engine``: the same greedy
     answers and scores as through the hf engine."""
     pytest.importorskip("lmms_eval")
     from mmrft.evaluation.harness import Harness
 
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf-datasets"))
-    policy, engine = setup
     harness = Harness(["mmrft_shapes_colour"], [], 6, 6, 12, 0, "tiny")
     answers = []
     for on in (engine, HFEngine(policy, 6)):
@@ -279,6 +278,10 @@ def test_lmms_eval_runs_through_the_vllm_engine(setup, tmp_path, monkeypatch) ->
         docs = result.samples["mmrft_shapes_colour"]
         answers.append(([d["filtered_resps"] for d in docs], result.metrics))
     assert answers[0] == answers[1] and len(answers[0][0]) == 6
+
+
+def test_lmms_eval_runs_through_the_vllm_engine(setup, tmp_path, monkeypatch) -> None:
+    harness_matches_hf(*setup, tmp_path, monkeypatch)
 
 
 @pytest.mark.xfail(
@@ -634,6 +637,10 @@ def test_served_greedy_and_logprobs_equal_the_trainers(served, media, kind) -> N
     assert largest_logprob_gap(policy, out) <= 1e-3
     suppressed = set(policy.family.suppress_token_ids(policy.processor))
     assert not any(t in suppressed for ids in out.completion_ids for t in ids)
+
+
+def test_lmms_eval_runs_through_the_served_engine(served, tmp_path, monkeypatch) -> None:
+    harness_matches_hf(*served, tmp_path, monkeypatch)
 
 
 def test_served_tool_trajectory_continues_exactly(served, media) -> None:
