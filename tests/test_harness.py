@@ -277,10 +277,11 @@ def test_a_run_logs_harness_metrics_at_every_evaluation_and_keeps_the_best(tmp_p
         assert payload["n-samples"][TASK]["effective"] == 4
         (samples,) = results.parent.glob(f"*_samples_{TASK}.jsonl")
         assert len(samples.read_text().splitlines()) == 4
-    best = json.loads((run_dir / "best" / "best.json").read_text())
-    assert best["metric"] == f"harness/{TASK}/format_fail" and best["step"] == 0  # none better
+    best_json = json.loads((run_dir / "best" / "best.json").read_text())
+    assert best_json["metric"] == f"harness/{TASK}/format_fail"
+    assert best_json["step"] == 0  # none better
     assert list((run_dir / "best").glob("*.safetensors"))
-    assert result["best"] == best
+    assert result["best"] == best_json
     assert f"harness/{TASK}/acc" in result.evals["after"]
 
     # lmms-eval seeds Python, NumPy and torch; the run's streams are restored after it: a run
@@ -301,6 +302,12 @@ def test_a_run_logs_harness_metrics_at_every_evaluation_and_keeps_the_best(tmp_p
     assert (run_dir / "completions.jsonl").read_text() == (
         without / "completions.jsonl"
     ).read_text()
+
+    # resumed for a third step: the best so far comes back with the checkpoint (a run that
+    # forgot it would take step 3's equal value as a first best)
+    resumed = train(tiny_run(tmp_path / "a", *extra, *best, "train.steps=3"), verbose=False)
+    assert json.loads((run_dir / "best" / "best.json").read_text()) == best_json
+    assert resumed["best"] == best_json
 
 
 def test_mmrft_eval_writes_lmms_evals_files(tmp_path, monkeypatch):
