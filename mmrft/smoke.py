@@ -83,6 +83,9 @@ SIZES = [
 ]
 """The overrides of every smoke run."""
 
+SMOKE_HARNESS_TASK = "mmrft_shapes_colour"
+"""The lmms-eval task a smoke run evaluates with ``eval.harness`` (configs/lmms_eval: local)."""
+
 
 def _squash(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
@@ -149,6 +152,14 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
             "teacher.attn_implementation=null",
         ]
         notes.append(f"teacher {cfg.teacher.path} → {tiny}")
+    if cfg.eval.harness:  # lmms-eval on its bundled local task: the machinery, no Hub download
+        overrides += [f"eval.harness_tasks=[{SMOKE_HARNESS_TASK}]", "eval.harness_limit=2"]
+        notes.append(
+            f"lmms-eval tasks {', '.join(cfg.eval.harness_tasks)} → {SMOKE_HARNESS_TASK} "
+            "(bundled, local), 2 samples"
+        )
+        if cfg.checkpoint.keep_best.startswith("harness/"):
+            overrides.append(f"checkpoint.keep_best=harness/{SMOKE_HARNESS_TASK}/acc")
     ws = cfg.warm_start
     overrides += [
         f"warm_start.steps={min(ws.steps, 2)}",

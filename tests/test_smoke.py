@@ -179,3 +179,20 @@ def test_data_named_on_the_command_line_but_absent_gets_the_bundled_stand_in(tmp
     saved = (tmp_path / "runs" / "vlm_r1_rec-smoke" / "config.yaml").read_text()
     assert "/nonexistent/train" not in saved and "/nonexistent/val" not in saved
     assert "seed: 7" in saved
+
+
+def test_smoke_evaluates_lmms_eval_on_its_bundled_local_task():
+    """A config's lmms-eval tasks (which download from the Hub) become the bundled local one, two
+    samples; a best-checkpoint metric of the harness follows."""
+    pytest.importorskip("lmms_eval")
+    harness = [
+        "eval.harness=lmms_eval",
+        "eval.harness_tasks=[mmmu_val, chartqa]",
+        "checkpoint.keep_best=harness/mmmu_val/mmmu_acc",
+    ]
+    cfg = load_config("vlm_r1_rec", harness)
+    overrides, notes = smoke_overrides(cfg, "vlm_r1_rec")
+    smoke = load_config("vlm_r1_rec", [*harness, *overrides])
+    assert smoke.eval.harness_tasks == ["mmrft_shapes_colour"] and smoke.eval.harness_limit == 2
+    assert smoke.checkpoint.keep_best == "harness/mmrft_shapes_colour/acc"
+    assert any("mmmu_val, chartqa → mmrft_shapes_colour" in n for n in notes)
