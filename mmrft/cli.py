@@ -141,10 +141,10 @@ def cmd_eval(args: argparse.Namespace, console: Console) -> int:
         else Path(cfg.output_dir) / run_name(cfg) / "eval" / f"of-{Path(cfg.model.path).name}"
     )
     write_eval(result, out, {"model": cfg.model.path, "data": cfg.data.test})
-    on = " + ".join(
-        [cfg.data.test] * bool(cfg.data.test)
-        + [f"lmms-eval {cfg.eval.harness_tasks}"] * bool(result.harness)
-    )
+    evaluated = [cfg.data.test] if cfg.data.test else []
+    if result.harness is not None:
+        evaluated.append(f"lmms-eval {cfg.eval.harness_tasks}")
+    on = " + ".join(evaluated)
     print_table(
         f"{result.task}: {cfg.model.path} on {on}",
         {"value": result.metrics},

@@ -1080,6 +1080,11 @@ def check_distillation(cfg: RunConfig, need: Any) -> None:
         )
 
 
+def eval_budget(cfg: RunConfig) -> int:
+    """The evaluation's completion budget: ``eval.max_new_tokens``, else ``rollout.max_new_tokens``."""
+    return cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+
+
 def check_harness(cfg: RunConfig, need: Any) -> None:
     """``eval.harness*`` and ``checkpoint.keep_best`` (``need(ok, key, message)``); whether
     lmms-eval is installed is checked here too (its package found, not imported)."""

@@ -21,6 +21,7 @@ from rich.markup import escape
 from rich.progress import Progress
 from rich.table import Table
 
+from mmrft.config import eval_budget
 from mmrft.data import Sample
 from mmrft.evaluation.harness import build_harness
 from mmrft.policy.model import Policy
@@ -145,6 +146,36 @@ def evaluate(
     )
 
 
+def evaluate_configured(
+    cfg: Any,
+    policy: Policy,
+    task: Task,
+    samples: list[Sample],
+    progress: Progress | None,
+    *,
+    engine: Engine | None = None,
+    tool_loop: Any = None,
+    verifiers: Any = None,
+) -> EvalResult:
+    """:func:`evaluate` with a config's evaluation settings (``eval.batch_size``, the budget,
+    ``eval.n``, ``eval.temperature``, seeded by ``train.seed``): a run's evaluations and
+    ``mmrft eval`` alike."""
+    return evaluate(
+        policy,
+        task,
+        samples,
+        cfg.eval.batch_size,
+        eval_budget(cfg),
+        progress,
+        engine=engine,
+        tool_loop=tool_loop,
+        n=cfg.eval.n,
+        temperature=cfg.eval.temperature,
+        seed=cfg.train.seed,
+        verifiers=verifiers,
+    )
+
+
 def pass_at_k(values: list[Any], n: int) -> dict[str, float]:
     """``pass@k`` for k = 1, 2, 4, … ≤ n and k = n from per-completion 0/1 values (``n`` per
     sample, in order): the mean over samples of ``1 − C(n − c, k) / C(n, k)``; empty when a
@@ -210,18 +241,8 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
         result = EvalResult(task.name, {}, [], 0.0, primary_metric=task.primary_metric)
         if samples:
             with progress_bar(console, transient=True) as progress:
-                result = evaluate(
-                    policy,
-                    task,
-                    samples,
-                    cfg.eval.batch_size,
-                    cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
-                    progress,
-                    tool_loop=tool_loop,
-                    n=cfg.eval.n,
-                    temperature=cfg.eval.temperature,
-                    seed=cfg.train.seed,
-                    verifiers=verifiers,
+                result = evaluate_configured(
+                    cfg, policy, task, samples, progress, tool_loop=tool_loop, verifiers=verifiers
                 )
         if harness is not None:
             result.harness = harness.run(policy, HFEngine(policy, cfg.eval.batch_size))

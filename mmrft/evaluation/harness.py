@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from mmrft.algorithms import argmax_match
-from mmrft.config import CONFIG_DIR
+from mmrft.config import CONFIG_DIR, eval_budget
 from mmrft.policy.model import Policy, completion_logps
 from mmrft.rollout.base import Engine, Sampling
 from mmrft.typecheck import ConfigError
@@ -102,9 +102,10 @@ def to_conversation(visuals: list[Any] | None, text: str, media_dir: Path) -> li
             import numpy as np
             import soundfile
 
-            path = media_dir / f"audio-{len(list(media_dir.iterdir()))}.wav"
+            handle, path = tempfile.mkstemp(suffix=".wav", dir=media_dir)
+            os.close(handle)
             soundfile.write(path, np.asarray(visual["array"]), int(visual["sampling_rate"]))
-            parts.append({"type": "audio", "audio": str(path)})
+            parts.append({"type": "audio", "audio": path})
         elif hasattr(visual, "convert") and hasattr(visual, "size"):  # a PIL image
             parts.append({"type": "image", "image": visual.convert("RGB")})
         else:
@@ -249,7 +250,7 @@ class HarnessResult:
             chat_template=None,
             fewshot_as_multiturn=False,
         )
-        date = self.results.get("date") or time.strftime("%Y%m%d_%H%M%S")
+        date = self.results["date"]  # simple_evaluate's datetime_str
         tracker.save_results_aggregated(
             results=dict(self.results), samples=self.samples, datetime_str=date
         )
@@ -407,7 +408,7 @@ class Harness:
 
         start = time.perf_counter()
         lm = adapter(policy, engine, self.batch_size, self.max_new_tokens)
-        with kept_random_state(), single_process():
+        with lm._media, kept_random_state(), single_process():  # the media folder removed after
             results = simple_evaluate(
                 model=lm,
                 model_args=f"pretrained={self.model_name}",
@@ -422,12 +423,11 @@ class Harness:
                 numpy_random_seed=self.seed,
                 torch_random_seed=self.seed,
                 fewshot_random_seed=self.seed,
-                bootstrap_iters=0,
+                bootstrap_iters=0,  # no bootstrap stderr: seconds per evaluation in the loop
                 # not "accelerate": it would build an Accelerator (and a process group) of its own
-                distributed_executor_backend="torchrun",  # no bootstrap stderr: seconds per evaluation in the loop
+                distributed_executor_backend="torchrun",
                 datetime_str=get_datetime_str(),
             )
-        lm._media.cleanup()
         samples = results.pop("samples", None) or {}
         seconds = time.perf_counter() - start
         return HarnessResult(flatten_results(results), results, samples, seconds, self.model_name)
@@ -444,7 +444,7 @@ def build_harness(cfg: Any) -> Harness | None:
         cfg.eval.harness_include,
         cfg.eval.harness_limit,
         cfg.eval.batch_size,
-        cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+        eval_budget(cfg),
         cfg.train.seed,
         cfg.model.path,
     )

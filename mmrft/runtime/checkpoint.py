@@ -76,21 +76,33 @@ def save_checkpoint(
     checkpoints_dir.mkdir(parents=True, exist_ok=True)
     for stale in checkpoints_dir.glob("step-*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    final = checkpoints_dir / f"step-{step:06d}"
-    tmp = checkpoints_dir / f"{final.name}.tmp-{os.getpid()}"
-    tmp.mkdir()
-    write_model(tmp)
-    torch.save(trainer_state, tmp / STATE_FILE)
-    _fsync_tree(tmp)
-    replaced = None
-    if final.exists():  # re-saving the same step (e.g. after a resume): replace it whole
-        replaced = _set_aside(final)
-    os.replace(tmp, final)
-    _fsync_tree(checkpoints_dir)
-    if replaced is not None:
-        shutil.rmtree(replaced, ignore_errors=True)
+
+    def write(tmp: Path) -> None:
+        write_model(tmp)
+        torch.save(trainer_state, tmp / STATE_FILE)
+
+    # re-saving the same step (e.g. after a resume) replaces it whole
+    final = replace_dir(checkpoints_dir / f"step-{step:06d}", write)
     for old in list_checkpoints(checkpoints_dir)[:-keep_last]:
         shutil.rmtree(_set_aside(old), ignore_errors=True)
+    return final
+
+
+def replace_dir(final: Path, write: Callable[[Path], None]) -> Path:
+    """``final`` written by ``write(tmp)`` into ``<final>.tmp-<pid>``, every file fsynced, then
+    renamed to ``final``; an existing ``final`` is set aside first and deleted after. A kill at
+    any point leaves the old directory or the new one, whole (or a ``.tmp-`` one beside)."""
+    tmp = final.with_name(f"{final.name}.tmp-{os.getpid()}")
+    if tmp.exists():  # an earlier attempt of this process that failed midway
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write(tmp)
+    _fsync_tree(tmp)
+    replaced = _set_aside(final) if final.exists() else None
+    os.replace(tmp, final)
+    _fsync_tree(final.parent)
+    if replaced is not None:
+        shutil.rmtree(replaced, ignore_errors=True)
     return final
 
 

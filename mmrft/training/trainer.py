@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -39,7 +38,7 @@ from rich.markup import escape
 from mmrft.algorithms import group_advantages, group_stats
 from mmrft.config import RunConfig, to_dict, validate_config
 from mmrft.data import Sample, skip_counts
-from mmrft.evaluation.evaluate import EvalResult, evaluate, print_table, write_eval
+from mmrft.evaluation.evaluate import EvalResult, evaluate_configured, print_table, write_eval
 from mmrft.evaluation.prompt_view import row_prompt_text
 from mmrft.evaluation.report import report_runs
 from mmrft.evaluation.runlog import (
@@ -61,6 +60,7 @@ from mmrft.runtime.checkpoint import (
     find_resume_checkpoint,
     list_checkpoints,
     load_trainer_state,
+    replace_dir,
     save_checkpoint,
     write_step_failure,
 )
@@ -414,22 +414,17 @@ def run_eval(run: Run, directory: Path, step: int) -> dict[str, float]:
 
 def _evaluate_task(run: Run, engine: Any) -> EvalResult:
     """The task's evaluation on the test split, on the RL loop's display when it runs."""
-    cfg = run.cfg
     # a bar on the RL loop's display while it runs, else a display of its own
     own = progress_bar(run.console, transient=True)
     with nullcontext(run.progress) if run.progress else own as progress:
-        return evaluate(
+        return evaluate_configured(
+            run.cfg,
             run.policy,
             run.task,
             run.test_samples,
-            cfg.eval.batch_size,
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
             progress,
             engine=engine,
             tool_loop=run.collector.tool_loop,
-            n=cfg.eval.n,
-            temperature=cfg.eval.temperature,
-            seed=cfg.train.seed,
             verifiers=run.eval_verifiers,
         )
 
@@ -445,19 +440,20 @@ def keep_best(run: Run, logged: dict[str, float], step: int) -> None:
         if run.rank == 0:
             log.warning("checkpoint.keep_best: %s was not logged at step %d", cfg.keep_best, step)
         return
-    better = max if cfg.keep_best_mode == "max" else min
-    if run.best is not None and better(value, run.best["value"]) == run.best["value"]:
-        return  # not strictly better: the earlier evaluation stays
+    if run.best is not None:  # strictly better, or the earlier evaluation stays
+        best = run.best["value"]
+        if not (value > best if cfg.keep_best_mode == "max" else value < best):
+            return
     run.best = {"metric": cfg.keep_best, "value": value, "step": step}
     weights = distributed.full_model_state(run.policy.model)
     if run.rank == 0:
-        target = run.run_dir / "best"
-        partial = run.run_dir / "best.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        save_pretrained(run.policy, partial, state_dict=weights)
-        (partial / "best.json").write_text(json.dumps(run.best, indent=2) + "\n")
-        shutil.rmtree(target, ignore_errors=True)
-        partial.rename(target)  # a kill leaves the previous best or the new one, whole
+
+        def write(folder: Path) -> None:
+            save_pretrained(run.policy, folder, state_dict=weights)
+            (folder / "best.json").write_text(json.dumps(run.best, indent=2) + "\n")
+
+        # a kill leaves the previous best or the new one, whole
+        target = replace_dir(run.run_dir / "best", write)
         run.console.print(f"best {cfg.keep_best} = {value:.3f} at step {step}: {target}")
     distributed.barrier()
 

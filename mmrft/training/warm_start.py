@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from mmrft.config import RunConfig
+from mmrft.config import RunConfig, eval_budget
 from mmrft.data import Sample
 from mmrft.evaluation.runlog import progress_bar
 from mmrft.policy.model import (
@@ -166,7 +166,7 @@ def warn_answers_over_budget(
         ("rollout.max_new_tokens", cfg.rollout.max_new_tokens, train_samples, "training"),
         (
             "eval.max_new_tokens" if cfg.eval.max_new_tokens else "rollout.max_new_tokens",
-            cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+            eval_budget(cfg),
             test_samples,
             "test",
         ),
