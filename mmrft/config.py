@@ -585,12 +585,26 @@ class AlgorithmConfig:
 
 
 @dataclass
+class TeacherServerConfig:
+    """A teacher served by vLLM (``teacher.server.url``, :mod:`mmrft.rollout.served_teacher`)."""
+
+    url: str | None = _f(
+        None,
+        "Base URL (http://host:port) of a running vLLM server of the teacher, started with `vllm serve TEACHER --enable-scale-out` (docs/algorithms.md#a-served-teacher); it returns the log-probs of the policy's sampled tokens (prompt_logprobs on its token-in route), so a large teacher lives on other GPUs. teacher.path then names the same checkpoint for the start-up tokenizer and processor check only (its weights are not loaded); unset, the path the server reports is used. Only algorithm.distill_loss=sampled. None = the teacher is in process (teacher.path).",
+    )
+    request_timeout_s: float = _f(
+        600.0,
+        "Seconds one scoring request to the teacher's server may take before the run stops naming the server.",
+    )
+
+
+@dataclass
 class TeacherConfig:
     """The frozen teacher of on-policy distillation (``algorithm.distill_coef``)."""
 
     path: str | None = _f(
         None,
-        "Checkpoint directory or hub id of a frozen teacher of the policy's model family and tokenizer (checked at start-up: token ids must mean the same text); it scores every sampled token of the policy (on-policy distillation, docs/algorithms.md). Loaded and sharded like the KL reference (train.sharding). None = no teacher.",
+        "Checkpoint directory or hub id of a frozen teacher of the policy's model family and tokenizer (checked at start-up: token ids must mean the same text); it scores every sampled token of the policy (on-policy distillation, docs/algorithms.md). Loaded and sharded like the KL reference (train.sharding), unless teacher.server.url serves it. None (and no server) = no teacher.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] | None = _f(
         None, "Teacher weights dtype; None = model.dtype."
@@ -598,6 +612,15 @@ class TeacherConfig:
     attn_implementation: str | None = _f(
         None, "The teacher's attention implementation; None = model.attn_implementation."
     )
+    server: TeacherServerConfig = field(
+        default_factory=TeacherServerConfig,
+        metadata={"help": "A teacher served by vLLM instead of loaded in process."},
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run has a teacher (in process or served)."""
+        return bool(self.path or self.server.url)
 
 
 @dataclass
@@ -1057,7 +1080,7 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
 
 def check_distillation(cfg: RunConfig, need: Any) -> None:
     """``teacher`` and the distillation keys of ``algorithm`` (``need(ok, key, message)``)."""
-    algo, teacher = cfg.algorithm, cfg.teacher.path
+    algo, teacher = cfg.algorithm, cfg.teacher.enabled
     need(0 <= algo.distill_discount <= 1, "algorithm.distill_discount", "must be in [0, 1]")
     need(algo.reward_coef >= 0, "algorithm.reward_coef", "must be ≥ 0")
     need(
@@ -1077,6 +1100,24 @@ def check_distillation(cfg: RunConfig, need: Any) -> None:
             "algorithm.reward_coef",
             "weighs the verifiers against a teacher; without teacher.path it must be 1 "
             "(scale optim.lr instead)",
+        )
+    if cfg.teacher.server.url:
+        need(
+            algo.distill_loss == "sampled",
+            "algorithm.distill_loss",
+            "'full' needs the teacher's whole next-token distribution at every position, which "
+            "a served teacher does not return (it scores the sampled tokens): use 'sampled', "
+            "or teacher.path alone for an in-process teacher",
+        )
+        need(
+            is_base_url(cfg.teacher.server.url),
+            "teacher.server.url",
+            f"{cfg.teacher.server.url!r} must be a base URL http://host:port (no path)",
+        )
+        need(
+            cfg.teacher.server.request_timeout_s > 0,
+            "teacher.server.request_timeout_s",
+            "must be > 0",
         )
 
 
@@ -1156,13 +1197,17 @@ def check_perturb(cfg: RunConfig, need: Any) -> None:
         )
 
 
+def is_base_url(url: str) -> bool:
+    """``http(s)://host[:port]`` with no path (an IPv6 host in brackets)."""
+    pattern = r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?/?"
+    return re.fullmatch(pattern, url) is not None
+
+
 def check_server(server: ServerConfig, need: Any) -> None:
     """``rollout.server`` checks (``need(ok, key, message)`` raises naming the key)."""
     url = server.url
     need(
-        url is None
-        or re.fullmatch(r"https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d{1,5})?/?", url)
-        is not None,
+        url is None or is_base_url(url),
         "rollout.server.url",
         f"{url!r} must be a base URL http://host:port (no path), or null to start a server",
     )

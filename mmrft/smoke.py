@@ -145,13 +145,17 @@ def smoke_overrides(cfg: RunConfig, source: str | None = None) -> tuple[list[str
     notes = [f"model {cfg.model.path} → {tiny} (family {family}), CPU, float32"]
     if cfg.model.attn_implementation == "flash_attention_2":
         overrides.append("model.attn_implementation=sdpa")
-    if cfg.teacher.path:  # the tiny model teaches itself: the distillation path runs, no download
+    if (
+        cfg.teacher.enabled
+    ):  # the tiny model teaches itself: the distillation path runs, no download
         overrides += [
             f"teacher.path={tiny}",
             "teacher.dtype=null",
             "teacher.attn_implementation=null",
+            "teacher.server.url=null",  # a served teacher: in process here (no server to reach)
         ]
-        notes.append(f"teacher {cfg.teacher.path} → {tiny}")
+        served = f" (served at {cfg.teacher.server.url})" if cfg.teacher.server.url else ""
+        notes.append(f"teacher {cfg.teacher.path or 'of the server'}{served} → {tiny}")
     if cfg.eval.harness:  # lmms-eval on its bundled local task: the machinery, no Hub download
         overrides += [f"eval.harness_tasks=[{SMOKE_HARNESS_TASK}]", "eval.harness_limit=2"]
         notes.append(

@@ -206,10 +206,9 @@ def test_a_teacher_of_another_family_or_vocabulary_is_refused(tmp_path: Path) ->
 
     def policy(vocab: dict[str, int], patch: int = 14):
         tokenizer = SimpleNamespace(get_vocab=lambda: dict(vocab))
-        processor = SimpleNamespace(
+        return SimpleNamespace(
             tokenizer=tokenizer, image_processor=SimpleNamespace(patch_size=patch)
         )
-        return SimpleNamespace(tokenizer=tokenizer, processor=processor)
 
     vocab = {"a": 0, "b": 1, "<|im_end|>": 2}
     check_teacher(policy(vocab), policy(vocab))

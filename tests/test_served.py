@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -607,3 +608,206 @@ def test_a_started_server_dies_with_its_parent(tmp_path) -> None:
     while not (gone(child) and gone(helper)):
         assert time.monotonic() < deadline, "the server's group outlived its parent"
         time.sleep(0.1)
+
+
+# -- a teacher served by vLLM (teacher.server.url) ----------------------------------------------
+
+
+def teacher_logprob(token: int) -> float:
+    """The fake teacher's log-prob of a token, and its argmax when the token is even."""
+    return -0.001 * token - 0.01
+
+
+def fake_teacher(
+    fake: Fake, policy, expansions: dict[tuple[int, ...], list[int]], root: Path = MODEL
+) -> Fake:
+    """A fake teacher server: ``/v1/models`` names ``root``; ``/detokenize`` decodes with the
+    policy's tokenizer; the token-in route expands a collapsed prompt by ``expansions`` and
+    scores every position with :func:`teacher_logprob`."""
+
+    def generate(handler: Any, body: Any) -> None:
+        ids = expansions.get(tuple(body["token_ids"]), body["token_ids"])
+        scored = [None] + [
+            {str(t): {"logprob": teacher_logprob(t), "rank": 1 if t % 2 == 0 else 7}}
+            for t in ids[1:]
+        ]
+        reply = {"prompt_token_ids": ids, "prompt_logprobs": scored, "choices": [choice(0, [5])]}
+        Fake.reply(handler, reply)
+
+    fake.routes["/v1/models"] = lambda h, b: Fake.reply(
+        h, {"data": [{"id": "t", "root": str(root)}]}
+    )
+    fake.routes["/detokenize"] = lambda h, b: Fake.reply(
+        h, {"prompt": policy.tokenizer.decode(b["tokens"])}
+    )
+    fake.routes[served.GENERATE_PATH] = generate
+    return fake
+
+
+def teacher_config(url: str, *extra: str):
+    return load_config(
+        None, ["train.steps=0", f"model.path={MODEL}", f"teacher.server.url={url}", *extra]
+    )
+
+
+def image_conversation(tmp_path: Path) -> list[dict[str, Any]]:
+    from PIL import Image
+
+    Image.new("RGB", (56, 56), (200, 30, 30)).save(tmp_path / "red.png")
+    image = {"type": "image", "image": str(tmp_path / "red.png")}
+    return [{"role": "user", "content": [image, {"type": "text", "text": "Colour?"}]}]
+
+
+def test_a_served_teacher_scores_each_sampled_token(policy, fake, tmp_path) -> None:
+    """Each completion goes as its prompt row + tokens (placeholder runs collapsed, the image
+    as a data URL) with prompt_logprobs 0; the reply's entries at the completion's positions
+    become its log-probs and argmax agreement, right-padded for the loss."""
+    from mmrft.rollout.hf import HFEngine
+    from mmrft.rollout.served_teacher import ServedTeacher, padded_scores
+    from mmrft.rollout.vllm import collapse_runs
+
+    torch.manual_seed(0)
+    out = HFEngine(policy, 8, keep_media=True).generate(
+        [image_conversation(tmp_path), text("Two?")], 2, Sampling(5)
+    )
+    expansions = {}
+    for i in range(4):
+        ids = out.prompts[out.prompt_index[i]]["input_ids"].tolist() + out.completion_ids[i]
+        expansions[tuple(collapse_runs(ids, served.collapsed_tokens(policy)))] = ids
+    teacher = ServedTeacher(teacher_config(fake_teacher(fake, policy, expansions).url), policy)
+    scores = teacher.score(out, [0, 1, 2, 3])
+    for i in range(4):
+        assert scores[i].logps == pytest.approx([teacher_logprob(t) for t in out.completion_ids[i]])
+        assert scores[i].agree == [float(t % 2 == 0) for t in out.completion_ids[i]]
+    bodies = [b for p, b in fake.calls if p == served.GENERATE_PATH]
+    assert len(bodies) == 4 and all(tuple(b["token_ids"]) in expansions for b in bodies)
+    assert all(
+        b["sampling_params"]
+        == {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0, "detokenize": False}
+        for b in bodies
+    )
+    with_image = [b for b in bodies if "content_parts" in b]
+    assert len(with_image) == 2 and all(len(b["content_parts"]) == 1 for b in with_image)
+    assert with_image[0]["content_parts"][0]["url"].startswith("data:image/png;base64,")
+    width = max(len(ids) for ids in out.completion_ids[:2]) + 2
+    logps, agree = padded_scores(scores, [0, 1], torch.zeros(2, width))
+    assert logps[0, : len(out.completion_ids[0])].tolist() == pytest.approx(scores[0].logps)
+    assert logps[:, -2:].abs().sum() == 0 and agree[:, -2:].sum() == 0
+
+
+def test_the_hf_engine_keeps_the_media_without_changing_a_row(policy, tmp_path) -> None:
+    from mmrft.rollout.hf import HFEngine
+
+    convs = [image_conversation(tmp_path), text("Two?")]
+    for shared in (True, False):
+        rows = {}
+        for keep in (False, True):
+            torch.manual_seed(0)
+            engine = HFEngine(policy, 8, group_shared=shared, keep_media=keep)
+            rows[keep] = engine.generate(convs, 2, Sampling(4)).prompts
+        for plain, kept in zip(rows[False], rows[True]):
+            assert plain.keys() == kept.keys() - {"engine_media"}
+            assert all(torch.equal(plain[k], kept[k]) for k in plain)
+        assert [len(r["engine_media"].get("image", [])) for r in rows[True]][:1] == [1]
+
+
+@pytest.mark.parametrize(
+    ("reply", "problem"),
+    [
+        ([], "not a JSON object"),
+        ({"prompt_token_ids": [1, 2, 4], "prompt_logprobs": [None] * 3}, "other tokens"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None] * 2}, "2 entries for 3"),
+        ({"prompt_token_ids": [1, 2, 3]}, "no entries"),
+        ({"prompt_token_ids": [1, "2", 3], "prompt_logprobs": [None] * 3}, "not a list of token"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {}, {"3": {"logprob": -1.0, "rank": 1}}]}, "position 1 has no log-prob of its token 2"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {"2": {"logprob": float("nan"), "rank": 1}}, None]}, "not a finite"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {"2": {"logprob": 3.0, "rank": 1}}, None]}, "positive"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {"2": {"logprob": -1.0, "rank": True}}, None]}, "rank"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {"2": {"logprob": -1.0, "rank": 0}}, None]}, "rank"),
+        ({"prompt_token_ids": [1, 2, 3], "prompt_logprobs": [None, {"2": "-1"}, None]}, "no log-prob"),
+    ],
+)  # fmt: skip
+def test_malformed_teacher_scores_are_named(reply: Any, problem: str) -> None:
+    from mmrft.rollout.served_teacher import parse_scores
+
+    with pytest.raises(ValueError, match=problem):
+        parse_scores(reply, [1, 2, 3], 1, "completion 0")
+
+
+def test_teacher_scores_may_skip_only_unscored_positions() -> None:
+    from mmrft.rollout.served_teacher import parse_scores
+
+    reply = {
+        "prompt_token_ids": [1, 2, 3, 4],
+        "prompt_logprobs": [None, {"2": {"logprob": -9.0, "rank": 3}}, None, {"4": {"logprob": -0.5, "rank": 1}, "9": {"logprob": -0.5, "rank": 1}}],
+    }  # fmt: skip
+    scores = parse_scores(reply, [1, 2, 3, 4], 2, "completion 0")
+    assert scores.logps == [0.0, -0.5] and scores.agree == [0.0, 1.0]
+
+
+def test_a_served_teacher_is_checked_at_start_up(policy, fake, tmp_path) -> None:
+    """Another tokenizer on the server, another family at the path it reports, no model,
+    nothing listening: each stops the run naming the teacher's server."""
+    from mmrft.rollout.served_teacher import ServedTeacher
+
+    fake_teacher(fake, policy, {})
+    fake.routes["/detokenize"] = lambda h, b: Fake.reply(h, {"prompt": "something else"})
+    with pytest.raises(ConfigError, match="decodes token ids otherwise than the policy's"):
+        ServedTeacher(teacher_config(fake.url), policy)
+    other = REPO / "assets" / "models" / "tiny-qwen3_vl"
+    fake_teacher(fake, policy, {}, root=other)
+    with pytest.raises(
+        ConfigError,
+        match=r"teacher.server.url \(the checkpoint it serves, .*tiny-qwen3_vl\): a qwen3_vl model",
+    ):
+        ServedTeacher(teacher_config(fake.url), policy)
+    ServedTeacher(teacher_config(fake.url, f"teacher.path={MODEL}"), policy)  # teacher.path wins
+    fake.routes["/v1/models"] = lambda h, b: Fake.reply(h, {"data": []})
+    with pytest.raises(ServerError, match="lists no model"):
+        ServedTeacher(teacher_config(fake.url), policy)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(
+        ServerError, match=f"teacher at http://127.0.0.1:{port}: listing its models"
+    ):
+        ServedTeacher(teacher_config(f"http://127.0.0.1:{port}"), policy)
+
+
+def test_a_wrong_or_garbled_teacher_reply_stops_the_step(policy, fake, tmp_path) -> None:
+    from mmrft.rollout.hf import HFEngine
+    from mmrft.rollout.served_teacher import ServedTeacher
+
+    torch.manual_seed(0)
+    out = HFEngine(policy, 8, keep_media=True).generate([text("One?")], 2, Sampling(4))
+    teacher = ServedTeacher(teacher_config(fake_teacher(fake, policy, {}).url), policy)
+    fake.routes[served.GENERATE_PATH] = lambda h, b: Fake.reply(
+        h, {"prompt_token_ids": b["token_ids"][1:], "prompt_logprobs": []}
+    )
+    with pytest.raises(EngineParityError, match="the teacher's server ran other tokens"):
+        teacher.score(out, [0, 1])
+    fake.routes[served.GENERATE_PATH] = lambda h, b: Fake.reply(h, b"x" * 60_000)
+    with pytest.raises(ServerError, match="scoring 2 completions: .*more than"):
+        teacher.score(out, [0, 1])
+    fake.routes[served.GENERATE_PATH] = lambda h, b: Fake.reply(
+        h, {"prompt_token_ids": b["token_ids"], "prompt_logprobs": None}
+    )
+    with pytest.raises(ServerError, match="malformed score of completion 0"):
+        teacher.score(out, [0, 1])
+
+
+@pytest.mark.parametrize(
+    ("override", "problem"),
+    [
+        ("algorithm.distill_loss=full", "algorithm.distill_loss: 'full' needs the teacher's whole"),
+        ("teacher.server.request_timeout_s=0", "teacher.server.request_timeout_s: must be > 0"),
+        ("algorithm.distill_coef=0", "algorithm.distill_coef: must be > 0"),
+    ],
+)
+def test_served_teacher_keys_are_checked(override: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        teacher_config("http://127.0.0.1:8000", override)
+    with pytest.raises(
+        ConfigError, match="teacher.server.url: 'localhost:8000' must be a base URL"
+    ):
+        teacher_config("localhost:8000")

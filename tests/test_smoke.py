@@ -196,3 +196,14 @@ def test_smoke_evaluates_lmms_eval_on_its_bundled_local_task():
     assert smoke.eval.harness_tasks == ["mmrft_shapes_colour"] and smoke.eval.harness_limit == 2
     assert smoke.checkpoint.keep_best == "harness/mmrft_shapes_colour/acc"
     assert any("mmmu_val, chartqa → mmrft_shapes_colour" in n for n in notes)
+
+
+def test_smoke_puts_a_served_teacher_in_process() -> None:
+    """teacher.server.url (a server the smoke run cannot reach) becomes the tiny model as an
+    in-process teacher: the distillation path runs."""
+    served = ["teacher.server.url=http://teacher.example:8000"]
+    cfg = load_config("opd_qwen2_5_vl", served)
+    overrides, notes = smoke_overrides(cfg, "opd_qwen2_5_vl")
+    smoke = load_config("opd_qwen2_5_vl", [*served, *overrides])
+    assert smoke.teacher.server.url is None and smoke.teacher.path == smoke.model.path
+    assert any("(served at http://teacher.example:8000)" in n for n in notes)

@@ -881,3 +881,120 @@ def test_served_other_families_greedy_and_logprobs(media, family, kind, tmp_path
         check_against_hf(engine, policy, conversations(media, kind))
     finally:
         engine.close()
+
+
+# -- a teacher served by vLLM (teacher.server.url): on-policy distillation ---------------------
+
+
+@pytest.fixture(scope="module")
+def teacher_server(model_path, tmp_path_factory):
+    """vLLM's server of the tiny model as a frozen teacher (nothing is pushed to it), and the
+    same checkpoint loaded here: the in-process teacher it must equal."""
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    folder = tmp_path_factory.mktemp("teacher")
+    engine = ServedEngine(
+        policy, SETTINGS, served_settings(folder), {"image": 3, "video": 3}, str(model_path)
+    )
+    yield policy, engine
+    engine.close()
+
+
+def assert_scores_equal_the_in_process_teacher(policy, engine, model_path, rollouts) -> None:
+    """The served teacher's log-probs of every model token equal the in-process teacher's
+    training forward within 1e-3, and its argmax agreement is the same."""
+    from mmrft.algorithms import argmax_match
+    from mmrft.rollout.served_teacher import ServedTeacher, padded_scores
+
+    cfg = load_config(
+        None,
+        [f"model.path={model_path}", "train.steps=0", *BUDGET, f"teacher.server.url={engine.url}"],
+    )
+    teacher = ServedTeacher(cfg, policy)
+    indices = list(range(len(rollouts.completion_ids)))
+    scores = teacher.score(rollouts, indices)
+    with torch.no_grad():
+        logps, mask, agree = rollout_logps(
+            policy, rollouts, indices, group_shared=True, token_stat=argmax_match
+        )
+    served_logps, served_agree = padded_scores(scores, indices, logps)
+    assert int(mask.sum()) > 8
+    assert float(((served_logps - logps).abs() * mask).max()) <= 1e-3
+    assert int(((served_agree != agree) * mask).sum()) == 0
+
+
+@pytest.mark.parametrize("kind", ["image", "video"])
+def test_a_served_teacher_scores_like_the_in_process_one(teacher_server, media, kind) -> None:
+    """Sampled completions of the hf engine (its rows keep their media for the server) scored
+    by the served teacher: the in-process teacher's log-probs and argmax agreement."""
+    policy, engine = teacher_server
+    torch.manual_seed(0)
+    out = HFEngine(policy, 8, keep_media=True).generate(
+        conversations(media, kind), 4, Sampling(10, top_p=0.9)
+    )
+    assert_scores_equal_the_in_process_teacher(policy, engine, MODELS / "tiny-qwen2_5_vl", out)
+
+
+def test_a_served_teacher_scores_a_tool_trajectory(teacher_server) -> None:
+    """A tool trajectory with an image observation: the whole stream and both images go to the
+    server; the model's tokens get the in-process teacher's log-probs."""
+    from mmrft.rollout.base import Rollouts
+
+    policy, engine = teacher_server
+    _, _, _, prompt, trajectory = tool_rows(policy, "image")
+    rollouts = Rollouts(
+        prompts=[prompt],
+        prompt_index=[0],
+        completion_ids=[trajectory.ids],
+        texts=[""],
+        truncated=[False],
+        trajectories=[trajectory],
+    )
+    assert_scores_equal_the_in_process_teacher(policy, engine, MODELS / "tiny-qwen2_5_vl", rollouts)
+
+
+def test_training_with_a_served_teacher_equals_the_in_process_teacher(
+    teacher_server, model_path, media, tmp_path
+) -> None:
+    """Two steps of distillation + reward with the hf rollout engine: teacher.server.url and
+    teacher.path (the same checkpoint) log the same rewards, reverse KL and agreement."""
+    from mmrft.training.trainer import train
+
+    _, engine = teacher_server
+    data = write_dataset(tmp_path, media, "image")
+    common = [
+        f"model.path={model_path}",
+        *BUDGET,
+        "task.name=classification",
+        "task.params={think: none}",
+        "reward.verifiers=[{name: test_vllm_length}]",
+        f"data.train={data}",
+        "data.test=",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=8",
+        "train.steps=2",
+        "train.prompts_per_step=2",
+        "train.micro_batch_size=8",
+        "train.threads=1",
+        "optim.lr=1e-2",
+        "warm_start.steps=0",
+        "eval.before=false",
+        "checkpoint.every=0",
+        f"output_dir={tmp_path}",
+    ]
+    runs = {}
+    for name, teacher in (
+        ("served", f"teacher.server.url={engine.url}"),
+        ("local", f"teacher.path={model_path}"),
+    ):
+        train(load_config(None, [*common, f"name={name}", teacher]))
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        runs[name] = [json.loads(x) for x in lines if '"train/reward"' in x]
+    served, local = runs["served"], runs["local"]
+    assert [m["step"] for m in served] == [1, 2]
+    assert served[1]["distill/reverse_kl"] > 1e-3  # step 1 moved the student off its teacher
+    for a, b in zip(served, local):
+        assert a["train/reward"] == pytest.approx(b["train/reward"], abs=1e-6)
+        for key in ("distill/reverse_kl", "distill/teacher_agree"):
+            assert a[key] == pytest.approx(b[key], abs=1e-3), key
+        assert a["time/teacher_forward_s"] > 0

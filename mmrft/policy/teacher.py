@@ -39,6 +39,21 @@ PREPROCESSING_KEYS = (
 SUB_PROCESSORS = ("image_processor", "video_processor", "feature_extractor")
 
 
+def teacher_family(cfg: RunConfig, policy: Policy, path: str, key: str = "teacher.path") -> Any:
+    """The model family of the teacher checkpoint ``path`` (its config only), refused with a
+    :class:`ConfigError` naming ``key`` unless it is the policy's."""
+    family = resolve_family(
+        dataclasses.replace(cfg.model, path=path, lora=LoraConfig(enabled=False))
+    )
+    if family.name != policy.family.name:
+        raise ConfigError(
+            f"{key}: a {family.name} model, the policy ({cfg.model.path}) is {policy.family.name}; "
+            "on-policy distillation needs a teacher of the policy's family (the same token ids "
+            "and media preprocessing)"
+        )
+    return family
+
+
 def load_teacher(cfg: RunConfig, policy: Policy, device: torch.device) -> Policy:
     """``teacher.path`` loaded frozen (eval mode, no gradients) in ``teacher.dtype`` (default
     ``model.dtype``), checked against ``policy`` (:func:`check_teacher`). Returned with the
@@ -51,26 +66,20 @@ def load_teacher(cfg: RunConfig, policy: Policy, device: torch.device) -> Policy
         lora=LoraConfig(enabled=False),
         gradient_checkpointing=False,
     )
-    family = resolve_family(model_cfg)
-    if family.name != policy.family.name:
-        raise ConfigError(
-            f"teacher.path: a {family.name} model, the policy ({cfg.model.path}) is {policy.family.name}; "
-            "on-policy distillation needs a teacher of the policy's family (the same token ids "
-            "and media preprocessing)"
-        )
+    family = teacher_family(cfg, policy, str(cfg.teacher.path))
     teacher = load_policy(model_cfg, device, trainable=False, family=family)
-    teacher = Policy(policy.family, teacher.model, teacher.processor)
     try:
-        check_teacher(policy, teacher)
+        check_teacher(policy.processor, teacher.processor)
     except ValueError as exc:
         raise ConfigError(f"teacher.path: {exc}") from None
-    return teacher
+    return Policy(policy.family, teacher.model, teacher.processor)
 
 
-def check_teacher(policy: Policy, teacher: Policy) -> None:
+def check_teacher(policy: Any, teacher: Any) -> None:
     """Raise ``ValueError`` naming the first difference when token ids or media preprocessing
-    mean something else to ``teacher`` than to ``policy``: the vocabulary (every token's id,
-    special tokens included) and the :data:`PREPROCESSING_KEYS` of each sub-processor."""
+    mean something else to the ``teacher``'s processor than to the ``policy``'s: the vocabulary
+    (every token's id, special tokens included) and the :data:`PREPROCESSING_KEYS` of each
+    sub-processor."""
     mine, theirs = policy.tokenizer.get_vocab(), teacher.tokenizer.get_vocab()
     if mine != theirs:
         moved = sorted(t for t in mine.keys() & theirs.keys() if mine[t] != theirs[t])
@@ -90,7 +99,7 @@ def check_teacher(policy: Policy, teacher: Policy) -> None:
             f"tokens; {detail}): the teacher must score the policy's token ids as the same text"
         )
     for name in SUB_PROCESSORS:
-        a, b = getattr(policy.processor, name, None), getattr(teacher.processor, name, None)
+        a, b = getattr(policy, name, None), getattr(teacher, name, None)
         if a is None or b is None:
             continue
         for key in PREPROCESSING_KEYS:

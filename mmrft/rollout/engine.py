@@ -22,15 +22,19 @@ def build_engine(
     model_path: str = "",
     limits: dict[str, int] | None = None,
     seed: int = 0,
+    keep_media: bool = False,
 ) -> Engine:
     """The engine named by ``rollout.engine`` (``rollout``: :class:`mmrft.config.RolloutConfig`).
 
     For ``vllm`` and ``vllm_server``: ``model_path`` is the checkpoint it loads first, ``limits``
     the most media of each kind one prompt holds, ``seed`` its global seed when
-    ``rollout.vllm.seed`` is unset.
+    ``rollout.vllm.seed`` is unset. ``keep_media``: the ``hf`` engine's prompt rows keep the
+    media as loaded (``engine_media``, as the vLLM engines' do) for a served teacher.
     """
     if rollout.engine == "hf":
-        return HFEngine(policy, rollout.batch_size, rollout.timeout_s, rollout.group_shared)
+        return HFEngine(
+            policy, rollout.batch_size, rollout.timeout_s, rollout.group_shared, keep_media
+        )
     settings = rollout.vllm
     if settings.seed is None:
         settings = dataclasses.replace(settings, seed=seed)

@@ -73,6 +73,8 @@ class HFEngine:
         batch_size: prompts prefilled together and completions decoded together (a round).
         timeout_s: time budget of one ``generate`` call; completions cut by it are truncated.
         group_shared: one prompt prefill per group (False: the per-completion path).
+        keep_media: every prompt row also holds its media as loaded (``engine_media``, as the
+            vLLM engines' rows), for a served teacher that scores the completions.
     """
 
     name = "hf"
@@ -83,8 +85,10 @@ class HFEngine:
         batch_size: int,
         timeout_s: float = 0.0,
         group_shared: bool = True,
+        keep_media: bool = False,
     ) -> None:
         self.policy = policy
+        self.keep_media = keep_media
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.group_shared = group_shared
@@ -197,8 +201,7 @@ class HFEngine:
         encode = [0.0]
         t0 = time.perf_counter()
         with _timed(family.vision_tower(policy.model), encode):
-            batch = family.prepare(policy.processor, conversations, add_generation_prompt=True)
-            out.prompts = family.split_rows(batch, policy.processor)
+            out.prompts = self._prompt_rows(conversations)
             positions = [family.rope_positions(policy.model, row) for row in out.prompts]
             first_logits, prefix = [], []
             for begin in range(0, len(out.prompts), self.batch_size):
@@ -232,6 +235,15 @@ class HFEngine:
         t2 = time.perf_counter()
         out.timings = {"encode_s": encode[0], "prefill_s": t1 - t0 - encode[0], "decode_s": t2 - t1}
         return out
+
+    def _prompt_rows(self, conversations: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The prepared prompt rows of ``conversations`` (one processor call); with
+        ``keep_media`` each also holds its media as loaded (``engine_media``)."""
+        family, processor = self.policy.family, self.policy.processor
+        if self.keep_media:
+            return family.engine_inputs(processor, conversations)[0]
+        batch = family.prepare(processor, conversations, add_generation_prompt=True)
+        return family.split_rows(batch, processor)
 
     def _prefill(
         self, rows: list[dict[str, Any]], positions: list[torch.Tensor]
@@ -472,6 +484,11 @@ class HFEngine:
     ) -> Rollouts:
         policy = self.policy
         expanded = [conv for conv in conversations for _ in range(n)]
+        media = (
+            [row["engine_media"] for row in self._prompt_rows(conversations) for _ in range(n)]
+            if self.keep_media
+            else None
+        )
         out = Rollouts()
         reported = 0  # groups handed to on_groups so far
         for begin in range(0, len(expanded), self.batch_size):
@@ -486,7 +503,9 @@ class HFEngine:
                     inputs[key] = inputs[key].to(policy.model.dtype)
             generated = policy.model.generate(**inputs, **self._generate_kwargs(sampling))
             new_tokens = generated[:, inputs["input_ids"].shape[1] :].tolist()
-            for row, ids in zip(rows, new_tokens):
+            for k, (row, ids) in enumerate(zip(rows, new_tokens)):
+                if media is not None:
+                    row["engine_media"] = media[begin + k]
                 ids, truncated = cut_at_stop(ids, [*self.stop_ids, *sampling.stop_token_ids])
                 out.prompts.append(row)
                 out.add(

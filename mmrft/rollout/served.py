@@ -169,6 +169,26 @@ def request_json(
         raise ServerError(f"{url} answered something that is not JSON: {raw[:200]!r}") from None
 
 
+def post_all(url: str, bodies: list[Any], timeout: float, max_bytes: list[int]) -> list[Any]:
+    """``POST`` every body to ``url`` concurrently (at most :data:`MAX_CONCURRENT` in flight,
+    so that the server batches them) and return the parsed replies in order
+    (:func:`request_json`, reply ``k`` bounded by ``max_bytes[k]``); the first failure raises
+    :class:`ServerError` and cancels the requests not yet sent."""
+    if not bodies:
+        return []
+    pool = concurrent.futures.ThreadPoolExecutor(
+        max_workers=min(len(bodies), MAX_CONCURRENT), thread_name_prefix="mmrft-vllm-client"
+    )
+    try:
+        futures = [
+            pool.submit(request_json, url, body, timeout, limit)
+            for body, limit in zip(bodies, max_bytes)
+        ]
+        return [future.result() for future in futures]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _read_bounded(reply: Any, max_bytes: int, deadline: float, url: str) -> bytes:
     """The reply's body, at most ``max_bytes``, read before ``deadline`` (monotonic s)."""
     length = reply.headers.get("Content-Length")
@@ -252,6 +272,16 @@ def _wav(clip: Any, rate: int) -> str:
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, int(rate), format="WAV", subtype=subtype)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def collapsed_tokens(policy: Policy) -> set[int]:
+    """The media placeholder ids whose runs a request carries as one placeholder (vLLM's
+    processor expands each again from the media): the family's media tokens and the ids it
+    never samples."""
+    tokenizer = policy.tokenizer
+    media = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
+    placeholders = set(policy.family.suppress_token_ids(policy.processor))
+    return (media - {None, tokenizer.unk_token_id}) | placeholders
 
 
 def content_parts(media: dict[str, list[Any]]) -> list[dict[str, str]]:
@@ -562,9 +592,7 @@ class ServedEngine:
         vocab = policy.model.get_output_embeddings().weight.shape[0]
         self.allowed = [i for i in range(vocab) if i not in self.placeholders]
         self.allowed_no_stop = [i for i in self.allowed if i not in set(self.stop_ids)]
-        tokenizer = policy.tokenizer
-        media = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
-        self.collapse = (media - {None, tokenizer.unk_token_id}) | self.placeholders
+        self.collapse = collapsed_tokens(policy)
         self.proc: subprocess.Popen | None = None
         self.failed = False
         self.closed = False
@@ -713,22 +741,12 @@ class ServedEngine:
         """Send the generation requests concurrently; their parsed replies, in order."""
         if self.closed:
             raise ServerError("rollout.engine=vllm_server: the engine is closed")
-        url = self.url + GENERATE_PATH
-        pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=min(len(bodies), MAX_CONCURRENT), thread_name_prefix="mmrft-vllm-client"
-        )
         try:
-            futures = [
-                pool.submit(request_json, url, b, self.timeout, MAX_REPLY_BYTES) for b in bodies
-            ]
-            replies = []
-            for future in futures:
-                try:
-                    replies.append(future.result())
-                except ServerError as exc:
-                    raise self._failure(f"{what}: {exc}") from None
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+            replies = post_all(
+                self.url + GENERATE_PATH, bodies, self.timeout, [MAX_REPLY_BYTES] * len(bodies)
+            )
+        except ServerError as exc:
+            raise self._failure(f"{what}: {exc}") from None
         parsed = []
         for reply in replies:
             try:

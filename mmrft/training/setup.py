@@ -44,6 +44,7 @@ from mmrft.rollout.collector import Collector, build_auxiliaries
 from mmrft.rollout.engine import build_engine
 from mmrft.rollout.preflight import preflight
 from mmrft.rollout.sampling import SampledStream, build_sampler
+from mmrft.rollout.served_teacher import ServedTeacher
 from mmrft.rollout.setup import read_data
 from mmrft.runtime import distributed, zero
 from mmrft.runtime.device import pick_device, seed_everything
@@ -67,7 +68,7 @@ class Run:
     reward: WeightedReward
     policy: Policy
     reference: Policy | None
-    teacher: Policy | None  # on-policy distillation's (teacher.path)
+    teacher: Policy | ServedTeacher | None  # on-policy distillation's (teacher.*)
     train_samples: list[Sample]
     test_samples: list[Sample]
     engine: Engine
@@ -217,8 +218,12 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
             frozen=True,
             deepspeed_config=zero.run_deepspeed_config(cfg, world, training=False),
         )
-    teacher = load_teacher(cfg, policy, device) if cfg.teacher.path else None
-    if teacher is not None:  # sharded like the reference
+    teacher: Policy | ServedTeacher | None = None
+    if cfg.teacher.server.url:
+        teacher = ServedTeacher(cfg, policy)
+    elif cfg.teacher.path:
+        teacher = load_teacher(cfg, policy, device)
+    if isinstance(teacher, Policy):  # sharded like the reference
         distributed.shard_model(
             teacher.model,
             cfg.train.sharding,
@@ -239,6 +244,7 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
             cfg.rollout.tools.max_media if cfg.rollout.tools.names else 0,
         ),
         seed=cfg.train.seed + rank,
+        keep_media=bool(cfg.teacher.server.url),
     )
     if engine.name != "hf" and train_samples:  # the engine must see the trainer's tokens
         probe = train_samples[:4]

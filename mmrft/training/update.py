@@ -67,6 +67,7 @@ from mmrft.policy.group import packing, rollout_logps
 from mmrft.policy.model import Policy
 from mmrft.rollout.base import Rollouts
 from mmrft.rollout.collector import StepBatch
+from mmrft.rollout.served_teacher import ServedTeacher, TeacherScores, padded_scores
 from mmrft.runtime import distributed
 
 
@@ -79,7 +80,7 @@ def grpo_update(
     advantages: torch.Tensor,
     cfg: RunConfig,
     step: int,
-    teacher: Policy | None = None,
+    teacher: Policy | ServedTeacher | None = None,
 ) -> dict[str, float]:
     """μ = ``updates_per_batch`` optimizer updates on one rollout batch.
 
@@ -97,7 +98,8 @@ def grpo_update(
     ``λ_R·A_i + λ_D·d_{i,t}`` (:func:`mmrft.algorithms.distill_advantages` on π_old);
     ``full``: the teacher runs beside each micro-batch's forward and λ_D·KL(π_θ ‖ π_teacher) of
     every position (:func:`mmrft.algorithms.full_reverse_kl`) joins the loss, the advantage
-    staying λ_R·A_i.
+    staying λ_R·A_i. A :class:`~mmrft.rollout.served_teacher.ServedTeacher` scores every
+    completion the update uses in one round of requests before it (``sampled`` only).
     """
     algo = cfg.algorithm
     rollouts = batch.rollouts
@@ -143,7 +145,11 @@ def grpo_update(
     # distill_loss sampled: the teacher's log-probs of the sampled tokens and whether each is
     # its argmax, once per micro-batch (full: beside each micro-batch's forward, below)
     stored_teacher: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(chunks)
-    if teacher is not None and not full:
+    served: dict[int, TeacherScores] | None = None  # a served teacher's, all at once
+    if isinstance(teacher, ServedTeacher):
+        served = teacher.score(rollouts, active)
+        clock.lap("teacher_forward_s")
+    elif teacher is not None and not full:
         for k, chunk in enumerate(chunks):
             stored_teacher[k] = teacher_forward(teacher, rollouts, chunk, cfg)[:2]
         for _ in range(padding):
@@ -175,6 +181,8 @@ def grpo_update(
                 logps, mask, entropy = forward(policy, chunk, with_grad=True)
                 advantage = advantages[chunk].to(logps.device)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
+            if served is not None:
+                stored_teacher[k] = padded_scores(served, chunk, old)
             if stored_teacher[k] is not None:  # distill_loss sampled
                 t_logps, agree = stored_teacher[k]
                 d = distill_advantages(old, t_logps, mask, algo.distill_discount)
