@@ -248,6 +248,9 @@ def _worker(rank: int, world: int, overrides: list[str], out_dir: str) -> None:
 SLOW = {
     "fsdp_grad_op_lora",
     "deepspeed_zero2_lora",
+    # ~21 s of two cores: LoRA under sharding stays in the default run through fsdp_full_lora,
+    # ZeRO-3 through deepspeed_zero3_teacher_full
+    "deepspeed_zero3_lora",
     "fsdp_full_teacher",  # deepspeed_zero3_teacher_full covers the teacher's sharded passes
     # full-parameter ZeRO-3 training: deepspeed_zero3_teacher_full; its sharded reference model
     # with μ = 2: deepspeed_zero3_lora
@@ -468,7 +471,11 @@ def test_sharded_checkpoints_resume_on_any_world_size(mode, tmp_path):
 @pytest.mark.parametrize(
     "mode",
     [
-        pytest.param("fsdp_full"),
+        # ~33 s of two cores (three launches): with -m slow. The default run keeps a resume
+        # across world sizes (test_sharded_checkpoints_resume_on_any_world_size[fsdp_full]) and
+        # sharded LoRA equal to one process (test_two_sharded_processes_match_one_process
+        # [fsdp_full_lora]), not this test's adapter scattered back into the shards
+        pytest.param("fsdp_full", marks=pytest.mark.slow),
         pytest.param("deepspeed_zero3", marks=[pytest.mark.slow, *_needs("deepspeed_zero3")]),
     ],
 )
