@@ -27,6 +27,7 @@ from mmrft.config import (
 from mmrft.data import DataError, Sample, parse_json, utf8
 from mmrft.errors import ServerError
 from mmrft.plugins import (
+    ENVIRONMENTS,
     MODEL_FAMILIES,
     SAMPLERS,
     TASKS,
@@ -245,7 +246,15 @@ def package_version() -> str:
 
 def cmd_list(args: argparse.Namespace, console: Console) -> int:
     if args.what is None:  # everything, one table each
-        for what in ("tasks", "verifiers", "samplers", "models", "tools", "configs"):
+        for what in (
+            "tasks",
+            "verifiers",
+            "samplers",
+            "models",
+            "tools",
+            "environments",
+            "configs",
+        ):
             cmd_list(argparse.Namespace(**{**vars(args), "what": what}), console)
         return 0
     load_plugins(args.plugin)
@@ -273,6 +282,21 @@ def cmd_list(args: argparse.Namespace, console: Console) -> int:
                     "yes" if spec.example is not None else "no",
                     escape(spec.description),
                 )
+        console.print(table)
+        return 0
+    if args.what == "environments":
+        table = Table(title="environments (rollout.tools.environment)")
+        for column in ("name", "tools", "timeout", "runs in", "description"):
+            table.add_column(column, overflow="fold")
+        for name in ENVIRONMENTS.names():
+            spec = ENVIRONMENTS.get(name)
+            table.add_row(
+                escape(name),
+                escape(", ".join(spec.tools)),
+                f"{spec.timeout_s:g} s",
+                "worker" if spec.isolate else "trainer",
+                escape(spec.description),
+            )
         console.print(table)
         return 0
     if args.what == "samplers":
@@ -368,12 +392,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_verify)
 
     p = sub.add_parser(
-        "list", help="list registered tasks, verifiers, model families, tools or bundled configs"
+        "list",
+        help="list registered tasks, verifiers, model families, tools, environments or bundled configs",
     )
     p.add_argument(
         "what",
         nargs="?",
-        choices=["tasks", "verifiers", "samplers", "models", "tools", "configs"],
+        choices=["tasks", "verifiers", "samplers", "models", "tools", "environments", "configs"],
         help="what to list (default: all of them)",
     )
     p.add_argument(

@@ -352,7 +352,11 @@ class ToolsConfig:
 
     names: list[str] = _f(
         [],
-        "Tools the model may call (registered names, e.g. [crop] or [image_zoom_in]; `mmrft list tools`); empty = single-turn rollouts.",
+        "Tools the model may call (registered names, e.g. [crop] or [image_zoom_in]; `mmrft list tools`); empty (and no environment) = single-turn rollouts.",
+    )
+    environment: str | None = _f(
+        None,
+        "A stateful environment instead of tools (`mmrft list environments`; docs/tools.md#environments): one instance per trajectory, reset on the sample (its first observation joins the prompt), whose methods are the tools the model may call; it may end the episode with a reward in [0, 1] that the environment_reward verifier reads. Budgets and isolation as for tools (its worker process, timeout, memory cap). None = none.",
     )
     max_turns: int = _f(
         5,
@@ -377,6 +381,11 @@ class ToolsConfig:
         4096,
         "Memory (MiB) the tool worker process may map beyond what it holds after loading the tools (RLIMIT_AS, Linux): a call that allocates past it is a failed call with reason 'memory', never the kernel's OOM killer in the trainer. None = no cap.",
     )
+
+    @property
+    def active(self) -> bool:
+        """Whether rollouts are multi-turn (tools named or an environment)."""
+        return bool(self.names or self.environment)
 
 
 @dataclass
@@ -1019,6 +1028,11 @@ def check_config(cfg: RunConfig, training: bool = True) -> None:
         "must be ≥ 1 (or null for rollout.group_size // 2)",
     )
     check_perturb(cfg, need)
+    need(
+        not (cfg.rollout.tools.names and cfg.rollout.tools.environment),
+        "rollout.tools.environment",
+        "an environment's methods are its tools: leave rollout.tools.names empty with it",
+    )
     need(cfg.reward.timeout_s >= 0, "reward.timeout_s", "must be ≥ 0")
     need(cfg.reward.workers >= 1, "reward.workers", "must be ≥ 1")
     need(
@@ -1185,7 +1199,7 @@ def check_perturb(cfg: RunConfig, need: Any) -> None:
     if p.share > 0:
         need(bool(p.kinds), "rollout.perturb.kinds", "needs at least one distortion")
         need(
-            not cfg.rollout.tools.names,
+            not cfg.rollout.tools.active,
             "rollout.perturb.share",
             "perturbed rollouts are single-turn; set it to 0 with rollout.tools.names",
         )

@@ -130,6 +130,9 @@ MODEL_FAMILIES: Registry[Any] = Registry("model family")
 TOOLS: Registry[Any] = Registry("tool")
 """Tools of multi-turn rollouts (:mod:`mmrft.rollout.tool`); an alias is registered as one more name
 of the same :class:`~mmrft.rollout.tool.ToolSpec`."""
+ENVIRONMENTS: Registry[Any] = Registry("environment")
+"""Stateful environments of multi-turn rollouts (:mod:`mmrft.rollout.environment`): one instance
+per trajectory, whose public methods are the tools."""
 SAMPLERS: Registry[Any] = Registry("sampler")
 """Prompt samplers (``data.sampler``): :class:`~mmrft.rollout.sampling.Sampler` subclasses registered
 with ``@sampler``; the built-ins live in :mod:`mmrft.rollout.sampling` and register when it is imported."""

@@ -262,3 +262,38 @@ def closed_after(server: T) -> Iterator[T]:
     test."""
     with contextlib.closing(server):
         yield server
+
+
+def ScriptedEngine(policy, scripts: list[list[list[int]]], group_shared: bool = True):
+    """The hf engine with its tokens chosen by a script: ``scripts[call][completion]`` is the
+    token list of that completion in the engine's ``call``-th call (``generate`` first, then
+    each ``continue_rows``); log-probs are the model's for those tokens. (A factory: this
+    module does not import torch at import time.)"""
+    import torch
+
+    from mmrft.rollout.hf import HFEngine
+
+    class Scripted(HFEngine):
+        def __init__(self) -> None:
+            super().__init__(policy, batch_size=64, group_shared=group_shared)
+            self.scripts = scripts
+            self.call = -1
+
+        def generate(self, conversations, n, sampling):
+            self.call += 1
+            return super().generate(conversations, n, sampling)
+
+        def continue_rows(self, rows, sampling):
+            self.call += 1
+            return super().continue_rows(rows, sampling)
+
+        def _next_tokens(self, logits, sampling, completions, t, seen=None):
+            script = self.scripts[self.call]
+            end = self.stop_ids[0]
+            tokens = torch.tensor(
+                [script[c][t] if t < len(script[c]) else end for c in completions]
+            )
+            raw = torch.log_softmax(logits, dim=-1)
+            return tokens, raw.gather(1, tokens[:, None])[:, 0]
+
+    return Scripted()

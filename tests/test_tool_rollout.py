@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_policy, zoom_sample
+from helpers import ScriptedEngine, tiny_policy, zoom_sample
 
 from mmrft.config import load_config
 from mmrft.data import Sample
@@ -33,32 +33,6 @@ REPO = Path(__file__).resolve().parents[1]
 ZOOM = REPO / "assets" / "benchmarks" / "zoom_marks"
 MODEL = REPO / "assets" / "models" / "tiny-qwen2_5_vl"
 PIXELS = 12544  # 112 × 112 input: the zoom benchmark's base view
-
-
-class ScriptedEngine(HFEngine):
-    """The hf engine with its tokens chosen by a script: ``scripts[call][completion]`` is the
-    token list of that completion in the engine's ``call``-th call (``generate`` first, then
-    each ``continue_rows``); log-probs are the model's for those tokens."""
-
-    def __init__(self, policy, scripts: list[list[list[int]]], group_shared: bool = True):
-        super().__init__(policy, batch_size=64, group_shared=group_shared)
-        self.scripts = scripts
-        self.call = -1
-
-    def generate(self, conversations, n, sampling):
-        self.call += 1
-        return super().generate(conversations, n, sampling)
-
-    def continue_rows(self, rows, sampling):
-        self.call += 1
-        return super().continue_rows(rows, sampling)
-
-    def _next_tokens(self, logits, sampling, completions, t, seen=None):
-        script = self.scripts[self.call]
-        end = self.stop_ids[0]
-        tokens = torch.tensor([script[c][t] if t < len(script[c]) else end for c in completions])
-        raw = torch.log_softmax(logits, dim=-1)
-        return tokens, raw.gather(1, tokens[:, None])[:, 0]
 
 
 @pytest.fixture(scope="module")

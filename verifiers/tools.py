@@ -15,6 +15,9 @@ positional parameter, :mod:`mmrft.rewards`), not only the last turn's text.
   ``None`` for samples without a target span.
 * ``tool_failures``: a penalty per failed call (broken JSON, unknown tool, a refused box, …):
   ``−min(1, per_call × failed calls)``, range [−1, 0].
+* ``environment_reward``: the reward in [0, 1] a stateful environment gave the episode when it
+  ended it (:mod:`mmrft.rollout.environment`), 0 for an episode it did not end (reason ``not
+  finished``, or ``environment lost``).
 
 Single-turn completions (``None`` trajectories) score 0 on all three (``None`` where the
 sample has no target), with the reason ``no tool rollout``.
@@ -179,4 +182,26 @@ def clip_overlap(
         else:
             target = [float(span[0]), float(span[1])]
             out.append(Score(max(_tiou([float(a), float(b)], target) for a, b in fetched)))
+    return out
+
+
+@verifier("environment_reward", low=0.0, high=1.0)
+def environment_reward(
+    completions: list[str], samples: list[Sample], trajectories: list[Any]
+) -> list[Score]:
+    """The reward the environment gave the episode when it ended it
+    (``Trajectory.environment["reward"]``, in [0, 1]; 0 when it ended it without one), else
+    0 with the reason: ``not finished`` (the model answered, or a budget ended the
+    trajectory), ``environment lost`` (a call stopped its worker). Range [0, 1]."""
+    out = []
+    for trajectory in trajectories:
+        episode = getattr(trajectory, "environment", None) if trajectory is not None else None
+        if episode is None:
+            out.append(Score(0.0, reason="no environment"))
+        elif episode.get("lost"):
+            out.append(Score(0.0, reason="environment lost"))
+        elif not episode.get("done"):
+            out.append(Score(0.0, reason="not finished"))
+        else:
+            out.append(Score(float(episode.get("reward") or 0.0)))
     return out

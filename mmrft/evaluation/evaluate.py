@@ -233,7 +233,7 @@ def _evaluate_config(cfg: Any, console: Console) -> EvalResult:
     policy = load_policy(cfg.model, pick_device(cfg.device), trainable=False, family=family)
     console.print(escape(describe_run(cfg, policy.family.name, policy.device, len(samples))))
     tool_loop = None
-    if cfg.rollout.tools.names:  # the config's tools: the same loop as training, greedy
+    if cfg.rollout.tools.active:  # the config's tools: the same loop as training, greedy
         from mmrft.rollout.collector import build_tool_loop
 
         tool_loop = build_tool_loop(cfg, policy, HFEngine(policy, cfg.eval.batch_size))

@@ -113,6 +113,8 @@ def describe_model(cfg: Any, family: str, task: str, device: Any) -> str:
 def describe_tools(cfg: Any) -> str:
     """``; tools crop, ... (at most N turns)`` for a run with tools, else empty."""
     tools = cfg.rollout.tools
+    if tools.environment:
+        return f"; environment {tools.environment} (at most {tools.max_turns} turns)"
     if not tools.names:
         return ""
     return f"; tools {', '.join(tools.names)} (at most {tools.max_turns} turns)"

@@ -75,6 +75,9 @@ class Trajectory:
         engine_media: the observations' media as a rollout engine with its own processor
             takes them (``multi_modal_data`` per observation: resized images, sampled frames),
             for engines that continue a trajectory from its media (vLLM).
+        environment: with an environment (:mod:`mmrft.rollout.environment`): its ``name``,
+            ``calls`` run, and the episode's ``done``, ``reward`` (in [0, 1] or None), ``state``
+            (JSON), ``lost`` when the instance is gone; ``None`` otherwise.
         turns: the model turns (:class:`Turn`).
         stop: why the trajectory ended (module docstring's table).
         images / videos / visual_tokens: what observations added.
@@ -86,6 +89,7 @@ class Trajectory:
     logprobs: list[float] | None = field(default_factory=list)
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     engine_media: list[dict[str, list[Any]]] = field(default_factory=list)
+    environment: dict[str, Any] | None = None
     turns: list[Turn] = field(default_factory=list)
     stop: str = ""
     images: int = 0
@@ -155,6 +159,7 @@ class Trajectory:
             "images_added": self.images,
             "videos_added": self.videos,
             "visual_tokens_added": self.visual_tokens,
+            **({"environment": self.environment} if self.environment is not None else {}),
         }
 
 

@@ -88,7 +88,7 @@ CLOSE_GRACE_S = 2.0
 WORKER_MEMORY_MB = 4096
 """Default memory cap of a worker (MiB beyond what it holds after loading its functions), as
 ``reward.worker_memory_mb`` and ``rollout.tools.worker_memory_mb`` default to."""
-_REGISTRIES = {"verifiers": "VERIFIERS", "tools": "TOOLS"}
+_REGISTRIES = {"verifiers": "VERIFIERS", "tools": "TOOLS", "environments": "ENVIRONMENTS"}
 """The registries a pool's functions come from (:mod:`mmrft.plugins`' names)."""
 
 

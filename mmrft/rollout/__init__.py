@@ -2,7 +2,8 @@
 
 What it is: the engines behind one protocol (:mod:`.base`: ``Engine``, ``Sampling``,
 ``Rollouts``; :mod:`.hf`, :mod:`.vllm`, :mod:`.served`; :mod:`.engine` builds the one a config
-names), the tool API and the multi-turn tool loop (:mod:`.tool`, :mod:`.tool_loop`), which
+names), the tool API, stateful environments and the multi-turn tool loop (:mod:`.tool`,
+:mod:`.environment`, :mod:`.tool_loop`), which
 prompts a step sees (:mod:`.sampling`), rollout perturbation (:mod:`.perturb`, NoisyRollout),
 the collector that runs a step's rollouts end to end (:mod:`.collector`: prompts → engine →
 verifiers → group transforms → ``StepBatch``) and its asynchronous form (:mod:`.ahead`), and the
@@ -11,11 +12,13 @@ set-up a run needs before its first rollout, shared by training and evaluation (
 May import: the base, :mod:`mmrft.runtime`, :mod:`mmrft.data`, :mod:`mmrft.models`,
 :mod:`mmrft.rewards`, :mod:`mmrft.policy`; nothing above (evaluation and training use it).
 
-Exports: the plugin API of tools and samplers (``from mmrft.rollout import tool, Sampler``); the
+Exports: the plugin API of tools, environments and samplers (``from mmrft.rollout import tool,
+environment, Environment, Sampler``); the
 engines and the collector are imported from their modules. Importing this package loads no
 engine: tool plugins stay light.
 """
 
+from mmrft.rollout.environment import Environment, environment
 from mmrft.rollout.sampling import Sampler, SamplerView, sampler
 from mmrft.rollout.tool import (
     Observation,
@@ -28,6 +31,7 @@ from mmrft.rollout.tool import (
 )
 
 __all__ = [
+    "Environment",
     "Observation",
     "Sampler",
     "SamplerView",
@@ -35,6 +39,7 @@ __all__ = [
     "ToolFailure",
     "ToolSpec",
     "VideoClip",
+    "environment",
     "fit_pixels",
     "sampler",
     "tool",

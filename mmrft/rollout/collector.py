@@ -86,7 +86,7 @@ from mmrft.rewards.task import Task
 from mmrft.rewards.verifier import Score
 from mmrft.rollout.base import Engine, Rollouts, Sampling
 from mmrft.rollout.perturb import NoisyRollout, prompt_seed
-from mmrft.rollout.preflight import configured_tools
+from mmrft.rollout.preflight import configured_environment, configured_tools
 from mmrft.rollout.sampling import DataStream as DataStream  # re-exported: the uniform order
 from mmrft.rollout.sampling import PromptSource, PromptStats, group_outcome
 from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
@@ -408,6 +408,11 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
     enabled = configured_tools(cfg)
     if not enabled:
         return None
+    if tools.environment and cfg.warm_start.demonstrations:
+        raise ConfigError(
+            "warm_start.demonstrations: the scripted 'look closer' calls are the image and "
+            "video tools'; an environment has none yet (set it to false)"
+        )
     if not callable(getattr(engine, "continue_rows", None)):
         raise ConfigError(
             f"rollout.tools: the '{engine.name}' engine cannot continue trajectories "
@@ -430,6 +435,7 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
         limits,
         describe=tools.describe,
         worker_memory_mb=tools.worker_memory_mb,
+        environment=configured_environment(cfg),
     )
 
 

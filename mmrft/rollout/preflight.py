@@ -16,7 +16,7 @@ check alone imports torch, and only when ``device`` names CUDA.
 from __future__ import annotations
 
 import importlib.util
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from mmrft.config import RunConfig, resolve_path
 from mmrft.data import DataError
@@ -64,12 +64,29 @@ def preflight(cfg: RunConfig, training: bool = True) -> Checked:
 
 
 def configured_tools(cfg: RunConfig) -> dict[str, ToolSpec]:
-    """The tools ``rollout.tools.names`` enables by name (``{}``: none); an unknown name is a
-    :class:`ConfigError` naming the key and the closest registered names."""
+    """The tools ``rollout.tools.names`` enables by name, or the methods of the environment
+    ``rollout.tools.environment`` (``{}``: none); an unknown name is a :class:`ConfigError`
+    naming the key and the closest registered names."""
+    if cfg.rollout.tools.environment:
+        return configured_environment(cfg).tools
     try:
         return enabled_tools(cfg.rollout.tools.names)
     except KeyError as exc:
         raise ConfigError(f"rollout.tools.names: {exc.args[0]}") from None
+
+
+def configured_environment(cfg: RunConfig) -> Any:
+    """The :class:`~mmrft.rollout.environment.EnvironmentSpec` of ``rollout.tools.environment``
+    (None when unset); an unknown name is a :class:`ConfigError` with the closest names."""
+    from mmrft.plugins import ENVIRONMENTS
+
+    name = cfg.rollout.tools.environment
+    if not name:
+        return None
+    try:
+        return ENVIRONMENTS.get(name)
+    except KeyError as exc:
+        raise ConfigError(f"rollout.tools.environment: {exc.args[0]}") from None
 
 
 def _installed(module: str) -> bool:

@@ -45,7 +45,13 @@ A trajectory ends (``Trajectory.stop``) with:
 ``max_tokens``      the next observation would pass ``max_tokens``
 ``max_media``       the next observation would pass ``max_media`` images and clips
 ``max_visual_tokens`` … or ``max_visual_tokens``
+``env_done``        the environment ended the episode (:mod:`mmrft.rollout.environment`)
+``env_lost``        the environment's instance is gone (its worker was stopped by a call)
 ==================  ===========================================================================
+
+With an environment (``rollout.tools.environment``) the tools are its methods and each
+trajectory calls its own instance (:class:`~mmrft.rollout.environment.EnvironmentRunner`), reset
+on the sample before turn 1: the reset's observation joins the prompt.
 """
 
 from __future__ import annotations
@@ -72,7 +78,16 @@ from mmrft.rollout.tool import (
 
 log = logging.getLogger(__name__)
 
-STOPS = ("answer", "length", "max_turns", "max_tokens", "max_media", "max_visual_tokens")
+STOPS = (
+    "answer",
+    "length",
+    "max_turns",
+    "max_tokens",
+    "max_media",
+    "max_visual_tokens",
+    "env_done",
+    "env_lost",
+)
 
 CHARS_PER_TOKEN = 32
 """Characters of a tool's text kept per token the trajectory has left (before tokenising):
@@ -247,9 +262,15 @@ class ToolLoop:
         context_kwargs: dict[str, Any] | None = None,
         describe: bool = True,
         worker_memory_mb: int | None = WORKER_MEMORY_MB,
+        environment: Any = None,
     ) -> None:
+        from mmrft.rollout.environment import EnvironmentRunner
+
+        self.env = None if environment is None else EnvironmentRunner(environment, worker_memory_mb)
+        if environment is not None:
+            tools = environment.tools
         self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
-        self.pool = tool_pool(tools, worker_memory_mb)
+        self.pool = None if environment is not None else tool_pool(tools, worker_memory_mb)
         self.schemas = tool_descriptions(tools, describe)
         self.template = ObservationTemplate(family, processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
@@ -264,9 +285,12 @@ class ToolLoop:
         self.counts: Counter = Counter()
 
     def close(self) -> None:
-        """Stop the tool worker process, if one started (idempotent; also done at exit)."""
+        """Stop the tool (or environment) worker process, if one started (idempotent; also
+        done at exit)."""
         if self.pool is not None:
             self.pool.close()
+        if self.env is not None:
+            self.env.close()
 
     # -- prompts -------------------------------------------------------------------------------
     def with_tools(
@@ -299,18 +323,21 @@ class ToolLoop:
             (self.tool_call_token,) if self.tool_call_token is not None else ()
         )
         sampling = dataclasses.replace(sampling, stop_token_ids=stops)
-        first = engine.generate(conversations, n, sampling)
-        G = len(first.completion_ids)
-        trajectories = [Trajectory() for _ in range(G)]
-        if first.logprobs is None:
-            for t in trajectories:
-                t.logprobs = None
+        G = len(conversations) * n
+        budget = self.limits.max_tokens or self.limits.max_turns * sampling.max_new_tokens + 4096
         base = [ToolContext.from_sample(s, self.family, **self.context_kwargs) for s in samples]
         contexts: list[ToolContext | None] = [_copy_context(base[i // n]) for i in range(G)]
         for i in range(G):  # a sample without tools: its calls are text, the turn an answer
             if not offers_tools(samples[i // n]):
                 contexts[i] = None
-        budget = self.limits.max_tokens or self.limits.max_turns * sampling.max_new_tokens + 4096
+        trajectories = [Trajectory() for _ in range(G)]
+        keys: list[str | None] = [None] * G
+        if self.env is not None:  # one instance per trajectory; the reset joins the prompt
+            conversations = self._reset(conversations, samples, n, trajectories, keys, budget)
+        first = engine.generate(conversations, n, sampling)
+        if first.logprobs is None:
+            for t in trajectories:
+                t.logprobs = None
         tool_seconds = 0.0
         texts = [""] * G
         truncated = [False] * G
@@ -329,8 +356,10 @@ class ToolLoop:
             continuing = []
             for i, ids, logprobs, cut in results:
                 seconds = time.perf_counter()
-                if self.step(trajectories[i], contexts[i], ids, logprobs, cut, budget):
+                if self.step(trajectories[i], contexts[i], ids, logprobs, cut, budget, keys[i]):
                     continuing.append(i)
+                elif keys[i] is not None and self.env is not None:
+                    self.env.close_keys([keys[i]])
                 tool_seconds += time.perf_counter() - seconds
                 texts[i], truncated[i] = trajectories[i].turns[-1].text, cut
             if not continuing:
@@ -373,6 +402,50 @@ class ToolLoop:
         self._count(trajectories)
         return out
 
+    def _reset(
+        self,
+        conversations: list[list[dict[str, Any]]],
+        samples: list[Sample],
+        n: int,
+        trajectories: list[Trajectory],
+        keys: list[str | None],
+        budget: int,
+    ) -> list[list[dict[str, Any]]]:
+        """Reset one environment instance per trajectory (``keys``, ``Trajectory.environment``)
+        and return the conversations with each sample's first observation added to its last
+        user message. A group's ``n`` resets must give the same observation (the prompt is
+        shared); a failed reset stops the run naming the sample."""
+        assert self.env is not None
+        name = self.env.spec.name
+        out = []
+        for k, (conversation, sample) in enumerate(zip(conversations, samples)):
+            context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
+            limits = (budget * CHARS_PER_TOKEN, self.limits.max_media)
+            first: Observation | None = None
+            for j in range(n):
+                i = k * n + j
+                keys[i] = self.env.new_key()
+                step = self.env.reset(keys[i], sample, context, limits)
+                obs = step.observation
+                if not obs.ok:
+                    raise RuntimeError(
+                        f"environment '{name}' could not start an episode on sample "
+                        f"'{sample.id}': {obs.reason}: {obs.text}"
+                    )
+                if first is None:
+                    first = obs
+                elif not _same_observation(first, obs):
+                    raise RuntimeError(
+                        f"environment '{name}': reset(sample) gave the trajectories of sample "
+                        f"'{sample.id}' different first observations; it must depend on the "
+                        "sample only (the first observation is the group's shared prompt: draw "
+                        "randomness from a seed in sample.meta)"
+                    )
+                trajectories[i].environment = {"name": name, "calls": 0, **step.status}
+            assert first is not None
+            out.append(_with_observation(conversation, first))
+        return out
+
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
@@ -406,10 +479,12 @@ class ToolLoop:
         logprobs: list[float] | None,
         cut: bool,
         budget: int,
+        key: str | None = None,
     ) -> bool:
         """Append one model turn to ``t``, then run its tool calls and append their
         observation; True when the trajectory continues (else ``t.stop`` says why). A ``None``
-        context (the sample has no tools) runs no call."""
+        context (the sample has no tools) runs no call. ``key``: the trajectory's environment
+        instance, which runs the calls."""
         text = self._decode(ids)
         record = t.add_turn(list(ids), None if logprobs is None else list(logprobs), text, cut)
         if cut:
@@ -424,19 +499,58 @@ class ToolLoop:
             t.stop = "max_turns"
             return False
         left = max(0, budget - len(t.ids))  # tokens the observations may still take
+        limits = (left * CHARS_PER_TOKEN, max(0, self.limits.max_media - t.images - t.videos))
+        if key is not None:
+            return self._environment_step(t, context, calls, key, limits, ids, budget)
         observations = [
             run_tool_call(
                 c,
                 context,
                 self.tools,
                 pool=self.pool,
-                max_text_chars=left * CHARS_PER_TOKEN,
-                max_media=max(0, self.limits.max_media - t.images - t.videos),
+                max_text_chars=limits[0],
+                max_media=limits[1],
             )
             for c in calls
         ]
         record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
         t.stop = self._append(t, context, observations, ids, budget)
+        return not t.stop
+
+    def _environment_step(
+        self,
+        t: Trajectory,
+        context: ToolContext,
+        calls: list[Any],
+        key: str,
+        limits: tuple[int, int],
+        ids: list[int],
+        budget: int,
+    ) -> bool:
+        """The turn's calls on the trajectory's environment instance, in order, until one ends
+        the episode (``env_done``) or loses it (``env_lost``); else their observations are
+        appended as tools' are."""
+        assert self.env is not None and t.environment is not None
+        observations = []
+        for call in calls:
+            if isinstance(call, ParseError):
+                obs = Observation.fail(call.reason, f"Tool call refused: {call.message}.")
+                status: dict[str, Any] = {}
+            else:
+                step = self.env.call(key, call, context, limits)
+                obs, status = step.observation, step.status
+                t.environment["calls"] += 1
+            t.environment.update(status)
+            observations.append(obs)
+            if status.get("done"):
+                break
+        t.turns[-1].calls = [_call_record(c, o) for c, o in zip(calls, observations)]
+        if t.environment.get("lost"):
+            t.stop = "env_lost"
+        elif t.environment.get("done"):
+            t.stop = "env_done"
+        else:
+            t.stop = self._append(t, context, observations, ids, budget)
         return not t.stop
 
     def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
@@ -506,6 +620,9 @@ class ToolLoop:
             c["turns"] += len(t.turns)
             c["used_tool"] += int(t.used_tool)
             c[f"stop/{t.stop}"] += 1
+            if t.environment is not None:
+                c["episodes"] += 1
+                c["episode_reward"] += t.environment.get("reward") or 0.0
             for call in t.calls:
                 c["calls"] += 1
                 c["calls_ok"] += int(call["ok"])
@@ -530,6 +647,8 @@ class ToolLoop:
         }
         if c["calls"]:
             out[f"{prefix}/call_success"] = c["calls_ok"] / c["calls"]
+        if c["episodes"]:  # an environment's: its reward, 0 for an unfinished episode
+            out[f"{prefix}/episode_reward"] = c["episode_reward"] / c["episodes"]
         for key, value in c.items():
             if key.startswith(("calls/", "failed/", "stop/")):
                 out[f"{prefix}/{key}"] = value / n
@@ -629,6 +748,32 @@ def offers_tools(sample: Sample | None) -> bool:
     """Whether the tools are offered for ``sample``: unless its ``meta.tools`` is false (a
     per-row switch, e.g. DeepEyes' no-tool subset)."""
     return sample is None or sample.meta.get("tools", True) is not False
+
+
+def _same_observation(a: Observation, b: Observation) -> bool:
+    """Equal text and media, pixel for pixel."""
+    if a.text != b.text or len(a.images) != len(b.images) or len(a.videos) != len(b.videos):
+        return False
+    pairs = list(zip(a.images, b.images))
+    pairs += [(x, y) for p, q in zip(a.videos, b.videos) for x, y in zip(p.frames, q.frames)]
+    return all(x.size == y.size and x.tobytes() == y.tobytes() for x, y in pairs)
+
+
+def _with_observation(
+    conversation: list[dict[str, Any]], observation: Observation
+) -> list[dict[str, Any]]:
+    """``conversation`` with ``observation``'s media and text added to its last user message."""
+    out = list(conversation)
+    for at in range(len(out) - 1, -1, -1):
+        if out[at].get("role") == "user":
+            content = out[at]["content"]
+            parts = (
+                [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+            )
+            extra = [p for p in observation.content() if p.get("type") != "text" or p["text"]]
+            out[at] = {**out[at], "content": [*parts, *extra]}
+            return out
+    raise ValueError("a conversation without a user message cannot take an environment's start")
 
 
 def _copy_context(context: ToolContext) -> ToolContext:

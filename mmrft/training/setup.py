@@ -241,7 +241,7 @@ def _setup(cfg: RunConfig, console: Console | None) -> Run:
         model_path=str(resolve_path(cfg.model.path)),
         limits=media_limits(
             train_samples + test_samples,
-            cfg.rollout.tools.max_media if cfg.rollout.tools.names else 0,
+            cfg.rollout.tools.max_media if cfg.rollout.tools.active else 0,
         ),
         seed=cfg.train.seed + rank,
         keep_media=bool(cfg.teacher.server.url),
