@@ -191,7 +191,7 @@ def _verifiers_of(cfg: RunConfig, names: tuple[str, ...]) -> list[str]:
 def _scripted_stages(cfg: RunConfig) -> list[str]:
     """What a smoke run of ``cfg`` scripts, in words (empty: nothing)."""
     wants = []
-    if cfg.rollout.tools.names:
+    if cfg.rollout.tools.active:
         wants.append("one tool call")
     if _verifiers_of(cfg, JUDGES):
         wants.append("one answer for the judge")
@@ -202,13 +202,13 @@ def _scripted_stages(cfg: RunConfig) -> list[str]:
 
 def smoke_script(cfg: RunConfig) -> Script:
     """What the smoke run of ``cfg`` (the smoke config) scripts
-    (:class:`mmrft.rollout.collector.Script`): a tool call where ``rollout.tools.names`` enables
-    tools, an answer (the task's reference answer) where a reward verifier is a judge
+    (:class:`mmrft.rollout.collector.Script`): a tool call where ``rollout.tools`` enables
+    tools or an environment, an answer (the task's reference answer) where a reward verifier is a judge
     (:data:`JUDGES`) or runs the answer in the sandbox (:data:`SANDBOXED`)."""
     from mmrft.rollout.collector import Script
 
     answer = bool(_verifiers_of(cfg, JUDGES) or _verifiers_of(cfg, SANDBOXED))
-    return Script(tool_call=bool(cfg.rollout.tools.names), answer=answer)
+    return Script(tool_call=cfg.rollout.tools.active, answer=answer)
 
 
 def stages_line(cfg: RunConfig, run_dir: str | Path) -> str:
@@ -240,7 +240,7 @@ def stages_line(cfg: RunConfig, run_dir: str | Path) -> str:
         else:
             missing.append(not_done)
 
-    if cfg.rollout.tools.names:
+    if cfg.rollout.tools.active:
         calls = total("rollout/tools/calls_per_trajectory", "rollout/generated")
         later = round(
             sum(

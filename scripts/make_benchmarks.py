@@ -1123,6 +1123,52 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
     write_jsonl(folder / f"{split}.jsonl", records)
 
 
+GRID = 3
+"""Side of a grid_walk grid (cells)."""
+DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+
+
+def write_grid_walk(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``grid_walk``: episodes of the ``grid_walk`` environment (``tools/grid.py``), text
+    records whose ``meta`` names the start: a 3 × 3 grid, ``walker`` and ``goal`` cells
+    (``[column, row]``) at a shortest walk of 1, 2 or 3 moves (balanced), ``shortest``; the
+    target an optimal first move (one of two at random when both axes differ), ``meta.choices``
+    the four directions."""
+    distances = balanced(rng, [1, 2, 3], n)
+    cells = [(x, y) for x in range(GRID) for y in range(GRID)]
+    records = []
+    for i, distance in enumerate(distances):
+        pairs = [
+            (a, b)
+            for a in cells
+            for b in cells
+            if abs(a[0] - b[0]) + abs(a[1] - b[1]) == distance
+        ]
+        walker, goal = pairs[int(rng.integers(len(pairs)))]
+        dx, dy = goal[0] - walker[0], goal[1] - walker[1]
+        moves = [d for d, (sx, sy) in DIRECTIONS.items() if (sx and sx * dx > 0) or (sy and sy * dy > 0)]
+        target = moves[int(rng.integers(len(moves)))]
+        text = (
+            "The image shows a grid. Move the red square onto the green square: each call of "
+            "the move tool moves it one cell."
+        )
+        records.append(
+            {
+                "id": f"grid-{split}-{i:04d}",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+                "target": target,
+                "meta": {
+                    "grid": GRID,
+                    "walker": list(walker),
+                    "goal": list(goal),
+                    "shortest": distance,
+                    "choices": list(DIRECTIONS),
+                },
+            }
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
 # -- registry --------------------------------------------------------------------------------
 Writer = Callable[[Path, str, int, np.random.Generator], None]
 
@@ -1156,6 +1202,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "zoom_marks": Benchmark(111, "classification", write_zoom_marks, {"train": 400, "test": 100}),
     "zoom_video": Benchmark(112, "video_qa", write_zoom_video, {"train": 200, "test": 50}),
     "zoom_sites": Benchmark(113, "classification", write_zoom_sites, {"train": 400, "test": 112}),
+    "grid_walk": Benchmark(114, "classification", write_grid_walk, {"train": 600, "test": 150}),
 }
 
 

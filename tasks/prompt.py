@@ -30,7 +30,8 @@ class PromptTask(Task):
     """Prompts scored by your reward functions only (reward.verifiers); metric: the reward.
 
     Template field: ``{question}`` (the sample's text, as it is). No default verifiers, no
-    answer format, no warm start (there is no reference answer).
+    answer format; a warm start trains on the samples' targets as they are, where they have
+    them.
     """
 
     template = "{question}"
@@ -54,10 +55,14 @@ class PromptTask(Task):
         )
 
     def reference_answer(self, sample: Sample) -> str:
-        raise ConfigError(
-            "warm_start.steps: task 'prompt' has no reference answers to warm-start on; "
-            "set warm_start.steps=0"
-        )
+        """The sample's target as it is (a warm start's answer, or what an environment's
+        scripted episode acts on); a sample without one cannot be warm-started on."""
+        if sample.target is None or sample.target == "":
+            raise ConfigError(
+                f"warm_start.steps: task 'prompt' warm-starts on the samples' targets, and "
+                f"sample '{sample.id}' has none; set warm_start.steps=0"
+            )
+        return str(sample.target)
 
     def evaluate_one(self, completion: str, sample: Sample) -> EvalRecord:
         """No answer parsing: the evaluation fills ``reward`` from the verifiers."""

@@ -294,3 +294,19 @@ def test_two_training_steps_in_the_grid_environment(tmp_path) -> None:
         m["train/reward/environment_reward"] == m["rollout/tools/episode_reward"] for m in steps
     )
     assert torch.isfinite(torch.tensor([m["train/loss"] for m in steps])).all()
+
+
+def test_a_warm_start_demonstration_plays_the_environments_script(policy) -> None:
+    """with_start puts the reset's grid in the prompt; demonstration plays grid_walk's scripted
+    move on an instance of its own, as the loop would."""
+    spec = ENVIRONMENTS.get("grid_walk")
+    loop = ToolLoop(policy.family, policy.processor, {}, LoopLimits(), environment=spec)
+    sample = grid_sample(walker=(0, 1), goal=(1, 1))
+    prompt = loop.with_start([dict(m) for m in sample.messages], sample)
+    assert [p["type"] for p in prompt[-1]["content"]] == ["text", "image"]
+    done = loop.demonstration(sample, spec.demonstration(sample, "right"))
+    wrong = loop.demonstration(sample, spec.demonstration(sample, "up"))
+    loop.close()
+    assert done.stop == "env_done" and done.environment["reward"] == 1.0
+    assert wrong.calls[0]["ok"] and wrong.images == 1 and wrong.environment["done"] is False
+    assert sum(done.loss_mask) == len(done.ids)  # the call, the model's tokens only

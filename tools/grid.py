@@ -51,7 +51,16 @@ def _cell(value: Any, size: int, what: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
-@environment("grid_walk", timeout_s=5.0)
+def demonstrate(sample: Any, reference: str) -> list[str]:
+    """A warm start's scripted episode: one move in the direction ``reference`` (the answer
+    the warm start pairs with the sample: another sample's under ``labels: random``, which
+    teaches the call's format and not the way)."""
+    direction = reference if reference in STEPS else "right"
+    call = f'{{"name": "move", "arguments": {{"direction": "{direction}"}}}}'
+    return [f"<tool_call>{call}</tool_call>"]
+
+
+@environment("grid_walk", timeout_s=5.0, demonstration=demonstrate)
 class GridWalk(Environment):
     """Walk the red square onto the green one on a grid shown as an image."""
 

@@ -408,10 +408,11 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
     enabled = configured_tools(cfg)
     if not enabled:
         return None
-    if tools.environment and cfg.warm_start.demonstrations:
+    environment = configured_environment(cfg)
+    if environment is not None and cfg.warm_start.demonstrations and not environment.demonstration:
         raise ConfigError(
-            "warm_start.demonstrations: the scripted 'look closer' calls are the image and "
-            "video tools'; an environment has none yet (set it to false)"
+            f"warm_start.demonstrations: environment '{environment.name}' declares no "
+            "demonstration (@environment(..., demonstration=...)); set it to false"
         )
     if not callable(getattr(engine, "continue_rows", None)):
         raise ConfigError(
@@ -435,7 +436,7 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
         limits,
         describe=tools.describe,
         worker_memory_mb=tools.worker_memory_mb,
-        environment=configured_environment(cfg),
+        environment=environment,
     )
 
 

@@ -139,6 +139,10 @@ class EnvironmentSpec:
             ``fn`` is the unbound method).
         timeout_s: time budget of ``reset`` and of each call (seconds; 0 = no limit).
         isolate: the instances live in a worker process (module docstring).
+        demonstration: ``demonstration(sample, reference) -> turn texts`` of a scripted episode
+            for ``warm_start.demonstrations`` (tool calls, then whatever ends it), where
+            ``reference`` is the answer the warm start pairs with the sample (another
+            sample's under ``labels: random``: the format, not the answer); ``None``: none.
     """
 
     name: str
@@ -147,6 +151,7 @@ class EnvironmentSpec:
     tools: dict[str, ToolSpec] = field(default_factory=dict)
     timeout_s: float = 10.0
     isolate: bool = True
+    demonstration: Callable[[Any, str], list[str]] | None = None
 
 
 def method_schema(method: Callable[..., Any], where: str) -> dict[str, Any]:
@@ -180,7 +185,12 @@ def method_schema(method: Callable[..., Any], where: str) -> dict[str, Any]:
 
 
 def environment(
-    name: str, *, timeout_s: float = 10.0, isolate: bool = True, description: str | None = None
+    name: str,
+    *,
+    timeout_s: float = 10.0,
+    isolate: bool = True,
+    description: str | None = None,
+    demonstration: Callable[[Any, str], list[str]] | None = None,
 ) -> Callable[[type[Environment]], type[Environment]]:
     """Register an :class:`Environment` subclass as environment ``name`` (module docstring).
 
@@ -190,6 +200,8 @@ def environment(
         isolate: keep the instances in a worker process killed at ``timeout_s`` (default);
             ``False``: in the trainer's process, each call under a thread's budget.
         description: one line; default the class docstring's first paragraph.
+        demonstration: the turn texts of a scripted episode for a warm start
+            (:attr:`EnvironmentSpec.demonstration`).
     """
 
     def register(cls: type[Environment]) -> type[Environment]:
@@ -221,6 +233,7 @@ def environment(
             tools=tools,
             timeout_s=float(timeout_s),
             isolate=bool(isolate),
+            demonstration=demonstration,
         )
         ENVIRONMENTS.add(name, spec)
         cls.environment_spec = spec  # type: ignore[attr-defined]

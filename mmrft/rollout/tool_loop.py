@@ -450,12 +450,17 @@ class ToolLoop:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def example_call(self, sample: Sample) -> str | None:
-        """One valid call on ``sample`` (a smoke run's scripted turn): the first enabled tool,
+        """One valid call on ``sample`` (a smoke run's scripted turn): with an environment, the
+        first turn of its demonstration for the sample's target; else the first enabled tool,
         by name, whose declared example (:attr:`mmrft.rollout.tool.ToolSpec.example`) gives
         arguments for the sample's media, as ``<tool_call>{"name", "arguments"}</tool_call>``;
         ``None`` when the sample switches tools off or no tool has an example for it."""
         if not offers_tools(sample):
             return None
+        if self.env is not None:  # the first turn of the environment's scripted episode
+            demonstrate = self.env.spec.demonstration
+            turns = demonstrate(sample, str(sample.target)) if demonstrate else []
+            return turns[0] if turns else None
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
         for name in sorted(self.tools):
             example = self.tools[name].example
@@ -553,21 +558,48 @@ class ToolLoop:
             t.stop = self._append(t, context, observations, ids, budget)
         return not t.stop
 
+    def with_start(
+        self, conversation: list[dict[str, Any]], sample: Sample
+    ) -> list[dict[str, Any]]:
+        """The prompt a trajectory of ``sample`` starts from: :meth:`with_tools`, and with an
+        environment its reset's observation (an instance reset and closed for it)."""
+        conversation = self.with_tools(conversation, sample)
+        if self.env is None:
+            return conversation
+        key = self.env.new_key()
+        context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
+        step = self.env.reset(key, sample, context, (None, self.limits.max_media))
+        self.env.close_keys([key])
+        if not step.observation.ok:
+            raise RuntimeError(
+                f"environment '{self.env.spec.name}' could not start an episode on sample "
+                f"'{sample.id}': {step.observation.reason}: {step.observation.text}"
+            )
+        return _with_observation(conversation, step.observation)
+
     def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
         """The trajectory of scripted turn texts (a warm start's demonstration: e.g. a crop of
         the target, then the answer), built exactly as the loop builds a sampled one: each
         text tokenised, ``</tool_call>`` or end-of-turn closing it, its calls run and their
-        observations appended. No sampler log-probs."""
+        observations appended (with an environment, on an instance of its own, reset on
+        ``sample``: its prompt is :meth:`with_start`'s). No sampler log-probs."""
         end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         t = Trajectory(logprobs=None)
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
         budget = self.limits.max_tokens or 1 << 30
+        key = None
+        if self.env is not None:
+            key = self.env.new_key()
+            step = self.env.reset(key, sample, context, (None, self.limits.max_media))
+            t.environment = {"name": self.env.spec.name, "calls": 0, **step.status}
         for text in turns:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             if self.tool_call_token is None or not ids or ids[-1] != self.tool_call_token:
                 ids.append(end)
-            if not self.step(t, context, ids, None, False, budget):
+            if not self.step(t, context, ids, None, False, budget, key):
                 break
+        if key is not None and self.env is not None:
+            self.env.close_keys([key])
         return t
 
     def _append(

@@ -78,7 +78,7 @@ def warm_start(
             trajectories = None
             if ws.demonstrations and tool_loop is not None:
                 conversations = [
-                    tool_loop.with_tools(c, samples[i]) for c, i in zip(conversations, batch)
+                    tool_loop.with_start(c, samples[i]) for c, i in zip(conversations, batch)
                 ]
                 trajectories = [
                     tool_loop.demonstration(
@@ -119,7 +119,10 @@ def warm_start(
 
 def demonstration_turns(sample: Sample, answer: str, tool_loop: ToolLoop) -> list[str]:
     """A scripted trajectory's turn texts: the call on the sample's target when it has one,
-    then the answer."""
+    then the answer; with an environment, its own scripted episode
+    (:attr:`~mmrft.rollout.environment.EnvironmentSpec.demonstration`) for ``answer``."""
+    if tool_loop.env is not None and tool_loop.env.spec.demonstration is not None:
+        return list(tool_loop.env.spec.demonstration(sample, answer))
     call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools))
     return [call, answer_completion(answer)] if call else [answer_completion(answer)]
 
