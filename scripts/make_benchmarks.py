@@ -1125,7 +1125,8 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
 
 GRID = 3
 """Side of a grid_walk grid (cells)."""
-DIRECTIONS = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+GRID_MOVES = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
+"""grid_walk's moves (``tools/grid.py``), in the order of ``meta.choices``."""
 
 
 def write_grid_walk(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
@@ -1146,7 +1147,9 @@ def write_grid_walk(folder: Path, split: str, n: int, rng: np.random.Generator) 
         ]
         walker, goal = pairs[int(rng.integers(len(pairs)))]
         dx, dy = goal[0] - walker[0], goal[1] - walker[1]
-        moves = [d for d, (sx, sy) in DIRECTIONS.items() if (sx and sx * dx > 0) or (sy and sy * dy > 0)]
+        moves = [
+            d for d, (sx, sy) in GRID_MOVES.items() if (sx and sx * dx > 0) or (sy and sy * dy > 0)
+        ]
         target = moves[int(rng.integers(len(moves)))]
         text = (
             "The image shows a grid. Move the red square onto the green square: each call of "
@@ -1162,7 +1165,7 @@ def write_grid_walk(folder: Path, split: str, n: int, rng: np.random.Generator) 
                     "walker": list(walker),
                     "goal": list(goal),
                     "shortest": distance,
-                    "choices": list(DIRECTIONS),
+                    "choices": list(GRID_MOVES),
                 },
             }
         )

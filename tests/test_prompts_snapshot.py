@@ -64,6 +64,7 @@ BUNDLED = {
     ),
     "zoom_marks": ("zoom_marks", "test.jsonl", "mmrft", "classification", QWEN25),
     "zoom_sites": ("zoom_sites", "test.jsonl", "mmrft", "classification", QWEN25),
+    "grid_walk": ("grid_walk", "test.jsonl", "mmrft", "prompt", QWEN25),
     "zoom_video": ("zoom_video", "test.jsonl", "mmrft", "video_qa", QWEN25),
     "audio_beeps": ("audio_beeps", "test.jsonl", "mmrft", "counting", AUDIO),
     "audio_pitch": ("audio_pitch", "test.jsonl", "mmrft", "audio_qa", AUDIO),

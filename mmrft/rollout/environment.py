@@ -54,13 +54,15 @@ each call under a thread's budget as a non-isolated tool's.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import itertools
 import json
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mmrft.plugins import ENVIRONMENTS, first_paragraph
@@ -135,8 +137,7 @@ class EnvironmentSpec:
         name: its registry name (``rollout.tools.environment``).
         fn: the class (``fn`` as for a tool: what a worker process re-creates).
         description: one line (``mmrft list environments``).
-        tools: its methods as tools, by name (:class:`~mmrft.rollout.tool.ToolSpec` whose
-            ``fn`` is the unbound method).
+        methods: the names of its tool methods.
         timeout_s: time budget of ``reset`` and of each call (seconds; 0 = no limit).
         isolate: the instances live in a worker process (module docstring).
         demonstration: ``demonstration(sample, reference) -> turn texts`` of a scripted episode
@@ -148,10 +149,36 @@ class EnvironmentSpec:
     name: str
     fn: type[Environment]
     description: str
-    tools: dict[str, ToolSpec] = field(default_factory=dict)
+    methods: tuple[str, ...] = ()
     timeout_s: float = 10.0
     isolate: bool = True
     demonstration: Callable[[Any, str], list[str]] | None = None
+
+    @property
+    def tools(self) -> dict[str, ToolSpec]:
+        """Its methods as tools, by name (:class:`~mmrft.rollout.tool.ToolSpec` whose ``fn``
+        is the unbound method), their schemas built on first use (:func:`method_schema`
+        imports transformers, which registering a plugin must not: every worker process
+        registers the built-ins); ``TypeError`` naming the method when one cannot be built."""
+        return _tool_specs(self.fn, self.name, self.methods, self.timeout_s, self.isolate)
+
+
+@functools.cache
+def _tool_specs(
+    cls: type, name: str, methods: tuple[str, ...], timeout_s: float, isolate: bool
+) -> dict[str, ToolSpec]:
+    tools = {}
+    for attr in methods:
+        member = vars(cls)[attr]
+        tools[attr] = ToolSpec(
+            name=attr,
+            fn=member,
+            description=first_paragraph(member.__doc__) or attr,
+            parameters=method_schema(member, f"environment '{name}' tool '{attr}'"),
+            timeout_s=timeout_s,
+            isolate=isolate,
+        )
+    return tools
 
 
 def method_schema(method: Callable[..., Any], where: str) -> dict[str, Any]:
@@ -211,26 +238,29 @@ def environment(
             )
         if cls.reset is Environment.reset:
             raise TypeError(f"environment '{name}': define reset(self, sample)")
-        tools = {}
-        for attr, member in vars(cls).items():
-            if attr.startswith("_") or attr in RESERVED or not inspect.isfunction(member):
-                continue
-            where = f"environment '{name}' tool '{attr}'"
-            tools[attr] = ToolSpec(
-                name=attr,
-                fn=member,
-                description=first_paragraph(member.__doc__) or attr,
-                parameters=method_schema(member, where),
-                timeout_s=float(timeout_s),
-                isolate=bool(isolate),
-            )
-        if not tools:
+        methods = tuple(
+            attr
+            for attr, member in vars(cls).items()
+            if not attr.startswith("_") and attr not in RESERVED and inspect.isfunction(member)
+        )
+        if not methods:
             raise TypeError(f"environment '{name}': no tool methods (public methods of the class)")
+        for attr in methods:  # what a schema needs, checked without building it
+            member = vars(cls)[attr]
+            documented = set(
+                re.findall(r"^\s+(\w+)\s*(?:\(.*\))?:", _args_section(member.__doc__), re.M)
+            )
+            for param in list(inspect.signature(member).parameters)[1:]:
+                if param not in documented:
+                    raise TypeError(
+                        f"environment '{name}' tool '{attr}': no JSON schema without a "
+                        f"description of '{param}' (a Google-style 'Args:' section)"
+                    )
         spec = EnvironmentSpec(
             name=name,
             fn=cls,
             description=description or first_paragraph(cls.__doc__) or name,
-            tools=tools,
+            methods=methods,
             timeout_s=float(timeout_s),
             isolate=bool(isolate),
             demonstration=demonstration,
@@ -240,6 +270,14 @@ def environment(
         return cls
 
     return register
+
+
+def _args_section(doc: str | None) -> str:
+    """The ``Args:`` section of a Google-style docstring (empty when it has none)."""
+    match = re.search(
+        r"^\s*Args:\s*$(.*?)(?:^\s*(?:Returns|Raises|Yields|Examples?):|\Z)", doc or "", re.M | re.S
+    )
+    return match.group(1) if match else ""
 
 
 # -- one call, in whichever process holds the instances ------------------------------------------

@@ -68,7 +68,10 @@ def configured_tools(cfg: RunConfig) -> dict[str, ToolSpec]:
     ``rollout.tools.environment`` (``{}``: none); an unknown name is a :class:`ConfigError`
     naming the key and the closest registered names."""
     if cfg.rollout.tools.environment:
-        return configured_environment(cfg).tools
+        try:
+            return configured_environment(cfg).tools
+        except TypeError as exc:  # a method whose schema cannot be built
+            raise ConfigError(f"rollout.tools.environment: {exc}") from None
     try:
         return enabled_tools(cfg.rollout.tools.names)
     except KeyError as exc:
