@@ -1140,10 +1140,7 @@ def write_grid_walk(folder: Path, split: str, n: int, rng: np.random.Generator) 
     records = []
     for i, distance in enumerate(distances):
         pairs = [
-            (a, b)
-            for a in cells
-            for b in cells
-            if abs(a[0] - b[0]) + abs(a[1] - b[1]) == distance
+            (a, b) for a in cells for b in cells if abs(a[0] - b[0]) + abs(a[1] - b[1]) == distance
         ]
         walker, goal = pairs[int(rng.integers(len(pairs)))]
         dx, dy = goal[0] - walker[0], goal[1] - walker[1]
