@@ -953,16 +953,10 @@ def test_a_served_teacher_scores_a_tool_trajectory(teacher_server) -> None:
     assert_scores_equal_the_in_process_teacher(policy, engine, MODELS / "tiny-qwen2_5_vl", rollouts)
 
 
-def test_training_with_a_served_teacher_equals_the_in_process_teacher(
-    teacher_server, model_path, media, tmp_path
-) -> None:
-    """Two steps of distillation + reward with the hf rollout engine: teacher.server.url and
-    teacher.path (the same checkpoint) log the same rewards, reverse KL and agreement."""
-    from mmrft.training.trainer import train
-
-    _, engine = teacher_server
+def teacher_run(model_path, media, tmp_path) -> list[str]:
+    """The overrides of a two-step distillation + reward run on the image dataset."""
     data = write_dataset(tmp_path, media, "image")
-    common = [
+    return [
         f"model.path={model_path}",
         *BUDGET,
         "task.name=classification",
@@ -982,6 +976,17 @@ def test_training_with_a_served_teacher_equals_the_in_process_teacher(
         "checkpoint.every=0",
         f"output_dir={tmp_path}",
     ]
+
+
+def test_training_with_a_served_teacher_equals_the_in_process_teacher(
+    teacher_server, model_path, media, tmp_path
+) -> None:
+    """Two steps of distillation + reward with the hf rollout engine: teacher.server.url and
+    teacher.path (the same checkpoint) log the same rewards, reverse KL and agreement."""
+    from mmrft.training.trainer import train
+
+    _, engine = teacher_server
+    common = teacher_run(model_path, media, tmp_path)
     runs = {}
     for name, teacher in (
         ("served", f"teacher.server.url={engine.url}"),
@@ -998,3 +1003,29 @@ def test_training_with_a_served_teacher_equals_the_in_process_teacher(
         for key in ("distill/reverse_kl", "distill/teacher_agree"):
             assert a[key] == pytest.approx(b[key], abs=1e-3), key
         assert a["time/teacher_forward_s"] > 0
+
+
+def test_a_served_teacher_one_step_ahead_with_a_lora_student(
+    teacher_server, model_path, media, tmp_path
+) -> None:
+    """Asynchronous rollouts (max_staleness 1, the teacher scores at update time) and a LoRA
+    student: both steps get the teacher's per-token signal, and it moves the student off it."""
+    from mmrft.training.trainer import train
+
+    _, engine = teacher_server
+    extra = [
+        f"teacher.server.url={engine.url}",
+        "model.lora.enabled=true",
+        "rollout.max_staleness=1",
+        "algorithm.tis_cap=2",
+        "name=ahead",
+    ]
+    train(load_config(None, [*teacher_run(model_path, media, tmp_path), *extra]))
+    lines = (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(x) for x in lines if '"train/reward"' in x]
+    assert [m["step"] for m in steps] == [1, 2]
+    assert all(0.0 <= m["distill/teacher_agree"] <= 1.0 for m in steps)
+    assert steps[0]["distill/reverse_kl"] == pytest.approx(0.0, abs=1e-3)  # the student is it
+    # step 2 trains on tokens the start weights (= the teacher) sampled, one update old: the
+    # per-token estimate is then −KL(π_teacher ‖ π_θ) ≤ 0 in expectation, not 0: a signal
+    assert abs(steps[1]["distill/reverse_kl"]) > 1e-3 and steps[1]["rollout/lag_max"] == 1
