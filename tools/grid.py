@@ -51,13 +51,18 @@ def _cell(value: Any, size: int, what: str) -> tuple[int, int]:
     return int(value[0]), int(value[1])
 
 
+DEMO_MOVES = 3
+"""Calls of a demonstrated episode (it stops earlier where a move reaches the goal)."""
+
+
 def demonstrate(sample: Any, reference: str) -> list[str]:
-    """A warm start's scripted episode: one move in the direction ``reference`` (the answer
-    the warm start pairs with the sample: another sample's under ``labels: random``, which
-    teaches the call's format and not the way)."""
+    """A warm start's scripted episode: up to :data:`DEMO_MOVES` moves in the direction
+    ``reference`` (the answer the warm start pairs with the sample: another sample's under
+    ``labels: random``, which teaches the call's format, also after an observation, and not
+    the way)."""
     direction = reference if reference in STEPS else "right"
     call = f'{{"name": "move", "arguments": {{"direction": "{direction}"}}}}'
-    return [f"<tool_call>{call}</tool_call>"]
+    return [f"<tool_call>{call}</tool_call>"] * DEMO_MOVES
 
 
 @environment("grid_walk", timeout_s=5.0, demonstration=demonstrate)
