@@ -31,6 +31,7 @@ HOSTILE = '''
 import os
 import time
 
+from mmrft.rollout import Observation
 from mmrft.rollout.environment import Environment, environment
 
 
@@ -61,6 +62,12 @@ class Counter(Environment):
     def crash(self) -> str:
         """Raise."""
         raise RuntimeError("boom")
+
+    def flood(self):
+        """Return 10 MB of text and a 4000 x 4000 image."""
+        from PIL import Image
+
+        return Observation(ok=True, text="x" * 10_000_000, images=[Image.new("RGB", (4000, 4000))])
 '''
 
 
@@ -159,16 +166,30 @@ def test_instances_live_in_a_worker_and_keep_their_state(policy, counter) -> Non
 
 def test_misbehaving_calls_are_observations(policy, counter) -> None:
     """A method that returns garbage or raises, and a method the environment lacks: failed
-    calls with their reasons, and each episode goes on."""
-    names = ["garbage", "crash", "nothing"]
+    calls with their reasons, and each episode goes on; one that returns 10 MB of text and a
+    4000² image: bounded in the worker before it is sent back."""
+    names = ["garbage", "crash", "nothing", "flood"]
     scripts = [[call(policy, name) for name in names], [answer(policy)] * 3]
     sample = Sample("s", [{"role": "user", "content": "Count."}], "x", {})
-    out, _ = run(policy, counter, scripts, [sample], 3)
+    out, _ = run(policy, counter, scripts, [sample], 4, max_tokens=600)
     records = [t.calls[0] for t in out.trajectories]
-    assert [r["reason"] for r in records] == ["tool_error", "tool_error", "unknown_tool"]
+    assert [r["reason"] for r in records] == ["tool_error", "tool_error", "unknown_tool", None]
     assert "returned int, not an Observation" in records[0]["text"]
     assert "RuntimeError: boom" in records[1]["text"] and "did you mean" in records[2]["text"]
-    assert [t.stop for t in out.trajectories] == ["answer"] * 3
+    assert [t.stop for t in out.trajectories] == ["answer"] * 3 + ["max_tokens"]
+    assert records[3]["ok"] and records[3]["images"] == 1  # too long to join: max_tokens
+    # what the worker sends back is bounded: the text cut to the characters left, the image
+    # downscaled to the family's pixel budget, before anything renders or tokenises them
+    from mmrft.rollout.environment import EnvironmentRunner
+    from mmrft.rollout.tool import ToolCall, ToolContext
+
+    runner = EnvironmentRunner(counter, None)
+    context = ToolContext(max_pixels=12544)
+    runner.reset("k", sample, context, (1000, 2))
+    obs = runner.call("k", ToolCall("flood", {}), context, (1000, 2)).observation
+    runner.close()
+    assert obs.ok and len(obs.text) <= 1000 and "[cut: 10000000 characters" in obs.text
+    assert obs.images[0].width * obs.images[0].height <= 12544
 
 
 def test_a_call_past_its_budget_loses_the_workers_episodes(policy, counter) -> None:
