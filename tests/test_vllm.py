@@ -600,18 +600,24 @@ def test_a_killed_server_stops_the_run_and_resume_continues(
     assert all(m["train/grad_norm"] > 0 for m in steps)
 
 
+def started_server(model_path: Path, folder: Path, *overrides: str):
+    """The tiny model loaded here with ``overrides`` and a server started for it (its log in
+    ``folder``), room for three images and three videos a prompt."""
+    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET, *overrides])
+    policy = load_policy(cfg.model, torch.device("cpu"))
+    engine = ServedEngine(
+        policy, SETTINGS, served_settings(folder), {"image": 3, "video": 3}, str(model_path)
+    )
+    return policy, engine
+
+
 @pytest.fixture(scope="module")
 def served(model_path, tmp_path_factory):
     """A LoRA policy (fresh adapters: the base model's outputs; no dropout, so that its
     forward is deterministic) and a server started for it, shared by the tests below (a server
     takes a while to start on two cores)."""
     lora = ["model.lora.enabled=true", "model.lora.dropout=0"]
-    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET, *lora])
-    policy = load_policy(cfg.model, torch.device("cpu"))
-    folder = tmp_path_factory.mktemp("served")
-    engine = ServedEngine(
-        policy, SETTINGS, served_settings(folder), {"image": 3, "video": 3}, str(model_path)
-    )
+    policy, engine = started_server(model_path, tmp_path_factory.mktemp("served"), *lora)
     yield policy, engine
     engine.close()
     assert engine.proc.poll() is not None
@@ -890,12 +896,7 @@ def test_served_other_families_greedy_and_logprobs(media, family, kind, tmp_path
 def teacher_server(model_path, tmp_path_factory):
     """vLLM's server of the tiny model as a frozen teacher (nothing is pushed to it), and the
     same checkpoint loaded here: the in-process teacher it must equal."""
-    cfg = load_config(None, [f"model.path={model_path}", "train.steps=0", *BUDGET])
-    policy = load_policy(cfg.model, torch.device("cpu"))
-    folder = tmp_path_factory.mktemp("teacher")
-    engine = ServedEngine(
-        policy, SETTINGS, served_settings(folder), {"image": 3, "video": 3}, str(model_path)
-    )
+    policy, engine = started_server(model_path, tmp_path_factory.mktemp("teacher"))
     yield policy, engine
     engine.close()
 

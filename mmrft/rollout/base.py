@@ -189,6 +189,17 @@ class Rollouts:
             self.timings[key] = self.timings.get(key, 0.0) + value
 
 
+def pad_like(values: list[list[float]], like: torch.Tensor) -> torch.Tensor:
+    """Per-completion values (a list per row of ``like``) right-padded with 0 and cut to
+    ``like``'s shape ``[n, C]`` and dtype: the sampler's or a teacher's per-token log-probs beside
+    the training forward's."""
+    out = torch.zeros_like(like)
+    for row, row_values in enumerate(values):
+        kept = row_values[: out.shape[1]]
+        out[row, : len(kept)] = torch.tensor(kept, dtype=out.dtype)
+    return out
+
+
 GroupsDone = Callable[[list[int], list[str]], None]
 """``on_groups(groups, texts)``: the engine has finished the groups ``groups`` (conversation
 indices, consecutive and ascending, each reported once, in order over the call) and ``texts``

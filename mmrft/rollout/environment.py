@@ -67,7 +67,6 @@ from typing import Any
 
 from mmrft.plugins import ENVIRONMENTS, first_paragraph
 from mmrft.rollout.tool import (
-    _REASON,
     MAX_INFO_CHARS,
     Observation,
     ToolCall,
@@ -75,8 +74,8 @@ from mmrft.rollout.tool import (
     ToolFailure,
     ToolSpec,
     _checked,
-    _cut_text,
     _short,
+    call_checked,
     check_schema,
     validate_arguments,
 )
@@ -298,20 +297,9 @@ def _as_observation(value: Any) -> Any:
 
 
 def _run(what: str, fn: Callable[[], Any], context: ToolContext, limits: Limits) -> Observation:
-    """``fn()`` as a checked observation: a :class:`ToolFailure` is its failure, another
-    exception a ``tool_error``; ``MemoryError`` is raised (reported ``memory``)."""
-    try:
-        value = fn()
-    except ToolFailure as exc:
-        reason = exc.reason if isinstance(exc.reason, str) and _REASON.fullmatch(exc.reason) else ""
-        return Observation.fail(reason or "tool_error", _cut_text(str(exc.message), limits[0]))
-    except MemoryError:
-        raise
-    except Exception as exc:
-        return Observation.fail(
-            "tool_error", f"{what} failed: {type(exc).__name__}: {_short(exc, 160)}"
-        )
-    return _checked(_as_observation(value), what, context, *limits)
+    """``fn()`` (a method that may return text or an image) as a checked observation
+    (:func:`~mmrft.rollout.tool.call_checked`)."""
+    return call_checked(what, lambda: _as_observation(fn()), context, *limits)
 
 
 class _Instances:

@@ -49,7 +49,7 @@ from mmrft.models.family import ModelFamily
 from mmrft.policy.model import Policy
 from mmrft.policy.teacher import check_teacher, teacher_family
 from mmrft.policy.trajectory import joined_row
-from mmrft.rollout.base import Rollouts
+from mmrft.rollout.base import Rollouts, pad_like
 from mmrft.rollout.served import (
     GENERATE_PATH,
     MAX_CONTROL_BYTES,
@@ -296,9 +296,5 @@ def padded_scores(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The teacher's log-probs and argmax agreement of the completions ``chunk``, right-padded
     like ``like`` (``[n, C]``, the training forward's log-probs of the same completions)."""
-    logps, agree = torch.zeros_like(like), torch.zeros_like(like)
-    for row, i in enumerate(chunk):
-        width = min(len(scores[i].logps), like.shape[1])
-        logps[row, :width] = torch.tensor(scores[i].logps[:width], dtype=like.dtype)
-        agree[row, :width] = torch.tensor(scores[i].agree[:width], dtype=like.dtype)
-    return logps, agree
+    logps = pad_like([scores[i].logps for i in chunk], like)
+    return logps, pad_like([scores[i].agree for i in chunk], like)

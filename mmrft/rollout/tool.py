@@ -813,12 +813,13 @@ def _cut_text(text: str, most: int | None) -> str:
 
 def _checked(
     obs: Any,
-    name: str,
+    what: str,
     context: ToolContext,
     max_text_chars: int | None = None,
     max_media: int | None = None,
 ) -> Observation:
-    """What a tool returned, checked and bounded before anything renders or tokenises it.
+    """What a tool returned (``what``: the call, as messages name it: ``Tool 'crop'``), checked
+    and bounded before anything renders or tokenises it.
 
     A value that is not a well-formed :class:`Observation` is a ``tool_error`` (the field and
     type named): ``ok`` a bool, ``text`` a str, ``reason`` a short identifier or ``None``,
@@ -832,8 +833,8 @@ def _checked(
     text is cut to ``max_text_chars`` characters (:func:`_cut_text`)."""
     from PIL import Image
 
-    def bad(what: str) -> Observation:
-        return Observation.fail("tool_error", f"Tool '{name}' failed: it returned {what}")
+    def bad(returned: str) -> Observation:
+        return Observation.fail("tool_error", f"{what} failed: it returned {returned}")
 
     if not isinstance(obs, Observation):
         return bad(f"{type(obs).__name__}, not an Observation")
@@ -910,8 +911,27 @@ def _invoke(
     """Run the tool and check what it returned (:func:`_checked`): a :class:`ToolFailure` is
     its observation, any other exception a ``tool_error``; ``MemoryError`` is raised (the
     caller reports ``memory``). The same in a worker process and in a thread."""
+    return call_checked(
+        f"Tool '{name}'",
+        lambda: spec.fn(context, **arguments),
+        context,
+        max_text_chars,
+        max_media,
+    )
+
+
+def call_checked(
+    what: str,
+    fn: Callable[[], Any],
+    context: ToolContext,
+    max_text_chars: int | None,
+    max_media: int | None,
+) -> Observation:
+    """``fn()`` (a tool's or an environment's call, ``what`` naming it: ``Tool 'crop'``) as a
+    checked observation (:func:`_checked`): a :class:`ToolFailure` is its failure, any other
+    exception a ``tool_error``; ``MemoryError`` is raised (the caller reports ``memory``)."""
     try:
-        obs = spec.fn(context, **arguments)
+        obs = fn()
     except ToolFailure as exc:
         reason = exc.reason if isinstance(exc.reason, str) and _REASON.fullmatch(exc.reason) else ""
         text = _cut_text(str(exc.message), max_text_chars)
@@ -919,9 +939,9 @@ def _invoke(
     except MemoryError:
         raise
     except Exception as exc:
-        text = f"Tool '{name}' failed: {type(exc).__name__}: {_short(exc, 160)}"
+        text = f"{what} failed: {type(exc).__name__}: {_short(exc, 160)}"
         return Observation.fail("tool_error", text)
-    return _checked(obs, name, context, max_text_chars, max_media)
+    return _checked(obs, what, context, max_text_chars, max_media)
 
 
 IMAGE_CACHE_BYTES = 512 * 2**20
@@ -1231,4 +1251,4 @@ def _in_worker(
         return _timed_out(name, budget)
     if kind == "memory":
         return _over_memory(name)
-    return _checked(value, name, context, *limits)
+    return _checked(value, f"Tool '{name}'", context, *limits)

@@ -425,13 +425,8 @@ class ToolLoop:
             for j in range(n):
                 i = k * n + j
                 keys[i] = self.env.new_key()
-                step = self.env.reset(keys[i], sample, context, limits)
+                step = self._start_episode(keys[i], sample, context, limits)
                 obs = step.observation
-                if not obs.ok:
-                    raise RuntimeError(
-                        f"environment '{name}' could not start an episode on sample "
-                        f"'{sample.id}': {obs.reason}: {obs.text}"
-                    )
                 if first is None:
                     first = obs
                 elif not _same_observation(first, obs):
@@ -568,14 +563,25 @@ class ToolLoop:
             return conversation
         key = self.env.new_key()
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
-        step = self.env.reset(key, sample, context, (None, self.limits.max_media))
-        self.env.close_keys([key])
+        try:
+            step = self._start_episode(key, sample, context, (None, self.limits.max_media))
+        finally:
+            self.env.close_keys([key])
+        return _with_observation(conversation, step.observation)
+
+    def _start_episode(
+        self, key: str, sample: Sample, context: ToolContext, limits: tuple[int | None, int]
+    ) -> Any:
+        """Reset the environment's instance ``key`` on ``sample``; a failed reset stops the run
+        naming the sample (the episode has no start to show the model)."""
+        assert self.env is not None
+        step = self.env.reset(key, sample, context, limits)
         if not step.observation.ok:
             raise RuntimeError(
                 f"environment '{self.env.spec.name}' could not start an episode on sample "
                 f"'{sample.id}': {step.observation.reason}: {step.observation.text}"
             )
-        return _with_observation(conversation, step.observation)
+        return step
 
     def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
         """The trajectory of scripted turn texts (a warm start's demonstration: e.g. a crop of
@@ -590,7 +596,7 @@ class ToolLoop:
         key = None
         if self.env is not None:
             key = self.env.new_key()
-            step = self.env.reset(key, sample, context, (None, self.limits.max_media))
+            step = self._start_episode(key, sample, context, (None, self.limits.max_media))
             t.environment = {"name": self.env.spec.name, "calls": 0, **step.status}
         for text in turns:
             ids = self.tokenizer.encode(text, add_special_tokens=False)

@@ -65,7 +65,7 @@ from mmrft.algorithms import (
 from mmrft.config import RunConfig
 from mmrft.policy.group import packing, rollout_logps
 from mmrft.policy.model import Policy
-from mmrft.rollout.base import Rollouts
+from mmrft.rollout.base import Rollouts, pad_like
 from mmrft.rollout.collector import StepBatch
 from mmrft.rollout.served_teacher import ServedTeacher, TeacherScores, padded_scores
 from mmrft.runtime import distributed
@@ -181,7 +181,7 @@ def grpo_update(
                 logps, mask, entropy = forward(policy, chunk, with_grad=True)
                 advantage = advantages[chunk].to(logps.device)
             old = stored_old[k] if stored_old[k] is not None else logps.detach()
-            if served is not None:
+            if served is not None and stored_teacher[k] is None:  # once, not every update
                 stored_teacher[k] = padded_scores(served, chunk, old)
             if stored_teacher[k] is not None:  # distill_loss sampled
                 t_logps, agree = stored_teacher[k]
@@ -325,11 +325,7 @@ def sampler_logps(rollouts: Rollouts, chunk: list[int], like: torch.Tensor) -> t
     (``[n, C]``), or None when the engine reports none."""
     if rollouts.logprobs is None:
         return None
-    out = torch.zeros_like(like)
-    for row, i in enumerate(chunk):
-        values = rollouts.logprobs[i][: out.shape[1]]
-        out[row, : len(values)] = torch.tensor(values, dtype=out.dtype)
-    return out
+    return pad_like([rollouts.logprobs[i] for i in chunk], like)
 
 
 def sequence_kl(
