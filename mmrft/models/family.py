@@ -154,8 +154,16 @@ class ModelFamily:
         self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
     ) -> Any:
         """Tokenise a batch of conversations with their media: a ``BatchFeature`` with
-        ``input_ids`` and ``attention_mask`` left-padded, plus the family's media tensors."""
-        raise NotImplementedError
+        ``input_ids`` and ``attention_mask`` left-padded, plus the family's media tensors
+        (:meth:`process` of the chat template's :meth:`render`)."""
+        texts = self.render(processor, conversations, add_generation_prompt)
+        return self.process(processor, texts, conversations)
+
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
+        """Tokenise ``texts`` (chat-template text, one per conversation, holding one
+        placeholder per media part) with the media parts of ``conversations``, loaded by the
+        family's budgets: :meth:`prepare`'s ``BatchFeature``."""
+        raise NotImplementedError(f"model family '{self.name}' does not tokenise media")
 
     def render(
         self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool
@@ -177,10 +185,11 @@ class ModelFamily:
     def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
         """One prepared row (:meth:`split_rows`) of ``text``, a chat-template fragment holding
         one placeholder block per media part of ``parts`` (chat content parts: PIL images,
-        frame-list videos), with those media loaded by the family's budgets: a tool's
-        observation, tokenised alone and appended to a trajectory (:mod:`mmrft.rollout.tool_loop`).
-        Families that do not implement it cannot run tool rollouts (refused at start-up)."""
-        raise NotImplementedError(f"model family '{self.name}' has no tool observations")
+        frame-list videos, audio clips), with those media loaded by the family's budgets
+        (:meth:`process`): a tool's observation, tokenised alone and appended to a trajectory
+        (:mod:`mmrft.rollout.tool_loop`)."""
+        batch = self.process(processor, [text], [[{"role": "user", "content": parts}]])
+        return self.split_rows(batch, processor)[0]
 
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         """(w, h) in pixels of the image as the model sees it after resizing."""
@@ -312,8 +321,15 @@ class ModelFamily:
         """``[Lp, Lp]`` bool: which tokens of a prepared prompt row each of its tokens attends
         to, when that is not plain causal (``None``, this default). Gemma: causal, plus
         bidirectional among the tokens of each image. :mod:`mmrft.policy.group` and the hf engine's
-        prefill use it for the prompt block; completion tokens always attend to the whole
-        prompt and causally to their own completion."""
+        prefill use it for the prompt block; completion tokens attend to the whole prompt and
+        causally to their own completion, plus bidirectionally within the runs of
+        :meth:`bidirectional_tokens` of a tool observation's media."""
+        return None
+
+    def bidirectional_tokens(self, model: Any, token_types: Any) -> Any:
+        """``[L]`` bool of a row's per-token types (``token_keys[0]``): the tokens that attend
+        bidirectionally to the others of their run of consecutive such tokens (Gemma: one
+        image's soft tokens); ``None`` (this default): none, the row is causal."""
         return None
 
     def attention_layers(self, model: Any) -> dict[str, int | None] | None:

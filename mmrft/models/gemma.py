@@ -70,14 +70,12 @@ class Gemma3(qwen_vl.RelativeBoxFamily):
     media_tokens: ClassVar[dict[str, str]] = {"images": "<image_soft_token>"}
     image_type: ClassVar[int] = 1  # token_type_ids value of the soft tokens
 
-    def prepare(
-        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
-    ) -> Any:
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
         """``input_ids`` / ``attention_mask`` / ``token_type_ids`` ``[B, L]`` left-padded and
         the processor's media tensors (Gemma 3: ``pixel_values`` ``[#images, 3, S, S]``), media
         in prompt order across the batch (:meth:`media_inputs`)."""
         return processor(
-            text=self.render(processor, conversations, add_generation_prompt),
+            text=texts,
             padding=True,
             padding_side="left",
             return_tensors="pt",
@@ -141,9 +139,14 @@ class Gemma3(qwen_vl.RelativeBoxFamily):
 
     # -- attention ---------------------------------------------------------------------------
     def prompt_attention(self, model: Any, row: dict[str, Any]) -> Any:
-        """Causal, plus bidirectional within each run of an image's soft tokens (as
+        """Causal, plus bidirectional within each run of :meth:`bidirectional_tokens` (as
         ``Gemma3Model`` builds from ``token_type_ids``)."""
-        return bidirectional_runs(row["token_type_ids"] == self.image_type)
+        vision = self.bidirectional_tokens(model, row[self.token_keys[0]])
+        return None if vision is None else bidirectional_runs(vision)
+
+    def bidirectional_tokens(self, model: Any, token_types: Any) -> Any:
+        """An image's soft tokens (``token_type_ids`` 1)."""
+        return token_types == self.image_type
 
     def attention_layers(self, model: Any) -> dict[str, int | None]:
         """``{"full_attention": None, "sliding_attention": window}`` from the text config."""
@@ -381,15 +384,14 @@ class Gemma4(Gemma3):
         return out
 
     # -- attention ---------------------------------------------------------------------------
-    def prompt_attention(self, model: Any, row: dict[str, Any]) -> Any:
-        """With ``use_bidirectional_attention = "vision"``: causal, plus bidirectional within
-        each run of image or video-frame tokens (as ``Gemma4Model`` builds from
-        ``mm_token_type_ids``); else plain causal (``None``)."""
+    def bidirectional_tokens(self, model: Any, token_types: Any) -> Any:
+        """With ``use_bidirectional_attention = "vision"``: the tokens of each image or video
+        frame (``mm_token_type_ids`` 1 or 2, as ``Gemma4Model`` builds its mask); else none
+        (``None``: plain causal)."""
         config = base_model(model).config.get_text_config()
         if config.use_bidirectional_attention != "vision":
             return None
-        types = row["mm_token_type_ids"]
-        return bidirectional_runs((types == 1) | (types == 2))
+        return (token_types == 1) | (token_types == 2)
 
     def vision_tower(self, model: Any) -> Any:
         """The vision encoder and, when the checkpoint has one, the audio encoder."""

@@ -66,13 +66,10 @@ class InternVL(qwen_vl.RelativeBoxFamily):
         return max(1, self.media.max_pixels // (side * side))
 
     # -- inputs ------------------------------------------------------------------------------
-    def prepare(
-        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
-    ) -> Any:
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
         """Tokenise conversations with their images and videos: ``input_ids`` /
         ``attention_mask`` ``[B, L]`` left-padded and, with media, ``pixel_values``
         ``[tiles, 3, S, S]`` (see the module docstring)."""
-        texts = self.render(processor, conversations, add_generation_prompt)
         images, videos = [], []
         for conv in conversations:
             for part in qwen_vl.media_parts(conv, "image"):

@@ -361,9 +361,7 @@ class Qwen2Audio(QwenAudioFamily):
     positions_from_mask = True
     box_instruction = ""
 
-    def prepare(
-        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
-    ) -> Any:
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
         """Tokenise conversations with their audio: ``input_ids``, ``attention_mask``
         (left-padded) and, when there is audio, ``input_features`` + ``feature_attention_mask``
         (see the module docstring). Image or video parts raise DataError (Qwen2-Audio's chat
@@ -378,7 +376,6 @@ class Qwen2Audio(QwenAudioFamily):
                             f"Qwen2-Audio takes audio and text only, got a {kind or 'media'} "
                             "part; use qwen2_5_omni for images and videos"
                         )
-        texts = self.render(processor, conversations, add_generation_prompt)
         audios = [a for conv in conversations for a in self._audios(conv, processor)]
         kwargs: dict[str, Any] = {}
         if audios:
@@ -449,9 +446,11 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
         QwenAudioFamily.__init__(self, media, audio)
         self.video = video or VideoBudget()
 
-    def prepare(
-        self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool = True
-    ) -> Any:
+    # prompts and observations through process() with the audio (Qwen-VL's skip it)
+    prepare = ModelFamily.prepare
+    observation_row = ModelFamily.observation_row
+
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
         """Tokenise conversations with images, videos and audio (keys: see the module
         docstring). Images are resized once by qwen-vl-utils (and cached) as for Qwen2.5-VL;
         videos go through :func:`mmrft.data.video.process_vision_info` with the family's
@@ -463,7 +462,6 @@ class Qwen25Omni(QwenAudioFamily, QwenVLFamily):
 
         from mmrft.data.video import count_text_tokens
 
-        texts = self.render(processor, conversations, add_generation_prompt)
         per_conversation = [self._audios(conv, processor) for conv in conversations]
         audios = [a for conv_audios in per_conversation for a in conv_audios]
         text_tokens = None

@@ -358,6 +358,10 @@ class QwenVLFamily(ModelFamily):
             processor, *self.load_media(processor, conversations, add_generation_prompt)
         )
 
+    def process(self, processor: Any, texts: list[str], conversations: list[Conversation]) -> Any:
+        """:meth:`prepare` of ``texts`` already rendered."""
+        return self._process(processor, texts, *self.load_vision(processor, texts, conversations))
+
     def load_media(
         self,
         processor: Any,

@@ -156,6 +156,8 @@ def pack(
     input_ids = torch.full((R, L), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((axes, R, L), dtype=torch.long)
     segment = torch.full((R, L), -1, dtype=torch.long)  # padding attends to itself only
+    runs = torch.zeros((R, L), dtype=torch.long)  # bidirectional runs of observations' media
+    next_run = 1
     P = max(prompt_lengths)
     prompt_attention = torch.zeros((R, P, P), dtype=torch.bool)
     first = min(prompt_lengths) - 1  # the first position whose logits are kept
@@ -188,6 +190,10 @@ def pack(
             if trajectory is not None and trajectory.has_media:
                 own = family.rope_positions(model, joined_row(row, trajectory, family.token_keys))
                 own_positions.append((start, own[:, lp:]))
+                numbered = numbered_runs(family, model, trajectory.token_types, next_run)
+                if numbered is not None:
+                    runs[r, start : start + n] = numbered
+                    next_run = int(numbered.max()) + 1
             spans.append((r, lp, start, n))
             tokens.append(comp)
             start += n
@@ -222,11 +228,28 @@ def pack(
         "input_ids": input_ids,
         "position_ids": position_ids[0] if axes == 1 else position_ids,
         "attention_mask": layout_masks(
-            family, model, RowLayout(segment, prompt_attention), position_ids[0], device
+            family,
+            model,
+            RowLayout(segment, prompt_attention, runs if next_run > 1 else None),
+            position_ids[0],
+            device,
         ),
         **media,
     }
     return inputs, rows, cols, ids, mask, L - first
+
+
+def numbered_runs(
+    family: Any, model: Any, token_types: Sequence[int], first: int
+) -> torch.Tensor | None:
+    """``[n]`` long: each run of a completion's :meth:`bidirectional_tokens
+    <mmrft.models.family.ModelFamily.bidirectional_tokens>` numbered from ``first`` on, 0
+    elsewhere; ``None`` when the family has none (causal)."""
+    vision = family.bidirectional_tokens(model, torch.tensor(list(token_types), dtype=torch.long))
+    if vision is None or not bool(vision.any()):
+        return None
+    starts = vision & ~torch.cat([vision.new_zeros(1), vision[:-1]])
+    return torch.where(vision, starts.long().cumsum(0) + first - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -235,16 +258,20 @@ class RowLayout:
 
     ``segment [R, L]``: 0 for a prompt token (prompts start at column 0), ``j ≥ 1`` for a token
     of the row's completion ``j``, −1 for padding. ``prompt [R, P, P]`` (P = longest prompt):
-    each prompt's attention on itself (:func:`prompt_block`). A prompt token attends as its
-    prompt's pattern says; a completion token to its whole prompt and causally to its own
-    completion; a padding token to itself only (so no softmax row is empty).
+    each prompt's attention on itself (:func:`prompt_block`). ``runs [R, L]``: a number > 0 on
+    the tokens of each bidirectional run of a completion's observation media
+    (:func:`numbered_runs`), 0 elsewhere. A prompt token attends as its prompt's pattern says;
+    a completion token to its whole prompt, causally to its own completion and to every token
+    of its own run; a padding token to itself only (so no softmax row is empty).
     """
 
     segment: torch.Tensor
     prompt: torch.Tensor
+    runs: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> RowLayout:
-        return RowLayout(self.segment.to(device), self.prompt.to(device))
+        runs = None if self.runs is None else self.runs.to(device)
+        return RowLayout(self.segment.to(device), self.prompt.to(device), runs)
 
     def allowed(self, b: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """Whether query ``q`` of row ``b`` may attend to key ``k`` (broadcasting index tensors;
@@ -255,7 +282,11 @@ class RowLayout:
         q, k = q.clamp(max=L - 1), k.clamp(max=L - 1)
         sq, sk = self.segment[b, q], self.segment[b, k]
         in_prompt = (sq == 0) & (sk == 0) & self.prompt[b, q.clamp(max=last), k.clamp(max=last)]
-        in_completion = (sq > 0) & ((sk == 0) | ((sk == sq) & (k <= q)))
+        order = k <= q
+        if self.runs is not None:
+            run = self.runs[b, q]
+            order = order | ((run > 0) & (run == self.runs[b, k]))
+        in_completion = (sq > 0) & ((sk == 0) | ((sk == sq) & order))
         return inside & (in_prompt | in_completion | ((sq < 0) & (q == k)))
 
     def dense(self) -> torch.Tensor:
@@ -264,8 +295,11 @@ class RowLayout:
         ``R × L × L`` int64 indices, 8× the mask, on the default path)."""
         L = self.segment.shape[1]
         sq, sk = self.segment[:, :, None], self.segment[:, None, :]
-        causal = torch.ones(L, L, dtype=torch.bool).tril()
-        out = (sq > 0) & ((sk == 0) | ((sk == sq) & causal))
+        order = torch.ones(L, L, dtype=torch.bool).tril()[None]
+        if self.runs is not None:
+            run = self.runs[:, :, None]
+            order = order | ((run > 0) & (run == self.runs[:, None, :]))
+        out = (sq > 0) & ((sk == 0) | ((sk == sq) & order))
         out |= (sq < 0) & torch.eye(L, dtype=torch.bool)
         P = min(self.prompt.shape[-1], L)
         in_prompt = (self.segment[:, :P] == 0)[:, :, None] & (self.segment[:, :P] == 0)[:, None, :]

@@ -248,9 +248,13 @@ class Engine(Protocol):
 
 
 def stop_token_ids(policy: Policy) -> list[int]:
-    """End-of-turn tokens: the tokenizer's eos plus the chat template's ``<|im_end|>``."""
+    """End-of-turn tokens: the tokenizer's eos, the checkpoint's generation config's
+    ``eos_token_id`` (GLM-4.1V's ``<|user|>`` and ``<|observation|>``, Gemma's
+    ``<end_of_turn>``: what vLLM stops at too) and the chat template's ``<|im_end|>``."""
     tok = policy.tokenizer
     ids = {tok.eos_token_id}
+    config_eos = getattr(getattr(policy.model, "generation_config", None), "eos_token_id", None)
+    ids.update(config_eos if isinstance(config_eos, list) else [config_eos])
     for token in ("<|im_end|>", "<|endoftext|>"):
         token_id = tok.convert_tokens_to_ids(token)
         if isinstance(token_id, int) and token_id != tok.unk_token_id:

@@ -402,7 +402,6 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
     checks, each a :class:`ConfigError` naming the key: unknown tool names (with the closest
     registered one), an engine without :meth:`~mmrft.rollout.Engine.continue_rows`, a family
     without tool observations, a chat template that cannot render them."""
-    from mmrft.models.family import ModelFamily
 
     tools = cfg.rollout.tools
     enabled = configured_tools(cfg)
@@ -420,11 +419,6 @@ def build_tool_loop(cfg: RunConfig, policy: Policy, engine: Engine) -> ToolLoop 
             "(it has no continue_rows); use rollout.engine=hf, vllm or vllm_server"
         )
     family = policy.family
-    if type(family).observation_row is ModelFamily.observation_row:
-        raise ConfigError(
-            f"rollout.tools: model family '{family.name}' cannot tokenise tool observations "
-            "yet (the Qwen-VL families can)"
-        )
     for name, value in (("max_turns", tools.max_turns), ("max_media", tools.max_media)):
         if value < 1:
             raise ConfigError(f"rollout.tools.{name}: must be at least 1, got {value}")

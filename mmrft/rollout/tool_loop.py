@@ -145,14 +145,18 @@ class ObservationTemplate:
         self.family, self.processor = family, processor
         self.history = [
             {"role": "user", "content": [{"type": "text", "text": "question"}]},
-            {"role": "assistant", "content": [{"type": "text", "text": self.MARK}]},
+            # a plain string: GLM-4.1V's template writes a list content of an assistant turn
+            # as its Python repr
+            {"role": "assistant", "content": self.MARK},
         ]
         self.before = self._render(self.history, False)
         self.close = self.before[self.before.rindex(self.MARK) + len(self.MARK) :]
         source = template_source(processor)
         roles = ["tool", "user"] if "tool_response" in source else ["user"]
         tokenizer = getattr(processor, "tokenizer", processor)
-        image_token = family.media_tokens.get("image_grid_thw", "")
+        # the placeholder the template writes for one image part: what it renders for a user
+        # turn with an image, less what it renders for the same turn without it
+        image_block = self._image_block()
         problems = []
         for role in roles:
             self.role = role
@@ -162,9 +166,11 @@ class ObservationTemplate:
             except Exception as exc:  # a template that cannot render the role
                 problems.append(f"role '{role}': {type(exc).__name__}: {exc}")
                 continue
-            if image_token and text.count(image_token) != 2:
-                problems.append(f"role '{role}': 2 images gave {text.count(image_token)} blocks")
+            if image_block and text.count(image_block) != 2:
+                problems.append(f"role '{role}': 2 images gave {text.count(image_block)} blocks")
                 continue
+            ids = tokenizer.encode(self.close + text, add_special_tokens=False)
+            self.end_of_turn = int(ids[0])
             return
         raise ConfigError(
             f"rollout.tools: the chat template of model family '{family.name}' cannot render a "
@@ -173,6 +179,24 @@ class ObservationTemplate:
 
     def _render(self, conversation: list[dict[str, Any]], generation_prompt: bool) -> str:
         return self.family.render(self.processor, [conversation], generation_prompt)[0]
+
+    def _image_block(self) -> str:
+        """The text the template writes for one image part of a user turn (``""`` when it
+        cannot tell: the family takes no images)."""
+
+        def user(parts: list[dict[str, Any]]) -> str:
+            content = [*parts, {"type": "text", "text": "question"}]
+            return self._render([{"role": "user", "content": content}], False)
+
+        try:
+            with_image, without = user([{"type": "image"}]), user([])
+        except Exception:  # an audio-only family's template
+            return ""
+        start = next(
+            (i for i, (a, b) in enumerate(zip(with_image, without)) if a != b), len(without)
+        )
+        tail = len(with_image) - len(without)
+        return with_image[start : start + tail].strip()
 
     def messages(self, observations: list[Observation]) -> list[dict[str, Any]]:
         """The observation turn(s) as chat messages with placeholder media parts."""
@@ -201,12 +225,14 @@ class ObservationTemplate:
         return full[len(self.before) :]
 
     def delta(self, observations: list[Observation], sampled_close: str) -> str:
-        """The whole text to append after a turn: the template's close less ``sampled_close``
-        (what the model already wrote of it: its end-of-turn token), then :meth:`render`."""
-        close = self.close
-        if sampled_close and close.startswith(sampled_close):
-            close = close[len(sampled_close) :]
-        return close + self.render(observations)
+        """The whole text to append after a turn: the template's close then :meth:`render`,
+        less ``sampled_close`` at its start (what the model already wrote of it: its
+        end-of-turn token, e.g. ``<|im_end|>``; GLM-4.1V's turns end at the next turn's
+        ``<|user|>``, which the template writes as the observation turn's opening)."""
+        text = self.close + self.render(observations)
+        if sampled_close and text.startswith(sampled_close):
+            text = text[len(sampled_close) :]
+        return text
 
     @staticmethod
     def media_parts(observations: list[Observation]) -> list[dict[str, Any]]:
@@ -280,6 +306,12 @@ class ToolLoop:
             if isinstance(close_id, int) and close_id != self.tokenizer.unk_token_id
             else None
         )
+        self.tag_ids = {  # the tool-call tags that are single tokens, by id
+            token_id: tag
+            for tag in ("<tool_call>", "</tool_call>")
+            if isinstance(token_id := self.tokenizer.convert_tokens_to_ids(tag), int)
+            and token_id != self.tokenizer.unk_token_id
+        }
         self.token_key = family.token_keys[0] if family.token_keys else None
         self.context_kwargs = context_kwargs or {}
         self.counts: Counter = Counter()
@@ -442,7 +474,21 @@ class ToolLoop:
         return out
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        """The turn's text without special tokens, but with the tool-call tags where they are
+        single tokens (InternVL's tokenizer marks ``<tool_call>`` special: skipping it would
+        hide every call)."""
+        tags = self.tag_ids
+        if not tags.keys() & set(ids):
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        pieces, run = [], []
+        for token in [*ids, None]:
+            if token is None or token in tags:
+                pieces.append(self.tokenizer.decode(run, skip_special_tokens=True))
+                pieces.append(tags.get(token, ""))
+                run = []
+            else:
+                run.append(token)
+        return "".join(pieces)
 
     def example_call(self, sample: Sample) -> str | None:
         """One valid call on ``sample`` (a smoke run's scripted turn): with an environment, the
@@ -589,7 +635,7 @@ class ToolLoop:
         text tokenised, ``</tool_call>`` or end-of-turn closing it, its calls run and their
         observations appended (with an environment, on an instance of its own, reset on
         ``sample``: its prompt is :meth:`with_start`'s). No sampler log-probs."""
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        end = self.template.end_of_turn
         t = Trajectory(logprobs=None)
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
         budget = self.limits.max_tokens or 1 << 30
@@ -763,7 +809,8 @@ def describe_tools(
         else:
             merged = [*content, {"type": "text", "text": "\n\n" + text}]
         return [{**first, "content": merged}, *conversation[1:]]
-    return [{"role": "system", "content": [{"type": "text", "text": text}]}, *conversation]
+    # a plain string: GLM-4.1V's template writes a system message's content as it is
+    return [{"role": "system", "content": text}, *conversation]
 
 
 def tool_descriptions(tools: dict[str, ToolSpec], describe: bool) -> list[dict[str, Any]]:

@@ -1,0 +1,201 @@
+"""Tool rollouts in every model family (hf engine), scripted as in test_tool_rollout.py.
+
+For each family that takes images: a crop call, its observation (the crop as an image in the
+family's own tool turn), then an answer, beside a trajectory that answers at once. Checked:
+
+* the token stream (prompt + trajectory) decodes to what the family's processor makes of the
+  final conversation rendered by its chat template (tool turns included, placeholders
+  expanded), so no separator is lost or doubled at a turn boundary;
+* the loss mask holds exactly the model's tokens;
+* sampler = trainer log-probs on every model token, group-shared and per-completion paths;
+* the turn after the observation depends on the observation's pixels (the model sees it).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import ScriptedEngine, zoom_sample
+
+from mmrft.config import load_config
+from mmrft.policy.group import rollout_logps
+from mmrft.policy.model import load_policy
+from mmrft.rollout.base import Sampling
+from mmrft.rollout.tool import Observation, enabled_tools
+from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = REPO / "assets" / "models"
+PIXELS = 12544
+
+IMAGE_FAMILIES = [
+    "tiny-internvl",
+    "tiny-glm4v",
+    "tiny-gemma3",
+    "tiny-gemma4",
+    "tiny-qwen2_5_omni",
+    "tiny-qwen3_omni",
+]
+
+
+def load(model: str):
+    cfg = load_config(
+        None,
+        [
+            f"model.path={MODELS / model}",
+            f"model.min_pixels={PIXELS}",
+            f"model.max_pixels={PIXELS}",
+            "train.steps=0",
+        ],
+    )
+    return load_policy(cfg.model, torch.device("cpu"))
+
+
+def call_text(box: list[int]) -> str:
+    return f'<tool_call>{{"name": "crop", "arguments": {json.dumps({"bbox_2d": box})}}}</tool_call>'
+
+
+def family_box(policy, sample) -> list[int]:
+    """A 300-px square around the sample's target in the family's box frame."""
+    W, H = sample.meta["image_size"]
+    x1, y1, x2, y2 = sample.meta["target_box"]
+    cx, cy = (x1 + x2) / 2, (y1 + y2) / 2
+    box = [max(0, cx - 150), max(0, cy - 150), min(W, cx + 150), min(H, cy + 150)]
+    if policy.family.box_frame == "norm1000":
+        return [round(box[0] * 1000 / W), round(box[1] * 1000 / H),
+                round(box[2] * 1000 / W), round(box[3] * 1000 / H)]  # fmt: skip
+    w, h = policy.family.input_size(W, H)
+    return [round(box[0] * w / W), round(box[1] * h / H),
+            round(box[2] * w / W), round(box[3] * h / H)]  # fmt: skip
+
+
+def encode(policy, text: str) -> list[int]:
+    return policy.tokenizer.encode(text, add_special_tokens=False)
+
+
+def check_sampler_equals_trainer(policy, out, indices, label) -> None:
+    for shared in (True, False):
+        with torch.no_grad():
+            logps, mask, _ = rollout_logps(policy, out, indices, group_shared=shared)
+        sampler = torch.zeros_like(logps)
+        for i, values in enumerate(out.logprobs):
+            sampler[i, : len(values)] = torch.tensor(values)
+        gap = (logps - sampler).abs().mul(mask).max()
+        assert torch.allclose(logps * mask, sampler * mask, atol=2e-4), (label, shared, gap)
+        assert mask.sum() == sum(sum(out.trajectories[i].loss_mask) for i in indices)
+
+
+@pytest.fixture(scope="module", params=IMAGE_FAMILIES)
+def run(request):
+    """(policy, loop, out, conversation, answer ids) of a crop → answer trajectory and an
+    answer-at-once trajectory of zoom_marks sample 0."""
+    policy = load(request.param)
+    loop = ToolLoop(policy.family, policy.processor, enabled_tools(["crop"]), LoopLimits())
+    sample = zoom_sample(0)
+    end = loop.template.end_of_turn
+    answer = encode(policy, "<answer>red</answer>") + [end]
+    call = encode(policy, "I zoom. " + call_text(family_box(policy, sample)))
+    if loop.tool_call_token is None:
+        call = call + [end]
+    scripts = [[call, answer], [answer]]
+    engine = ScriptedEngine(policy, scripts, group_shared=True)
+    conversation = loop.with_tools([dict(m) for m in sample.messages])
+    sampling = Sampling(max_new_tokens=96, temperature=1.0)
+    out = loop.run(engine, [conversation], [sample], 2, sampling)
+    yield request.param, policy, loop, out, conversation, (call, answer)
+    loop.close()
+
+
+def test_the_stream_is_the_templates_rendering(run):
+    model, policy, loop, out, conversation, (call, answer) = run
+    first, second = out.trajectories
+    assert [t.stop for t in out.trajectories] == ["answer", "answer"], model
+    assert first.calls[0]["ok"], (model, first.calls)
+    assert first.images == 1 and second.images == 0
+    # the final conversation, its crop as the image of the tool turn
+    observation = tool_observation(policy, loop, call)
+    assert observation.text == first.calls[0]["text"]
+    [crop] = observation.images
+    messages = loop.template.messages([observation])
+    for message in messages:
+        message["content"] = [
+            {"type": "image", "image": crop} if part.get("type") == "image" else part
+            for part in message["content"]
+        ]
+    history = [
+        *conversation,
+        {"role": "assistant", "content": loop._decode(call)},
+        *messages,
+        {"role": "assistant", "content": "<answer>red</answer>"},
+    ]
+    whole = policy.family.prepare(policy.processor, [history], add_generation_prompt=False)
+    expected = policy.tokenizer.decode(whole["input_ids"][0][whole["attention_mask"][0].bool()])
+    prompt = out.prompts[out.prompt_index[0]]["input_ids"]
+    stream = policy.tokenizer.decode(torch.cat([prompt, torch.tensor(first.ids)]))
+    at = next((i for i, (a, b) in enumerate(zip(stream, expected)) if a != b), len(stream))
+    assert at == len(stream), (model, stream[at - 60 : at + 60], expected[at - 60 : at + 60])
+    assert expected[len(stream) :].strip() == "", (model, expected[len(stream) :])
+    # the loss mask: the model's tokens only
+    assert sum(first.loss_mask) == len(call) + len(answer)
+    assert first.loss_mask[: len(call)] == [1] * len(call)
+    assert first.loss_mask[-len(answer) :] == [1] * len(answer)
+    assert second.loss_mask == [1] * len(answer)
+
+
+def tool_observation(policy, loop, call: list[int]) -> Observation:
+    """The observation the loop's tool gave for ``call`` on sample 0 (the tools are pure)."""
+    from mmrft.rollout.tool import ToolContext, parse_tool_calls, run_tool_call
+
+    [parsed] = parse_tool_calls(loop._decode(call), closed_by_stop=False)
+    context = ToolContext.from_sample(zoom_sample(0), policy.family)
+    return run_tool_call(parsed, context, loop.tools)
+
+
+def test_sampler_equals_trainer(run):
+    model, policy, _, out, _, _ = run
+    check_sampler_equals_trainer(policy, out, [0, 1], model)
+
+
+def test_the_observation_is_seen(run):
+    model, policy, _, out, _, (_, answer) = run
+    first = out.trajectories[0]
+    key = next(k for k in ("pixel_values", "pixel_values_images") if k in first.media)
+    saved = first.media[key]
+    with torch.no_grad():
+        logps, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+        first.media[key] = [torch.randn_like(v) for v in saved]
+        try:
+            changed, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+        finally:
+            first.media[key] = saved
+    last = slice(len(first.ids) - len(answer), len(first.ids))
+    assert not torch.allclose(logps[0, last], changed[0, last], atol=1e-4), model
+
+
+def test_observation_runs_attend_both_ways_in_the_dense_and_block_sparse_layouts():
+    """A packed row [prompt | c1 | c2] where c1 holds an image run: its tokens attend to each
+    other both ways, to nothing of c2, and the rule FlexAttention evaluates (``allowed``)
+    equals the dense mask at every (query, key)."""
+    from mmrft.policy.group import RowLayout
+
+    segment = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 2, 2, -1]])
+    runs = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0]])
+    prompt = torch.ones(1, 3, 3, dtype=torch.bool).tril()
+    layout = RowLayout(segment, prompt, runs)
+    dense = layout.dense()[0]
+    L = segment.shape[1]
+    q, k = torch.arange(L)[:, None], torch.arange(L)[None, :]
+    assert torch.equal(layout.allowed(torch.zeros(1, 1, dtype=torch.long), q, k), dense)
+    assert dense[4, 6] and dense[6, 4] and dense[5, 6]  # the run, both ways
+    assert not dense[3, 4] and dense[7, 6] and not dense[6, 7]  # causal outside the run
+    assert not dense[8, 4] and dense[8, 0] and not dense[4, 8]  # completions apart
+    causal = RowLayout(segment, prompt).dense()[0]
+    assert torch.equal(
+        dense & ~causal,
+        torch.zeros_like(dense).index_put_(
+            (torch.tensor([4, 4, 5]), torch.tensor([5, 6, 6])), torch.tensor(True)
+        ),
+    )
