@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import ScriptedEngine, zoom_sample
@@ -199,3 +200,178 @@ def test_observation_runs_attend_both_ways_in_the_dense_and_block_sparse_layouts
             (torch.tensor([4, 4, 5]), torch.tensor([5, 6, 6])), torch.tensor(True)
         ),
     )
+
+
+# -- audio from tools ------------------------------------------------------------------------
+AUDIO_FAMILIES = ["tiny-qwen2_audio", "tiny-qwen2_5_omni", "tiny-qwen3_omni"]
+
+
+def audio_sample(index: int = 0):
+    """Training sample ``index`` of the bundled audio_beeps benchmark, its path absolute."""
+    from mmrft.data import Sample
+
+    folder = REPO / "assets" / "benchmarks" / "audio_beeps"
+    record = json.loads((folder / "train.jsonl").read_text().splitlines()[index])
+    for part in record["messages"][0]["content"]:
+        if part["type"] == "audio":
+            part["audio"] = str(folder / part["audio"])
+    return Sample(record["id"], record["messages"], record["target"], record["meta"])
+
+
+@pytest.fixture(scope="module", params=AUDIO_FAMILIES)
+def audio_run(request):
+    """An audio_clip call → answer trajectory and an answer-at-once one, on audio_beeps 0."""
+    policy = load(request.param)
+    loop = ToolLoop(policy.family, policy.processor, enabled_tools(["audio_clip"]), LoopLimits())
+    sample = audio_sample(0)
+    end = loop.template.end_of_turn
+    answer = encode(policy, "<answer>3</answer>") + [end]
+    body = json.dumps({"name": "audio_clip", "arguments": {"start_s": 0.1, "end_s": 0.6}})
+    call = encode(policy, f"<tool_call>{body}</tool_call>")
+    if loop.tool_call_token is None:
+        call = call + [end]
+    engine = ScriptedEngine(policy, [[call, answer], [answer]], group_shared=True)
+    conversation = loop.with_tools([dict(m) for m in sample.messages])
+    sampling = Sampling(max_new_tokens=64, temperature=1.0)
+    out = loop.run(engine, [conversation], [sample], 2, sampling)
+    yield request.param, policy, loop, out, conversation, sample, (call, answer)
+    loop.close()
+
+
+def test_an_audio_clip_is_the_templates_audio_turn(audio_run):
+    """The clip comes back as audio of the tool turn at the model's rate (the interval of the
+    original file), the stream is the processor's rendering of the whole conversation (the
+    clip numbered after the prompt's: "Audio 2:" in Qwen2-Audio's template)."""
+    from mmrft.data.audio import load_audio
+    from mmrft.rollout.tool import ToolContext, parse_tool_calls, run_tool_call
+
+    model, policy, loop, out, conversation, sample, (call, answer) = audio_run
+    first, second = out.trajectories
+    assert [t.stop for t in out.trajectories] == ["answer", "answer"], model
+    assert first.calls[0]["ok"] and first.calls[0]["audios"] == 1, (model, first.calls)
+    assert first.audios == 1 and second.audios == 0 and first.images == 0
+    [parsed] = parse_tool_calls(loop._decode(call), closed_by_stop=False)
+    context = ToolContext.from_sample(sample, policy.family, **loop.context_kwargs)
+    observation = run_tool_call(parsed, context, loop.tools)
+    [clip] = observation.audios
+    rate = policy.processor.feature_extractor.sampling_rate
+    whole_file = load_audio(sample.media("audio")[0], rate)
+    assert clip.sampling_rate == rate
+    assert np.array_equal(clip.waveform, whole_file[round(0.1 * rate) : round(0.6 * rate)])
+    messages = loop.template.messages([observation])
+    for message in messages:
+        message["content"] = [
+            clip.part() if part.get("type") == "audio" else part for part in message["content"]
+        ]
+    history = [
+        *conversation,
+        {"role": "assistant", "content": loop._decode(call)},
+        *messages,
+        {"role": "assistant", "content": "<answer>3</answer>"},
+    ]
+    whole = policy.family.prepare(policy.processor, [history], add_generation_prompt=False)
+    expected = policy.tokenizer.decode(whole["input_ids"][0][whole["attention_mask"][0].bool()])
+    prompt = out.prompts[out.prompt_index[0]]["input_ids"]
+    stream = policy.tokenizer.decode(torch.cat([prompt, torch.tensor(first.ids)]))
+    at = next((i for i, (a, b) in enumerate(zip(stream, expected)) if a != b), len(stream))
+    assert at == len(stream), (model, stream[at - 60 : at + 60], expected[at - 60 : at + 60])
+    assert expected[len(stream) :].strip() == "", (model, expected[len(stream) :])
+    if model == "tiny-qwen2_audio":
+        assert "Audio 2:" in stream and stream.count("Audio 1:") == 1
+    assert sum(first.loss_mask) == len(call) + len(answer)
+
+
+def test_audio_sampler_equals_trainer(audio_run):
+    model, policy, _, out, *_ = audio_run
+    check_sampler_equals_trainer(policy, out, [0, 1], model)
+
+
+def test_the_audio_is_heard(audio_run):
+    """Other features in the clip's rows: other log-probs of the answer after it."""
+    model, policy, _, out, _, _, (_, answer) = audio_run
+    first = out.trajectories[0]
+    saved = first.media["input_features"]
+    with torch.no_grad():
+        logps, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+        first.media["input_features"] = [torch.randn_like(v) for v in saved]
+        try:
+            changed, _, _ = rollout_logps(policy, out, [0], group_shared=True)
+        finally:
+            first.media["input_features"] = saved
+    last = slice(len(first.ids) - len(answer), len(first.ids))
+    assert not torch.allclose(logps[0, last], changed[0, last], atol=1e-4), model
+
+
+@pytest.mark.parametrize(
+    "returned, says",
+    [
+        (lambda: np.zeros((2, 800), np.float32), "not a non-empty 1-D numpy array"),
+        (lambda: np.zeros(0, np.float32), "not a non-empty 1-D numpy array"),
+        (lambda: np.array(["a"] * 800), "not numbers"),
+        (lambda: np.full(800, np.nan, np.float32), "NaN or infinite"),
+        (lambda: np.zeros(16000 * 3, np.float32), "over the 2 s limit"),
+        (lambda: [0.0] * 800, "not a non-empty 1-D numpy array"),
+    ],
+)
+def test_hostile_audio_returns_are_tool_errors(returned, says):
+    """A tool (model-facing code a user wrote) returning malformed audio gets a tool_error
+    naming what is wrong, never an exception or a clip the processor chokes on."""
+    from mmrft.rollout.tool import AudioClip, ToolContext, call_checked
+
+    context = ToolContext(audio="x.wav", audio_rate=16000, max_audio_seconds=2.0)
+    obs = call_checked(
+        "Tool 't'",
+        lambda: Observation(ok=True, text="", audios=[AudioClip(returned(), 16000)]),
+        context,
+        None,
+        None,
+    )
+    assert not obs.ok and obs.reason == "tool_error" and says in obs.text, obs.text
+    wrong_rate = call_checked(
+        "Tool 't'",
+        lambda: Observation(ok=True, text="", audios=[AudioClip(np.zeros(800), 8000)]),
+        context,
+        None,
+        None,
+    )
+    assert wrong_rate.reason == "tool_error" and "8000 Hz" in wrong_rate.text
+    fine = call_checked(
+        "Tool 't'",
+        lambda: Observation(ok=True, text="", audios=[AudioClip(np.full(800, 3.0), 16000)] * 5),
+        context,
+        None,
+        1,
+    )
+    assert fine.ok and len(fine.audios) == 2  # max_media + 1 kept
+    assert fine.audios[0].waveform.dtype == np.float32 and fine.audios[0].waveform.max() == 1.0
+
+
+@pytest.mark.parametrize(
+    "arguments, reason",
+    [
+        ({"start_s": 0.5, "end_s": 0.5}, "bad_argument"),
+        ({"start_s": 30.0, "end_s": 31.0}, "interval_outside_audio"),
+        ({"start_s": 0.0, "end_s": 2.5}, "clip_too_long"),
+    ],
+)
+def test_audio_clip_refuses_bad_intervals(arguments, reason):
+    from mmrft.rollout.tool import ToolCall, ToolContext, enabled_tools, run_tool_call
+
+    sample = audio_sample(0)
+    context = ToolContext(audio=sample.media("audio")[0], max_audio_seconds=2.0)
+    obs = run_tool_call(ToolCall("audio_clip", arguments), context, enabled_tools(["audio_clip"]))
+    assert not obs.ok and obs.reason == reason, obs
+    none = run_tool_call(
+        ToolCall("audio_clip", {"start_s": 0, "end_s": 1}),
+        ToolContext(),
+        enabled_tools(["audio_clip"]),
+    )
+    assert none.reason == "bad_argument" and "no audio" in none.text
+    past_end = run_tool_call(
+        ToolCall("audio_clip", {"start_s": 0.5, "end_s": 1.9}),
+        context,
+        enabled_tools(["audio_clip"]),
+    )
+    duration = sample.meta["duration"]
+    assert past_end.ok and f"ends at {duration:.2f} s" in past_end.text
+    assert past_end.audios[0].seconds == pytest.approx(duration - 0.5, abs=1e-3)

@@ -54,6 +54,25 @@ FRAME_PHRASES: dict[str, str] = {
 task's list of boxes)."""
 
 
+def cat_padded(tensors: list[Any]) -> Any:
+    """``torch.cat`` along dim 0 of media tensors whose other dims may differ, each right-padded
+    with zeros to the largest: audio features padded to different frame counts by different
+    processor calls (Qwen3-Omni pads a batch to its longest clip), with their frame masks (0:
+    no frame). The models read only the frames their masks mark, so the padding is invisible
+    to them; tensors of equal shapes are concatenated as they are."""
+    import torch
+
+    shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
+    padded = []
+    for t in tensors:
+        if list(t.shape[1:]) != shape:
+            out = t.new_zeros((t.shape[0], *shape))
+            out[(slice(None), *(slice(0, n) for n in t.shape[1:]))] = t
+            t = out
+        padded.append(t)
+    return torch.cat(padded)
+
+
 def one_box_instruction(frame: str) -> str:
     """The prompt phrase asking for one box in ``frame``: ``Output the box as JSON {"bbox_2d":
     [x1, y1, x2, y2]}`` and the frame's :data:`FRAME_PHRASES` entry."""
@@ -303,8 +322,8 @@ class ModelFamily:
         for values_key, grid_key in self.media_keys.items():
             present = [r for r in rows if values_key in r and len(r[grid_key])]
             if present:
-                out[values_key] = torch.cat([r[values_key] for r in present])
-                out[grid_key] = torch.cat([r[grid_key] for r in present])
+                out[values_key] = cat_padded([r[values_key] for r in present])
+                out[grid_key] = cat_padded([r[grid_key] for r in present])
         return out
 
     def rope_positions(self, model: Any, row: dict[str, Any]) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from mmrft.models.family import cat_padded
+
 # Bounds on what a record keeps of model-written call arguments and observation texts.
 _RECORD_CHARS = 300
 
@@ -80,7 +82,9 @@ class Trajectory:
             (JSON), ``lost`` when the instance is gone; ``None`` otherwise.
         turns: the model turns (:class:`Turn`).
         stop: why the trajectory ended (module docstring's table).
-        images / videos / visual_tokens: what observations added.
+        images / videos / audios / visual_tokens: what observations added.
+        prompt_media: the media parts of the prompt it continues, by kind (``image``,
+            ``video``, ``audio``): templates that number media ("Audio 2:") count on from them.
     """
 
     ids: list[int] = field(default_factory=list)
@@ -94,7 +98,9 @@ class Trajectory:
     stop: str = ""
     images: int = 0
     videos: int = 0
+    audios: int = 0
     visual_tokens: int = 0
+    prompt_media: dict[str, int] = field(default_factory=dict)
 
     def add_turn(
         self, ids: list[int], logprobs: list[float] | None, text: str, truncated: bool
@@ -130,11 +136,21 @@ class Trajectory:
 
     def media_row(self) -> dict[str, torch.Tensor]:
         """The observations' media, concatenated per key in order."""
-        return {key: torch.cat(values) for key, values in self.media.items()}
+        return {key: cat_padded(values) for key, values in self.media.items()}
 
     @property
     def has_media(self) -> bool:
-        return bool(self.images or self.videos)
+        return bool(self.images or self.videos or self.audios)
+
+    @property
+    def media_added(self) -> int:
+        """Images, clips and audio clips the observations added."""
+        return self.images + self.videos + self.audios
+
+    def media_so_far(self) -> dict[str, int]:
+        """Media parts of the prompt and the observations so far, by kind."""
+        added = {"image": self.images, "video": self.videos, "audio": self.audios}
+        return {k: self.prompt_media.get(k, 0) + v for k, v in added.items()}
 
     @property
     def calls(self) -> list[dict[str, Any]]:
@@ -158,6 +174,7 @@ class Trajectory:
             "observation_tokens": len(self.ids) - sum(self.loss_mask),
             "images_added": self.images,
             "videos_added": self.videos,
+            "audios_added": self.audios,
             "visual_tokens_added": self.visual_tokens,
             **({"environment": self.environment} if self.environment is not None else {}),
         }
@@ -170,7 +187,7 @@ def with_media(prompt: dict[str, Any], trajectories: list[Trajectory]) -> dict[s
     row = dict(prompt)
     for trajectory in trajectories:
         for key, values in trajectory.media.items():
-            row[key] = torch.cat([row[key], *values]) if key in row else torch.cat(values)
+            row[key] = cat_padded([row[key], *values] if key in row else values)
     return row
 
 

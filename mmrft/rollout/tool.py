@@ -92,6 +92,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from mmrft.data.video import VideoBudget
 from mmrft.plugins import TOOLS, Registry, UnknownNameError, did_you_mean, first_paragraph
 from mmrft.rewards.boxes import to_pixels
@@ -174,6 +176,33 @@ class VideoClip:
 
 
 @dataclass
+class AudioClip:
+    """Audio returned by a tool, rendered as audio (the audio families' audio tokens).
+
+    Attributes:
+        waveform: mono samples in [-1, 1] (1-D float32 numpy array) at ``sampling_rate``.
+        sampling_rate: samples per second (Hz): the model's feature extractor's rate
+            (:attr:`ToolContext.audio_rate`, 16 000 for Qwen2-Audio and the Omni thinkers).
+        start_s: the time of the first sample in the source recording (seconds).
+        source: the audio file the samples come from.
+    """
+
+    waveform: np.ndarray
+    sampling_rate: int
+    start_s: float = 0.0
+    source: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """The clip's length (seconds): samples / rate."""
+        return len(self.waveform) / self.sampling_rate
+
+    def part(self) -> dict[str, Any]:
+        """The chat content part: the waveform as an audio array at the model's rate."""
+        return {"type": "audio", "audio": self.waveform}
+
+
+@dataclass
 class Observation:
     """What a tool call gives back to the model.
 
@@ -183,6 +212,7 @@ class Observation:
             how to call the tool correctly).
         images: images to show the model (PIL, RGB), in order.
         videos: video clips to show the model (:class:`VideoClip`), in order.
+        audios: audio clips to let the model hear (:class:`AudioClip`), in order.
         reason: ``None`` when ``ok``; else a short machine-readable reason (module docstring).
         info: JSON-serialisable facts about the result for records and trajectory-aware
             verifiers, not shown to the model (``crop``: ``box_px``, the region cut in pixels
@@ -195,15 +225,22 @@ class Observation:
     videos: list[VideoClip] = field(default_factory=list)
     reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    audios: list[AudioClip] = field(default_factory=list)
 
     @classmethod
     def fail(cls, reason: str, text: str) -> Observation:
         return cls(ok=False, text=text, reason=reason)
 
+    @property
+    def media(self) -> int:
+        """Images, clips and audio clips it holds."""
+        return len(self.images) + len(self.videos) + len(self.audios)
+
     def content(self) -> list[dict[str, Any]]:
-        """The observation as chat content parts: images, then videos, then the text."""
+        """The observation as chat content parts: images, videos, audio clips, then the text."""
         parts: list[dict[str, Any]] = [{"type": "image", "image": im} for im in self.images]
         parts += [clip.part() for clip in self.videos]
+        parts += [clip.part() for clip in self.audios]
         parts.append({"type": "text", "text": self.text})
         return parts
 
@@ -242,6 +279,11 @@ class ToolContext:
             (H/factor)·(W/factor)``, :func:`mmrft.data.video.visual_tokens`); ``None``: no bound.
         factor: side multiple of the family's resized frames (``patch_size × merge_size``,
             pixels: 28 for Qwen2/2.5-VL, 32 for Qwen3-VL).
+        audio: path of the sample's original audio file, if any.
+        audio_rate: the rate (Hz) a returned audio clip must have: the model's feature
+            extractor's (16 000 for the audio families).
+        max_audio_seconds: the longest audio clip a tool may return (seconds; the family's
+            bound: its audio budget capped by the processor's window); ``None``: no bound.
     """
 
     images: list[Image.Image] = field(default_factory=list)
@@ -253,6 +295,9 @@ class ToolContext:
     video_budget: VideoBudget = field(default_factory=VideoBudget)
     max_video_tokens: int | None = None
     factor: int = 28
+    audio: str | None = None
+    audio_rate: int = 16000
+    max_audio_seconds: float | None = None
 
     @classmethod
     def from_sample(
@@ -263,11 +308,14 @@ class ToolContext:
         max_pixels: int | None = None,
         video_budget: VideoBudget | None = None,
         max_video_tokens: int | None = None,
+        audio_rate: int = 16000,
+        max_audio_seconds: float | None = None,
     ) -> ToolContext:
         """The context of ``sample`` for a model of ``family``: the sample's images opened at
         full resolution (local files), their input sizes by ``family.input_size``, the family's
-        box frame, its first video. ``max_pixels`` defaults to the family's image budget
-        (``family.media.max_pixels``), ``video_budget`` to the family's when it has one."""
+        box frame, its first video and its first audio file. ``max_pixels`` defaults to the
+        family's image budget (``family.media.max_pixels``), ``video_budget`` to the family's
+        when it has one."""
         from PIL import Image
 
         from mmrft.data import local_media_path
@@ -286,6 +334,8 @@ class ToolContext:
                 sizes.append(None)
         videos = sample.media("video")
         video = videos[0] if videos and isinstance(videos[0], (str, Path)) else None
+        audios = sample.media("audio")
+        audio = audios[0] if audios and isinstance(audios[0], (str, Path)) else None
         return cls(
             images=images,
             input_sizes=sizes,
@@ -295,6 +345,9 @@ class ToolContext:
             video_budget=video_budget or getattr(family, "video", None) or VideoBudget(),
             max_video_tokens=max_video_tokens,
             factor=int(getattr(family, "factor", 28)),
+            audio=str(audio) if audio is not None else None,
+            audio_rate=audio_rate,
+            max_audio_seconds=max_audio_seconds,
         )
 
     def add_image(self, image: Image.Image, input_size: tuple[int, int] | None = None) -> int:
@@ -826,11 +879,14 @@ def _checked(
     ``info`` a dict whose JSON is at most :data:`MAX_INFO_CHARS`, ``images`` a list of
     non-empty PIL images, ``videos`` a list of :class:`VideoClip` whose ``frames`` are 1 to
     ``context.video_budget.max_frames`` PIL images of one size, ``timestamps_s`` one finite
-    number per frame and ``fps`` finite and > 0. Then the bounds: media past ``max_media + 1``
+    number per frame and ``fps`` finite and > 0, ``audios`` a list of :class:`AudioClip` whose
+    ``waveform`` is a non-empty 1-D real array of finite samples at ``context.audio_rate`` and
+    at most ``context.max_audio_seconds`` long. Then the bounds: media past ``max_media + 1``
     are dropped (a trajectory with ``max_media`` left still stops ``max_media``, as it would
     with all of them), images and frames are made RGB and downscaled to
-    ``context.max_pixels`` / ``context.video_budget.max_pixels`` (:func:`fit_pixels`), and the
-    text is cut to ``max_text_chars`` characters (:func:`_cut_text`)."""
+    ``context.max_pixels`` / ``context.video_budget.max_pixels`` (:func:`fit_pixels`), audio
+    made float32 in [-1, 1], and the text is cut to ``max_text_chars`` characters
+    (:func:`_cut_text`)."""
     from PIL import Image
 
     def bad(returned: str) -> Observation:
@@ -843,6 +899,7 @@ def _checked(
         ("text", str),
         ("images", list),
         ("videos", list),
+        ("audios", list),
         ("info", dict),
         ("reason", (str, type(None))),
     ):
@@ -861,6 +918,7 @@ def _checked(
         keep = max(0, max_media) + 1
         obs.images = obs.images[:keep]
         obs.videos = obs.videos[: max(0, keep - len(obs.images))]
+        obs.audios = obs.audios[: max(0, keep - len(obs.images) - len(obs.videos))]
     for i, image in enumerate(obs.images):
         if not isinstance(image, Image.Image) or min(image.size) < 1:
             return bad(f"images[{i}] that is not a non-empty PIL image ({type(image).__name__})")
@@ -885,11 +943,35 @@ def _checked(
             return bad(f"videos[{i}] without one finite timestamp per frame")
         if not _finite_number(fps) or fps <= 0:
             return bad(f"videos[{i}] whose fps is not a finite number > 0")
+    for i, clip in enumerate(obs.audios):
+        problem = _audio_problem(clip, context)
+        if problem:
+            return bad(f"audios[{i}] {problem}")
+        clip.waveform = np.clip(np.asarray(clip.waveform, dtype=np.float32), -1.0, 1.0)
     obs.images = [fit_pixels(_rgb(im), context.max_pixels) for im in obs.images]
     for clip in obs.videos:
         clip.frames = [fit_pixels(_rgb(f), context.video_budget.max_pixels) for f in clip.frames]
     obs.text = _cut_text(obs.text, max_text_chars)
     return obs
+
+
+def _audio_problem(clip: Any, context: ToolContext) -> str:
+    """What is wrong with a returned audio clip (``""``: nothing), as :func:`_checked` says it."""
+    if not isinstance(clip, AudioClip):
+        return f"that is a {type(clip).__name__}, not an AudioClip"
+    wave = clip.waveform
+    if not isinstance(wave, np.ndarray) or wave.ndim != 1 or wave.size == 0:
+        return "whose waveform is not a non-empty 1-D numpy array"
+    if wave.dtype.kind not in "fiu":
+        return f"whose waveform holds {wave.dtype} samples, not numbers"
+    if clip.sampling_rate != context.audio_rate:
+        return f"at {clip.sampling_rate!r} Hz, not the model's {context.audio_rate} Hz"
+    limit = context.max_audio_seconds
+    if limit is not None and wave.size > math.floor(limit * context.audio_rate):
+        return f"of {wave.size / context.audio_rate:.2f} s, over the {limit:g} s limit"
+    if not np.isfinite(wave).all():
+        return "with NaN or infinite samples"
+    return ""
 
 
 def _finite_number(value: Any) -> bool:

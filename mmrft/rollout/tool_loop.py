@@ -62,6 +62,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from mmrft.data import Sample
 from mmrft.policy.trajectory import Trajectory, _short, joined_row
 from mmrft.rollout.tool import (
@@ -202,7 +204,12 @@ class ObservationTemplate:
         """The observation turn(s) as chat messages with placeholder media parts."""
 
         def media(obs: Observation) -> list[dict[str, Any]]:
-            return [{"type": "image"} for _ in obs.images] + [{"type": "video"} for _ in obs.videos]
+            # each with its key: Qwen2-Audio's template tests `'audio' in part`
+            return (
+                [{"type": "image", "image": ""} for _ in obs.images]
+                + [{"type": "video", "video": ""} for _ in obs.videos]
+                + [{"type": "audio", "audio": ""} for _ in obs.audios]
+            )
 
         if self.role == "tool":
             return [
@@ -216,20 +223,38 @@ class ObservationTemplate:
             content.append({"type": "text", "text": obs.text + "\n</tool_response>"})
         return [{"role": "user", "content": content}]
 
-    def render(self, observations: list[Observation]) -> str:
+    def render(self, observations: list[Observation], earlier: dict[str, int] | None = None) -> str:
         """The text that follows the assistant turn's *close*: the observation turn(s) and the
-        next assistant header."""
-        full = self._render(self.history + self.messages(observations), True)
-        if not full.startswith(self.before):
+        next assistant header. ``earlier``: media parts before them by kind (``image``,
+        ``video``, ``audio``), for templates that number media (Qwen2-Audio's "Audio 2:")."""
+        history = self._history(earlier or {})
+        before = self._render(history, False)
+        full = self._render(history + self.messages(observations), True)
+        if not full.startswith(before):
             raise ValueError("the chat template re-renders earlier turns when a tool turn is added")
-        return full[len(self.before) :]
+        return full[len(before) :]
 
-    def delta(self, observations: list[Observation], sampled_close: str) -> str:
+    def _history(self, earlier: dict[str, int]) -> list[dict[str, Any]]:
+        """The probe history, its user turn holding ``earlier`` media placeholders."""
+        media = [
+            {"type": kind, kind: ""} for kind in ("image", "video", "audio")
+            for _ in range(earlier.get(kind, 0))
+        ]  # fmt: skip
+        if not media:
+            return self.history
+        return [{"role": "user", "content": [*media, *self.history[0]["content"]]}, self.history[1]]
+
+    def delta(
+        self,
+        observations: list[Observation],
+        sampled_close: str,
+        earlier: dict[str, int] | None = None,
+    ) -> str:
         """The whole text to append after a turn: the template's close then :meth:`render`,
         less ``sampled_close`` at its start (what the model already wrote of it: its
         end-of-turn token, e.g. ``<|im_end|>``; GLM-4.1V's turns end at the next turn's
         ``<|user|>``, which the template writes as the observation turn's opening)."""
-        text = self.close + self.render(observations)
+        text = self.close + self.render(observations, earlier)
         if sampled_close and text.startswith(sampled_close):
             text = text[len(sampled_close) :]
         return text
@@ -241,6 +266,7 @@ class ObservationTemplate:
         for obs in observations:
             parts += [{"type": "image", "image": im} for im in obs.images]
             parts += [clip.part() for clip in obs.videos]
+            parts += [clip.part() for clip in obs.audios]
         return parts
 
 
@@ -313,7 +339,7 @@ class ToolLoop:
             and token_id != self.tokenizer.unk_token_id
         }
         self.token_key = family.token_keys[0] if family.token_keys else None
-        self.context_kwargs = context_kwargs or {}
+        self.context_kwargs = {**audio_context(family, processor), **(context_kwargs or {})}
         self.counts: Counter = Counter()
 
     def close(self) -> None:
@@ -366,6 +392,8 @@ class ToolLoop:
         keys: list[str | None] = [None] * G
         if self.env is not None:  # one instance per trajectory; the reset joins the prompt
             conversations = self._reset(conversations, samples, n, trajectories, keys, budget)
+        for i, t in enumerate(trajectories):
+            t.prompt_media = media_counts(conversations[i // n])
         first = engine.generate(conversations, n, sampling)
         if first.logprobs is None:
             for t in trajectories:
@@ -545,7 +573,7 @@ class ToolLoop:
             t.stop = "max_turns"
             return False
         left = max(0, budget - len(t.ids))  # tokens the observations may still take
-        limits = (left * CHARS_PER_TOKEN, max(0, self.limits.max_media - t.images - t.videos))
+        limits = (left * CHARS_PER_TOKEN, max(0, self.limits.max_media - t.media_added))
         if key is not None:
             return self._environment_step(t, context, calls, key, limits, ids, budget)
         observations = [
@@ -636,7 +664,7 @@ class ToolLoop:
         observations appended (with an environment, on an instance of its own, reset on
         ``sample``: its prompt is :meth:`with_start`'s). No sampler log-probs."""
         end = self.template.end_of_turn
-        t = Trajectory(logprobs=None)
+        t = Trajectory(logprobs=None, prompt_media=media_counts(sample.messages))
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
         budget = self.limits.max_tokens or 1 << 30
         key = None
@@ -644,6 +672,8 @@ class ToolLoop:
             key = self.env.new_key()
             step = self._start_episode(key, sample, context, (None, self.limits.max_media))
             t.environment = {"name": self.env.spec.name, "calls": 0, **step.status}
+            start = media_counts([{"role": "user", "content": step.observation.content()}])
+            t.prompt_media = {k: v + start[k] for k, v in t.prompt_media.items()}
         for text in turns:
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             if self.tool_call_token is None or not ids or ids[-1] != self.tool_call_token:
@@ -665,23 +695,25 @@ class ToolLoop:
         """Render, tokenise and budget-check the observations; append them to ``t`` and their
         images to ``context``. Returns the stop reason when a budget refuses them, ``""``."""
         last = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
-        text = self.template.delta(observations, last)
+        text = self.template.delta(observations, last, t.media_so_far())
         parts = self.template.media_parts(observations)
         row = self.family.observation_row(self.processor, text, parts)
         n_images = sum(len(o.images) for o in observations)
         n_videos = sum(len(o.videos) for o in observations)
+        n_audios = sum(len(o.audios) for o in observations)
         types = row.get(self.token_key) if self.token_key else None
         visual = int((types != 0).sum()) if types is not None else 0
         limits = self.limits
         if len(t.ids) + len(row["input_ids"]) + 1 > budget:
             return "max_tokens"
-        if t.images + t.videos + n_images + n_videos > limits.max_media:
+        if t.media_added + n_images + n_videos + n_audios > limits.max_media:
             return "max_media"
         if limits.max_visual_tokens and t.visual_tokens + visual > limits.max_visual_tokens:
             return "max_visual_tokens"
         t.add_observation(row, self.token_key)
         t.images += n_images
         t.videos += n_videos
+        t.audios += n_audios
         t.visual_tokens += visual
         grids = row.get("image_grid_thw")  # (t, h, w) in patches: the input size of each
         image_at = 0
@@ -835,13 +867,48 @@ def offers_tools(sample: Sample | None) -> bool:
     return sample is None or sample.meta.get("tools", True) is not False
 
 
+def audio_context(family: Any, processor: Any) -> dict[str, Any]:
+    """:meth:`ToolContext.from_sample` arguments of an audio family: the rate of its feature
+    extractor (Hz) and the longest clip it takes (:meth:`max_audio_seconds`); none otherwise."""
+    extractor = getattr(processor, "feature_extractor", None)
+    if extractor is None or not hasattr(family, "max_audio_seconds"):
+        return {}
+    return {
+        "audio_rate": int(extractor.sampling_rate),
+        "max_audio_seconds": float(family.max_audio_seconds(processor)),
+    }
+
+
+def media_counts(conversation: list[dict[str, Any]]) -> dict[str, int]:
+    """The media parts of ``conversation`` by kind (``image``, ``video``, ``audio``): a part's
+    ``type``, else its key, as the chat templates tell them."""
+    counts = dict.fromkeys(("image", "video", "audio"), 0)
+    for message in conversation:
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in counts and isinstance(part, dict):
+                kind = next((k for k in counts if k in part or f"{k}_url" in part), None)
+            if kind in counts:
+                counts[kind] += 1
+    return counts
+
+
 def _same_observation(a: Observation, b: Observation) -> bool:
     """Equal text and media, pixel for pixel."""
-    if a.text != b.text or len(a.images) != len(b.images) or len(a.videos) != len(b.videos):
+    if a.text != b.text or [len(a.images), len(a.videos), len(a.audios)] != [
+        len(b.images),
+        len(b.videos),
+        len(b.audios),
+    ]:
         return False
     pairs = list(zip(a.images, b.images))
     pairs += [(x, y) for p, q in zip(a.videos, b.videos) for x, y in zip(p.frames, q.frames)]
-    return all(x.size == y.size and x.tobytes() == y.tobytes() for x, y in pairs)
+    same_audio = all(
+        p.sampling_rate == q.sampling_rate and np.array_equal(p.waveform, q.waveform)
+        for p, q in zip(a.audios, b.audios)
+    )
+    return same_audio and all(x.size == y.size and x.tobytes() == y.tobytes() for x, y in pairs)
 
 
 def _with_observation(
@@ -887,5 +954,6 @@ def _call_record(call: Any, obs: Observation) -> dict[str, Any]:
         "text": _short(obs.text),
         "images": len(obs.images),
         "videos": len(obs.videos),
+        "audios": len(obs.audios),
         "info": obs.info,
     }
