@@ -3,10 +3,11 @@
     python benchmarks/zoom_oracle.py                           # the bundled test splits
     python benchmarks/zoom_oracle.py --out runs/zoom_oracle.json
     python benchmarks/zoom_oracle.py --marks DIR/test.jsonl --video DIR/test.jsonl
+    python benchmarks/zoom_oracle.py --audio DIR/test.jsonl    # another audio_zoom split
 
-Two views of every test sample of ``assets/benchmarks/zoom_marks`` and ``zoom_video``
-(``scripts/make_benchmarks.py``), each read by the same fixed rule (:func:`read_colour`), no
-learning:
+Two views of every test sample of ``assets/benchmarks/zoom_marks``, ``zoom_video`` and
+``audio_zoom`` (``scripts/make_benchmarks.py``), each read by the same fixed rule
+(:func:`read_colour` for pixels, :func:`read_pitch` for audio), no learning:
 
 * ``zoom_marks``, per pixel budget (``min_pixels = max_pixels``, as the tiny recipes set it):
   **base**, the whole image as the model receives it (qwen-vl-utils ``fetch_image``: Qwen
@@ -20,25 +21,41 @@ learning:
   ``meta.target_span`` given to ``read_video`` as a frame list at the stored rate (at most 8,
   the same pixel budget). The pixel read is the one under ``meta.target_box``'s centre, in the
   frame where it is most saturated.
+* ``audio_zoom`` (waveforms as :func:`mmrft.data.audio.load_audio` returns them to the audio
+  families, 16 kHz): **base**, the clip cut to its first ``meta.base_seconds`` (2.0 s: what a
+  family keeps at ``model.audio.max_seconds: 2.0``, truncate policy), and as a second row the
+  whole clip (``max_seconds`` 30, :class:`mmrft.data.audio.AudioBudget`'s default);
+  **crop**, the interval ``[t − 1, t + 1]`` s around the time ``t`` the question states
+  (``meta.asked_time``), cut from the whole clip: what a well-aimed ``audio_clip`` call
+  returns. :func:`read_pitch` reads the view's spectral peak (the whole view, no window: the
+  tone has its own fades); when under ``MIN_TONALITY`` of the view's energy lies within
+  ±6 % of that peak (silence, or only the knocks, which have no pitch) it guesses the first
+  option (``low``: chance on a balanced split), else it answers the class whose centre
+  frequency (``AUDIO_ZOOM_PITCHES``) is nearest in log frequency. It is told nothing of where
+  the tone is beyond the stated time.
 
-The reader: saturation = max − min of the pixel's RGB (0–255); below ``MIN_SATURATION`` the
-pixel shows no colour and the reader guesses the first option (``red``: a balanced split then
-scores 0.25, chance); otherwise it answers the option whose reference colour has the nearest
-hue (largest cosine between the pixel's and the reference's RGB minus their own gray mean).
-The reader is told where to look, which a model is not; it reads one pixel by a fixed rule,
-so a subtler decoder of the blended base pixel (ring, gap and dot mixed) might do somewhat
-better than chance there. Printed: a table of accuracies (base, crop) per view; ``--out``
-writes the same rows as JSON (``{"rows": [{"benchmark", "view", "n", "base", "crop"}],
+The colour reader: saturation = max − min of the pixel's RGB (0–255); below
+``MIN_SATURATION`` the pixel shows no colour and the reader guesses the first option (``red``:
+a balanced split then scores 0.25, chance); otherwise it answers the option whose reference
+colour has the nearest hue (largest cosine between the pixel's and the reference's RGB minus
+their own gray mean). The reader is told where to look, which a model is not; it reads one
+pixel by a fixed rule, so a subtler decoder of the blended base pixel (ring, gap and dot
+mixed) might do somewhat better than chance there (the audio base view holds no tone at all,
+so nothing can). Printed: a table of accuracies (base, crop) per view; ``--out`` writes the
+same rows as JSON (``{"rows": [{"benchmark", "view", "n", "base", "crop"}],
 "chance": 0.25}``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
+import logging
 import math
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -242,8 +259,93 @@ def evaluate_video(jsonl: Path, views: tuple[str, ...] | None = None) -> list[di
     return rows
 
 
+# -- audio ---------------------------------------------------------------------------------
+AUDIO_RATE = 16_000  # Hz, the Qwen2-Audio / Qwen2.5-Omni feature extractors' sampling rate
+AUDIO_WINDOW = 1.0  # s, the crop: [t − this, t + this] around the stated time t
+MIN_TONALITY = 0.7  # share of a view's energy within ±6 % of its spectral peak: a tone
+# (bundled splits: a view with knocks only ≤ 0.36, a crop around the stated time ≥ 0.98)
+PEAK_BAND = 1.06  # the band around the peak: [peak / this, peak × this]
+AUDIO_VIEWS: dict[str, float | None] = {
+    "first 2 s (max_seconds 2.0, truncate)": None,
+    "whole clip (max_seconds 30, the default)": 30.0,
+}
+"""Base views of the audio: name → ``max_seconds`` (``None``: the record's
+``meta.base_seconds``, 2.0 in the bundled split), truncate policy."""
+
+
+def read_pitch(waveform: np.ndarray, rate: int, choices: list[str]) -> str:
+    """The option a fixed rule reads from ``waveform`` (mono, ``rate`` Hz): the class whose
+    centre frequency is nearest (in log frequency) to the spectral peak, or ``choices[0]`` (a
+    guess) when the view is silent or less than ``MIN_TONALITY`` of its energy lies within
+    ``PEAK_BAND`` of the peak (no tone: silence, knocks)."""
+    x = np.asarray(waveform, dtype=float)
+    if x.size < 2:
+        return choices[0]
+    power = np.abs(np.fft.rfft(x)) ** 2
+    freqs = np.fft.rfftfreq(x.size, 1 / rate)
+    power[0] = 0.0  # DC carries no pitch
+    total = float(power.sum())
+    if total <= 0.0:
+        return choices[0]
+    peak = float(freqs[int(power.argmax())])
+    band = (freqs >= peak / PEAK_BAND) & (freqs <= peak * PEAK_BAND)
+    if float(power[band].sum()) / total < MIN_TONALITY:
+        return choices[0]
+    centres = load_generator().AUDIO_ZOOM_PITCHES
+    return min(choices, key=lambda c: abs(math.log(peak / centres[c])))
+
+
+@contextlib.contextmanager
+def quiet_truncation() -> Iterator[None]:
+    """Silence ``load_audio``'s per-file truncation warning (every base view is truncated)."""
+    logger = logging.getLogger("mmrft.data.audio")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def audio_answers(record: dict, folder: Path) -> tuple[dict[str, str], str]:
+    """``({base view name: answer}, crop answer)`` of one ``audio_zoom`` record."""
+    from mmrft.data.audio import load_audio
+
+    meta, choices = record["meta"], record["meta"]["choices"]
+    path = str(folder / record["messages"][0]["content"][0]["audio"])
+    base = {}
+    with quiet_truncation():
+        for name, seconds in AUDIO_VIEWS.items():
+            limit = meta["base_seconds"] if seconds is None else seconds
+            view = load_audio(path, AUDIO_RATE, max_seconds=limit, policy="truncate")
+            base[name] = read_pitch(view, AUDIO_RATE, choices)
+    whole = load_audio(path, AUDIO_RATE)
+    t = meta["asked_time"]
+    first = max(round((t - AUDIO_WINDOW) * AUDIO_RATE), 0)
+    last = min(round((t + AUDIO_WINDOW) * AUDIO_RATE), whole.size)
+    return base, read_pitch(whole[first:last], AUDIO_RATE, choices)
+
+
+def evaluate_audio(jsonl: Path) -> list[dict]:
+    """One row per base view in ``AUDIO_VIEWS``: ``{"benchmark", "view", "n", "base",
+    "crop"}`` (accuracies; the crop is the same in every row)."""
+    records = [json.loads(line) for line in jsonl.read_text(encoding="utf-8").splitlines()]
+    answers = [audio_answers(r, jsonl.parent) for r in records]
+    crop = accuracy([c for _, c in answers], records)
+    return [
+        {
+            "benchmark": "audio_zoom",
+            "view": name,
+            "n": len(records),
+            "base": accuracy([b[name] for b, _ in answers], records),
+            "crop": crop,
+        }
+        for name in AUDIO_VIEWS
+    ]
+
+
 def table(rows: list[dict]) -> str:
-    """The rows as a Markdown table (chance 0.25: 4 balanced colours)."""
+    """The rows as a Markdown table (chance 0.25: 4 balanced options)."""
     lines = [
         "| benchmark | base view | n | base acc | crop acc |",
         "|---|---|---|---|---|",
@@ -259,11 +361,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--marks", type=Path, default=BENCH / "zoom_marks" / "test.jsonl")
     parser.add_argument("--video", type=Path, default=BENCH / "zoom_video" / "test.jsonl")
+    parser.add_argument("--audio", type=Path, default=BENCH / "audio_zoom" / "test.jsonl")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = evaluate_marks(args.marks) + evaluate_video(args.video)
+    if importlib.util.find_spec("soundfile") is not None:
+        rows += evaluate_audio(args.audio)
+        note = "chance: 0.25 (4 balanced colours; audio_zoom: 4 balanced pitch classes)"
+    else:
+        note = "chance: 0.25 (4 balanced colours); audio_zoom skipped: no soundfile (audio extra)"
     print(table(rows))
-    print("chance: 0.25 (4 balanced colours)")
+    print(note)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"rows": rows, "chance": 0.25}, indent=2) + "\n")

@@ -106,6 +106,18 @@ Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` 
   ``answer`` the option text, ``dataset``, ``task`` ``"sound"``, ``split`` ``"test-mini"`` (the
   answered split MMAU's evaluation.py scores), ``category`` ``"Information Extraction"``,
   ``sub-category`` ``"Pitch Contour"``, ``difficulty`` ``"easy"``).
+* ``audio_zoom`` (``classification``; "looking closer" in audio, for ``audio_clip`` tool
+  rollouts): 8–10 s clips stored as FLAC (``audio/<id>.flac``, 16 kHz mono 16-bit; digital
+  silence between the sounds, no noise floor: a WAV or a noise floor would not fit the size
+  budget, see :func:`write_audio_zoom`), 1–2 pitchless knocks anywhere and one short tone
+  (0.2–0.4 s) starting 2.5 s or later, after ``meta.base_seconds`` = 2.0 s (the base view a
+  family keeps at ``max_seconds: 2.0``, truncate policy). "What is the pitch of the short tone
+  at about 6.3 s?" (a multiple of 0.1 s within 0.25 s of the onset; ``meta.asked_time``);
+  ``meta.choices`` ``low``/``middle``/``high``/``very high`` (300/600/1200/2400 Hz ± 5 %, fixed
+  order), target the tone's class, balanced; ``meta.target_span`` ``[start, end]`` s of the
+  tone, ``meta.frequency_hz``, ``meta.knocks``. The truncated base view never holds the tone;
+  ``[t − 1, t + 1]`` around the stated time always holds all of it
+  (``benchmarks/zoom_oracle.py`` measures both).
 
 Shapes are rasterised with numpy (pixel-centre tests), not PIL's drawing, so pixels depend on
 the seeds only. PNGs are written by Pillow with fixed parameters and no metadata chunks
@@ -113,10 +125,11 @@ the seeds only. PNGs are written by Pillow with fixed parameters and no metadata
 same Pillow/zlib; chart pixels additionally depend on the matplotlib version (fonts: its
 bundled DejaVu Sans). MP4s come from libx264 with fixed settings (CRF 18, preset medium, no
 B-frames, one thread, bitexact muxing): identical bytes with the same FFmpeg/x264 build. WAVs
-are written by the standard library from rounded int16 samples. ``--check`` compares JSONL
-and peer-format files by bytes, PNGs by decoded RGB pixels, MP4s by decoded frames (count,
-size and timestamps equal, mean absolute difference ≤ 1 grey level per frame, so another x264
-build passes) and WAVs by samples (±1 LSB, for libm differences in ``sin``).
+are written by the standard library from rounded int16 samples, FLACs by libsndfile (level 8)
+from the same: identical bytes with the same libFLAC. ``--check`` compares JSONL and
+peer-format files by bytes, PNGs by decoded RGB pixels, MP4s by decoded frames (count, size
+and timestamps equal, mean absolute difference ≤ 1 grey level per frame, so another x264 build
+passes) and WAVs and FLACs by samples (±1 LSB, for libm differences in ``sin``).
 """
 
 from __future__ import annotations
@@ -380,6 +393,31 @@ def read_wav(path: Path) -> tuple[Array, int]:
         if f.getnchannels() != 1 or f.getsampwidth() != 2:
             raise ValueError(f"{path}: expected mono 16-bit PCM")
         return np.frombuffer(f.readframes(f.getnframes()), dtype="<i2"), f.getframerate()
+
+
+def save_flac(samples: Array, path: Path) -> None:
+    """Write float ``samples`` in ``[-1, 1]`` as a 16 kHz mono 16-bit FLAC (libsndfile through
+    ``soundfile``, the project's audio reader; FLAC level 8), from the same rounded int16
+    samples as :func:`save_wav`. The bytes depend on the samples and the libFLAC build (its
+    version string is in the file), so ``--check`` compares FLACs by samples."""
+    import soundfile  # the `audio` extra; only audio_zoom needs it
+
+    pcm = np.clip(np.round(samples * 32767), -32768, 32767).astype("<i2")
+    soundfile.write(
+        str(path), pcm, SAMPLE_RATE, format="FLAC", subtype="PCM_16", compression_level=1.0
+    )
+
+
+def read_pcm(path: Path) -> tuple[Array, int]:
+    """``(int16 samples, sample rate in Hz)`` of a mono 16-bit WAV or FLAC."""
+    if path.suffix == ".wav":
+        return read_wav(path)
+    import soundfile
+
+    samples, rate = soundfile.read(str(path), dtype="int16", always_2d=True)
+    if samples.shape[1] != 1:
+        raise ValueError(f"{path}: expected mono")
+    return samples[:, 0], int(rate)
 
 
 def user_record(
@@ -1123,6 +1161,110 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
     write_jsonl(folder / f"{split}.jsonl", records)
 
 
+# audio_zoom: "looking closer" in audio. The model's view of a long clip is cut to its first
+# seconds (model.audio.max_seconds, policy truncate); the asked event comes later.
+AUDIO_ZOOM_PITCHES: dict[str, float] = {
+    "low": 300.0,
+    "middle": 600.0,
+    "high": 1200.0,
+    "very high": 2400.0,
+}
+"""audio_zoom's classes (the order of ``meta.choices``) and their centre frequencies (Hz)."""
+AUDIO_ZOOM_JITTER = 0.05  # a tone's frequency is its class's centre × [0.95, 1.05]
+AUDIO_ZOOM_BASE_SECONDS = 2.0  # the base view (the recipe's max_seconds): the tone comes after
+AUDIO_ZOOM_EARLIEST = 2.5  # s, the earliest onset (stated times are then ≥ 2.3 s)
+AUDIO_ZOOM_TAIL = 1.3  # s, the latest onset's distance to the clip's end ([t − 1, t + 1] fits)
+AUDIO_ZOOM_SAY = 0.2  # s, the stated time is round(onset + U(±this), 1): within ±0.25 s
+AUDIO_ZOOM_KNOCK = 0.012  # s, a distractor knock: white noise decaying with τ = 2 ms
+AUDIO_ZOOM_QUESTION = "What is the pitch of the short tone at about {time:.1f} s?"
+
+
+def write_audio_zoom(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``audio_zoom``: mono clips of 8.0–10.0 s at 16 kHz, FLAC (``audio/<id>.flac``). Digital
+    silence, 1–2 knocks (``AUDIO_ZOOM_KNOCK``: 12 ms of white noise decaying with τ = 2 ms,
+    amplitude 0.1–0.25, no pitch; starting on a 10 ms grid anywhere in ``[0.1, duration −
+    0.2]`` s, the base view included, ≥ 0.5 s from the tone and 0.3 s from each other;
+    ``meta.knocks`` their ``[start, end]`` s) and one tone: a sine
+    (amplitude 0.15–0.3, random phase, 10 ms raised-cosine fades) of 0.20–0.40 s whose
+    frequency is its class's centre (``AUDIO_ZOOM_PITCHES``) × 0.95–1.05 (targets balanced),
+    starting on a 10 ms grid in ``[2.5, duration − 1.3]`` s: always after the base view (the
+    first ``meta.base_seconds`` = 2.0 s, what a family keeps at ``max_seconds: 2.0`` under the
+    truncate policy), and the window ``[t − 1, t + 1]`` around the stated time ``t`` lies in
+    the clip and holds the whole tone. The question states ``t`` = the onset plus
+    U(−0.2, 0.2) s, rounded to 0.1 s (``meta.asked_time``; ``|t − onset| ≤ 0.25`` s).
+    ``meta.target_span`` the tone's ``[start, end]`` s, ``meta.frequency_hz``.
+
+    Why FLAC over silence (sizes measured with libsndfile 1.2.2 / libFLAC 1.4.3, level 8, per
+    9 s clip): the other audio benchmarks' WAV is 288 KB (71 MB for 248 clips), and FLAC
+    cannot shrink a noise floor: ``noise_floor``'s (σ = 0.003, about 98 LSB) costs 158 KB,
+    even a 1-LSB one 40 KB and a 0.5-LSB one 27 KB (FLAC spends ≥ 1 bit per sample on any
+    block that is not constant: 10 and 6.7 MB for 248 clips). Digital silence costs 0.5 KB,
+    the tone 2.2–2.6 KB, a knock (one 4096-sample block) about 0.7 KB: about 4 KB per clip,
+    1.18 MB for the folder, which fits beside the other bundled benchmarks (28.3 MB of
+    ``tests/test_benchmarks.py``'s 30 MB). A lower stored rate (8 kHz, resampled by
+    ``load_audio``) would save only about 20 % (FLAC's blocks, not the samples, dominate).
+    So these clips, unlike the other audio benchmarks', have no noise floor: between the
+    sounds the samples are exactly 0."""
+    (folder / "audio").mkdir(exist_ok=True)
+    choices = list(AUDIO_ZOOM_PITCHES)
+    ramp = round(0.01 * SAMPLE_RATE)
+    knock_n = round(AUDIO_ZOOM_KNOCK * SAMPLE_RATE)
+    records = []
+    for i, pitch in enumerate(balanced(rng, choices, n)):
+        duration = round(float(rng.uniform(8.0, 10.0)), 1)  # s
+        samples = np.zeros(round(duration * SAMPLE_RATE))
+        latest = round((duration - AUDIO_ZOOM_TAIL) * 100)  # centiseconds
+        onset_cs = int(rng.integers(round(AUDIO_ZOOM_EARLIEST * 100), latest + 1))
+        length_cs = int(rng.integers(20, 41))  # centiseconds
+        start, end = onset_cs / 100, (onset_cs + length_cs) / 100
+        frequency = round(
+            AUDIO_ZOOM_PITCHES[pitch]
+            * float(rng.uniform(1 - AUDIO_ZOOM_JITTER, 1 + AUDIO_ZOOM_JITTER)),
+            1,
+        )
+        amplitude = float(rng.uniform(0.15, 0.3))
+        phase = float(rng.uniform(0.0, 2 * np.pi))
+        tone_n = length_cs * SAMPLE_RATE // 100
+        t = np.arange(tone_n) / SAMPLE_RATE
+        first = onset_cs * SAMPLE_RATE // 100
+        samples[first : first + tone_n] = (
+            amplitude * np.sin(2 * np.pi * frequency * t + phase) * fade(tone_n, ramp)
+        )
+        knocks: list[list[float]] = []
+        for _ in range(int(rng.integers(1, 3))):
+            for _ in range(100):
+                at = int(rng.integers(10, round((duration - 0.2) * 100) + 1)) / 100
+                if at + AUDIO_ZOOM_KNOCK > start - 0.5 and at < end + 0.5:
+                    continue
+                if any(abs(at - k) < 0.3 for k, _ in knocks):
+                    continue
+                decay = np.exp(-np.arange(knock_n) / (0.002 * SAMPLE_RATE))
+                burst = float(rng.uniform(0.1, 0.25)) * decay * rng.normal(0.0, 1.0, knock_n)
+                k0 = round(at * SAMPLE_RATE)
+                samples[k0 : k0 + knock_n] += burst
+                knocks.append([at, round(at + AUDIO_ZOOM_KNOCK, 3)])
+                break
+        asked = round(start + float(rng.uniform(-AUDIO_ZOOM_SAY, AUDIO_ZOOM_SAY)), 1)
+        audio_id = f"{split}-{i:04d}"
+        relative = f"audio/{audio_id}.flac"
+        save_flac(samples, folder / relative)
+        meta = {
+            "choices": choices,
+            "duration": duration,
+            "sample_rate": SAMPLE_RATE,
+            "base_seconds": AUDIO_ZOOM_BASE_SECONDS,
+            "target_span": [start, end],
+            "frequency_hz": frequency,
+            "asked_time": asked,
+            "knocks": sorted(knocks),
+        }
+        question = AUDIO_ZOOM_QUESTION.format(time=asked)
+        records.append(
+            user_record(f"{folder.name}-{audio_id}", "audio", relative, question, pitch, meta)
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
 GRID = 3
 """Side of a grid_walk grid (cells)."""
 GRID_MOVES = {"up": (0, -1), "down": (0, 1), "left": (-1, 0), "right": (1, 0)}
@@ -1203,6 +1345,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "zoom_video": Benchmark(112, "video_qa", write_zoom_video, {"train": 200, "test": 50}),
     "zoom_sites": Benchmark(113, "classification", write_zoom_sites, {"train": 400, "test": 112}),
     "grid_walk": Benchmark(114, "classification", write_grid_walk, {"train": 600, "test": 150}),
+    "audio_zoom": Benchmark(115, "classification", write_audio_zoom, {"train": 200, "test": 48}),
 }
 
 
@@ -1233,9 +1376,9 @@ def same_video(a: Path, b: Path, tolerance: float = 1.0) -> bool:
 
 
 def same_audio(a: Path, b: Path) -> bool:
-    """Same sample rate and length, samples within ±1 LSB."""
-    samples_a, rate_a = read_wav(a)
-    samples_b, rate_b = read_wav(b)
+    """Same sample rate and length, samples within ±1 LSB (WAV or FLAC)."""
+    samples_a, rate_a = read_pcm(a)
+    samples_b, rate_b = read_pcm(b)
     if rate_a != rate_b or samples_a.shape != samples_b.shape:
         return False
     return bool(np.abs(samples_a.astype(np.int32) - samples_b.astype(np.int32)).max() <= 1)
@@ -1243,7 +1386,7 @@ def same_audio(a: Path, b: Path) -> bool:
 
 def differences(expected: Path, actual: Path, partial: bool = False) -> list[str]:
     """Files that differ between two benchmark folders: PNG by decoded pixels, MP4 by decoded
-    frames, WAV by samples (see the module docstring), everything else by bytes. With
+    frames, WAV and FLAC by samples (see the module docstring), everything else by bytes. With
     ``partial``, only the files present in ``actual`` (a regenerated subset) are compared."""
     names = {p.relative_to(actual) for p in actual.rglob("*") if p.is_file()}
     if not partial:
@@ -1262,7 +1405,7 @@ def differences(expected: Path, actual: Path, partial: bool = False) -> list[str
         elif name.suffix == ".mp4":
             if a.read_bytes() != b.read_bytes() and not same_video(a, b):
                 out.append(f"{name}: frames differ")
-        elif name.suffix == ".wav":
+        elif name.suffix in (".wav", ".flac"):
             if a.read_bytes() != b.read_bytes() and not same_audio(a, b):
                 out.append(f"{name}: samples differ")
         elif a.read_bytes() != b.read_bytes():
