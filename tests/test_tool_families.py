@@ -91,9 +91,13 @@ def check_sampler_equals_trainer(policy, out, indices, label) -> None:
 
 @pytest.fixture(scope="module", params=IMAGE_FAMILIES)
 def run(request):
-    """(policy, loop, out, conversation, answer ids) of a crop → answer trajectory and an
-    answer-at-once trajectory of zoom_marks sample 0."""
+    """(model, policy, loop, out, conversation, (call ids, answer ids)) of a crop → answer
+    trajectory and an answer-at-once trajectory of zoom_marks sample 0."""
     policy = load(request.param)
+    yield from crop_run(request.param, policy)
+
+
+def crop_run(model, policy):
     loop = ToolLoop(policy.family, policy.processor, enabled_tools(["crop"]), LoopLimits())
     sample = zoom_sample(0)
     end = loop.template.end_of_turn
@@ -106,12 +110,16 @@ def run(request):
     conversation = loop.with_tools([dict(m) for m in sample.messages])
     sampling = Sampling(max_new_tokens=96, temperature=1.0)
     out = loop.run(engine, [conversation], [sample], 2, sampling)
-    yield request.param, policy, loop, out, conversation, (call, answer)
+    yield model, policy, loop, out, conversation, (call, answer)
     loop.close()
 
 
 def test_the_stream_is_the_templates_rendering(run):
-    model, policy, loop, out, conversation, (call, answer) = run
+    check_stream(*run)
+
+
+def check_stream(model, policy, loop, out, conversation, scripts):
+    call, answer = scripts
     first, second = out.trajectories
     assert [t.stop for t in out.trajectories] == ["answer", "answer"], model
     assert first.calls[0]["ok"], (model, first.calls)
@@ -375,3 +383,32 @@ def test_audio_clip_refuses_bad_intervals(arguments, reason):
     duration = sample.meta["duration"]
     assert past_end.ok and f"ends at {duration:.2f} s" in past_end.text
     assert past_end.audios[0].seconds == pytest.approx(duration - 0.5, abs=1e-3)
+
+
+# A chat template that writes tool descriptions itself, in a form of its own (not Qwen's).
+NATIVE_TOOLS = (
+    "{%- if tools %}{{- '<|im_start|>system\\nFUNCTIONS: ' + (tools | tojson) + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+)
+
+
+def test_a_template_that_writes_tools_gets_them_as_tools():
+    """A chat template with its own ``tools=`` branch: the tools reach it as ``tools`` (its
+    own form), not as Qwen's system text, and the whole rollout renders as that template's
+    conversation."""
+    from mmrft.models.tiny.qwen3 import QWEN3_VL_CHAT_TEMPLATE
+    from mmrft.rollout.tool_loop import renders_tools
+
+    policy = load("tiny-qwen3_vl")
+    assert not renders_tools(policy.processor)
+    policy.processor.chat_template = NATIVE_TOOLS + QWEN3_VL_CHAT_TEMPLATE
+    assert renders_tools(policy.processor)
+    runs = crop_run("tiny-qwen3_vl (tools=)", policy)
+    model, policy, loop, out, conversation, scripts = next(runs)
+    assert conversation[0] == {"role": "tools", "content": "", "tools": loop.schemas}
+    prompt = policy.tokenizer.decode(out.prompts[0]["input_ids"])
+    assert prompt.startswith("<|im_start|>system\nFUNCTIONS: [{") and "# Tools" not in prompt
+    assert out.trajectories[0].calls[0]["ok"]
+    check_stream(model, policy, loop, out, conversation, scripts)
+    check_sampler_equals_trainer(policy, out, [0, 1], model)
+    runs.close()

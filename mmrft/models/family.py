@@ -79,6 +79,13 @@ def one_box_instruction(frame: str) -> str:
     return f'Output the box as JSON {{"bbox_2d": [x1, y1, x2, y2]}} {FRAME_PHRASES[frame]}.'
 
 
+TOOLS_ROLE = "tools"
+"""The role of a conversation's first message ``{"role": "tools", "content": "", "tools":
+[schemas]}`` that
+carries tool descriptions for a chat template that writes them itself (``tools=``):
+:meth:`ModelFamily.render` hands them to the template and renders the rest."""
+
+
 @dataclass(frozen=True)
 class MediaBudget:
     """Per-image pixel budget handed to the processor.
@@ -188,18 +195,23 @@ class ModelFamily:
         self, processor: Any, conversations: list[Conversation], add_generation_prompt: bool
     ) -> list[str]:
         """The prompt texts of ``conversations`` from the processor's chat template, with the
-        family's :attr:`chat_template_kwargs`."""
+        family's :attr:`chat_template_kwargs`; a conversation that opens with a
+        :data:`TOOLS_ROLE` message is rendered with its ``tools`` as the template's ``tools=``
+        (the message itself is not rendered)."""
         if not conversations:
             raise ValueError("prepare() needs at least one conversation")
-        return [
-            processor.apply_chat_template(
-                conv,
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt,
-                **self.chat_template_kwargs,
+        texts = []
+        for conv in conversations:
+            kwargs = dict(self.chat_template_kwargs)
+            if conv and conv[0].get("role") == TOOLS_ROLE:
+                kwargs["tools"] = conv[0]["tools"]
+                conv = conv[1:]
+            texts.append(
+                processor.apply_chat_template(
+                    conv, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+                )
             )
-            for conv in conversations
-        ]
+        return texts
 
     def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
         """One prepared row (:meth:`split_rows`) of ``text``, a chat-template fragment holding

@@ -49,7 +49,7 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     through the family's chat template, text tokens). A prompt of at most ``limit − 1``
     UTF-8 bytes is not tokenised: every token covers at least one byte of the text (at most
     one more, a SentencePiece word-start marker), so its byte count bounds its tokens."""
-    from mmrft.rollout.tool_loop import tool_descriptions, with_tool_descriptions
+    from mmrft.rollout.tool_loop import renders_tools, tool_descriptions, with_tool_descriptions
 
     limit = cfg.data.max_prompt_tokens
     if limit is None:
@@ -58,6 +58,7 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
     tokenizer = getattr(processor, "tokenizer", processor)
     # what ToolLoop.with_tools prepends
     schemas = tool_descriptions(configured_tools(cfg), cfg.rollout.tools.describe)
+    native = renders_tools(processor)
 
     rendered: dict[str, str] = {}  # the template's text by conversation, media files left out
 
@@ -65,7 +66,7 @@ def data_budget(cfg: RunConfig, task: Task, family: ModelFamily, processor: Any)
         annotated = sample.copy()
         family.annotate(annotated)
         conversation = task.prompt(annotated, family)
-        conversation = with_tool_descriptions(conversation, annotated, schemas)
+        conversation = with_tool_descriptions(conversation, annotated, schemas, native)
         # a chat template writes a placeholder per media part, whatever file it names: samples
         # that differ only in their files share one rendering (a dataset of one question over
         # many images is rendered once, not once per line)

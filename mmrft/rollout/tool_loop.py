@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from mmrft.data import Sample
+from mmrft.models.family import TOOLS_ROLE
 from mmrft.policy.trajectory import Trajectory, _short, joined_row
 from mmrft.rollout.tool import (
     WORKER_MEMORY_MB,
@@ -111,6 +113,12 @@ def template_source(processor: Any) -> str:
         if isinstance(template, dict):  # named templates
             return "\n".join(str(t) for t in template.values())
     return ""
+
+
+def renders_tools(processor: Any) -> bool:
+    """Whether the processor's chat template writes tool descriptions itself (it reads a
+    ``tools`` variable, as ``apply_chat_template(..., tools=...)`` passes it)."""
+    return re.search(r"{[{%][^}]*\btools\b", template_source(processor)) is not None
 
 
 def tools_system_text(schemas: list[dict[str, Any]]) -> str:
@@ -324,6 +332,7 @@ class ToolLoop:
         self.family, self.processor, self.tools, self.limits = family, processor, tools, limits
         self.pool = None if environment is not None else tool_pool(tools, worker_memory_mb)
         self.schemas = tool_descriptions(tools, describe)
+        self.native_tools = renders_tools(processor)  # the template's tools= (else Qwen's text)
         self.template = ObservationTemplate(family, processor)
         self.tokenizer = getattr(processor, "tokenizer", processor)
         close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
@@ -357,7 +366,7 @@ class ToolLoop:
         """``conversation`` with the tools described in a system message (prepended to the
         system message it has): Qwen's function-calling form from the tools' schemas. Unchanged
         when ``describe`` is off or the sample switches tools off (``meta.tools: false``)."""
-        return with_tool_descriptions(conversation, sample, self.schemas)
+        return with_tool_descriptions(conversation, sample, self.schemas, self.native_tools)
 
     # -- one rollout ---------------------------------------------------------------------------
     def run(
@@ -828,10 +837,16 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
 
 
 def describe_tools(
-    conversation: list[dict[str, Any]], schemas: list[dict[str, Any]]
+    conversation: list[dict[str, Any]], schemas: list[dict[str, Any]], native: bool = False
 ) -> list[dict[str, Any]]:
-    """``conversation`` with the tools of ``schemas`` described in a system message
-    (:func:`tools_system_text`, appended to the system message it has, else a new one)."""
+    """``conversation`` with the tools of ``schemas`` described: with ``native`` (a template
+    that writes them, :func:`renders_tools`) by a leading
+    :data:`~mmrft.models.family.TOOLS_ROLE` message, so the template's own ``tools=`` branch
+    renders them; else in a system message (:func:`tools_system_text`, appended to the system
+    message it has, else a new one)."""
+    if native:
+        # "content": libraries that read every message's content (qwen-vl-utils) find one
+        return [{"role": TOOLS_ROLE, "content": "", "tools": schemas}, *conversation]
     text = tools_system_text(schemas)
     if conversation and conversation[0].get("role") == "system":
         first = conversation[0]
@@ -852,13 +867,16 @@ def tool_descriptions(tools: dict[str, ToolSpec], describe: bool) -> list[dict[s
 
 
 def with_tool_descriptions(
-    conversation: list[dict[str, Any]], sample: Sample | None, schemas: list[dict[str, Any]]
+    conversation: list[dict[str, Any]],
+    sample: Sample | None,
+    schemas: list[dict[str, Any]],
+    native: bool = False,
 ) -> list[dict[str, Any]]:
     """``conversation`` with ``schemas`` described (:func:`describe_tools`); unchanged when there
     are none or ``sample`` switches tools off (:func:`offers_tools`)."""
     if not schemas or not offers_tools(sample):
         return conversation
-    return describe_tools(conversation, schemas)
+    return describe_tools(conversation, schemas, native)
 
 
 def offers_tools(sample: Sample | None) -> bool:
