@@ -1,5 +1,6 @@
-"""Training runs with tool rollouts on CPU (tiny Qwen2.5-VL): the image and the video variant,
-LoRA, both training paths, evaluation through the loop, exact resume.
+"""Training runs with tool rollouts on CPU (tiny Qwen2.5-VL, tiny Qwen2-Audio): the image, the
+video and the audio variant, LoRA, both training paths, evaluation through the loop, exact
+resume.
 
 The tiny model's first turn is forced to a valid call (the engine's token choice, as the
 scripted tests in test_tool_rollout.py; its log-probs stay the model's), so every trajectory
@@ -26,7 +27,10 @@ CALLS = {
     "</tool_call>",
     "tools/zoom_video": '<tool_call>{"name": "video_frames", "arguments": {"start_s": 1.0, '
     '"end_s": 2.0, "n": 4}}</tool_call>',
+    "tools/audio_zoom": '<tool_call>{"name": "audio_clip", "arguments": {"start_s": 4.0, '
+    '"end_s": 5.5}}</tool_call>',
 }
+MODELS = {"tools/audio_zoom": "tiny-qwen2_audio"}  # the others: tiny-qwen2_5_vl
 
 
 @pytest.fixture
@@ -83,10 +87,12 @@ def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def tokenizer():
+def tokenizer(recipe: str = "tools/zoom_marks"):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(REPO / "assets/models/tiny-qwen2_5_vl")
+    return AutoTokenizer.from_pretrained(
+        REPO / "assets/models" / MODELS.get(recipe, "tiny-qwen2_5_vl")
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,10 +100,11 @@ def tokenizer():
     [
         ("tools/zoom_marks", ["model.lora.enabled=true"]),
         ("tools/zoom_video", ["model.video.min_frames=2", "model.video.max_frames=4"]),
+        ("tools/audio_zoom", []),
     ],
 )
 def test_two_steps_and_an_evaluation_with_tools(tmp_path, forced_first_turn, recipe, extra):
-    forced_first_turn(recipe, tokenizer())
+    forced_first_turn(recipe, tokenizer(recipe))
     summary = train(config(tmp_path, "run", recipe, *extra))
     run_dir = Path(summary["run_dir"])
     steps = [m for m in metrics(run_dir) if "train/reward" in m]
@@ -108,7 +115,7 @@ def test_two_steps_and_an_evaluation_with_tools(tmp_path, forced_first_turn, rec
         assert m["rollout/tools/call_success"] > 0
     rows = [json.loads(x) for x in (run_dir / "completions.jsonl").read_text().splitlines()]
     trajectory = rows[0]["trajectory"]
-    added = trajectory["images_added"] + trajectory["videos_added"]
+    added = trajectory["images_added"] + trajectory["videos_added"] + trajectory["audios_added"]
     assert added == 1 and trajectory["turns"][0]["calls"][0]["ok"]
     assert trajectory["observation_tokens"] > 0
     predictions = (run_dir / "eval" / "after" / "predictions.jsonl").read_text().splitlines()

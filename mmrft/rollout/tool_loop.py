@@ -800,7 +800,8 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
       integers); ``meta.zoom_box`` instead, when the sample names the region to crop itself
       (pixels of the original image, taken as it is);
     * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
-      on each side (within ``meta.duration``), 8 frames.
+      on each side (within ``meta.duration``), 8 frames; with ``audio_clip`` enabled, that
+      interval of the audio.
     """
     from mmrft.rewards.boxes import from_pixels
 
@@ -833,6 +834,16 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
             "n": 8,
         }
         return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
+    if "audio_clip" in tools and meta.get("target_span"):
+        start, end = (float(v) for v in meta["target_span"])
+        duration = float(meta.get("duration") or end + 0.25)
+        arguments = {
+            "start_s": round(max(0.0, start - 0.25), 2),
+            "end_s": round(min(duration, end + 0.25), 2),
+        }
+        return (
+            f'<tool_call>{{"name": "audio_clip", "arguments": {json.dumps(arguments)}}}</tool_call>'
+        )
     return None
 
 
