@@ -412,3 +412,34 @@ def test_a_template_that_writes_tools_gets_them_as_tools():
     check_stream(model, policy, loop, out, conversation, scripts)
     check_sampler_equals_trainer(policy, out, [0, 1], model)
     runs.close()
+
+
+def test_qwen2_5_vl_text_after_a_sparse_video_starts_past_its_last_frame_step():
+    """The reference mRoPE (Qwen's code, vLLM): a video of 2 frame steps 4.5 s apart (4
+    frames of a 9-s clip) at 2 tokens per second has temporal positions 0 and 9 past its start,
+    and the text after it starts at the largest position + 1 (transformers 5.x starts it at
+    start + max(h, w), inside the video's positions). Images and dense videos are unchanged."""
+    policy = load("tiny-qwen2_5_vl")
+    owner = __import__("mmrft.models.qwen_vl", fromlist=["rope_module"]).rope_module(policy.model)
+    video_pad = policy.tokenizer.convert_tokens_to_ids("<|video_pad|>")
+    grid = torch.tensor([[2, 8, 8]])  # 2 steps of 8 × 8 patches: 2 × 4 × 4 = 32 tokens
+    ids = torch.tensor([[7] * 5 + [video_pad] * 32 + [7] * 3])
+    types = (ids == video_pad).int() * 2
+    positions, delta = owner.get_rope_index(
+        ids, types, video_grid_thw=grid, second_per_grid_ts=torch.tensor([4.5])
+    )
+    t, h, w = positions[:, 0]
+    assert t[:5].tolist() == [0, 1, 2, 3, 4]
+    assert sorted(set(t[5:37].tolist())) == [5, 14]  # 5 + ⌊k · 4.5 · 2⌋, k = 0, 1
+    assert sorted(set(h[5:37].tolist())) == [5, 6, 7, 8]
+    assert t[37:].tolist() == h[37:].tolist() == w[37:].tolist() == [15, 16, 17]
+    assert int(delta) == 18 - 40
+    # dense (Δ ≤ the grid's sides): the same as transformers' own
+    for seconds in (0.5, 1.0):
+        mine, _ = owner.get_rope_index(
+            ids, types, video_grid_thw=grid, second_per_grid_ts=torch.tensor([seconds])
+        )
+        theirs, _ = type(owner).get_rope_index(
+            owner, ids, types, video_grid_thw=grid, second_per_grid_ts=torch.tensor([seconds])
+        )
+        assert torch.equal(mine, theirs), seconds

@@ -54,6 +54,14 @@ FRAME_PHRASES: dict[str, str] = {
 task's list of boxes)."""
 
 
+def unexpanded_ids(processor: Any, text: str) -> list[int]:
+    """``text`` (chat-template text, one placeholder per medium) tokenised without expanding
+    its placeholders: what a rollout engine is sent, whose own processor expands them
+    (:func:`mmrft.rollout.vllm.engine_prompt_ids`)."""
+    tokenizer = getattr(processor, "tokenizer", processor)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
 def cat_padded(tensors: list[Any]) -> Any:
     """``torch.cat`` along dim 0 of media tensors whose other dims may differ, each right-padded
     with zeros to the largest: audio features padded to different frame counts by different
@@ -220,7 +228,9 @@ class ModelFamily:
         (:meth:`process`): a tool's observation, tokenised alone and appended to a trajectory
         (:mod:`mmrft.rollout.tool_loop`)."""
         batch = self.process(processor, [text], [[{"role": "user", "content": parts}]])
-        return self.split_rows(batch, processor)[0]
+        row = self.split_rows(batch, processor)[0]
+        row["engine_ids"] = unexpanded_ids(processor, text)
+        return row
 
     def input_size(self, width: int, height: int) -> tuple[int, int]:
         """(w, h) in pixels of the image as the model sees it after resizing."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from mmrft.data.video import TEMPORAL_PATCH
 from mmrft.models.family import BoxFrame, model_family
 from mmrft.models.qwen_vl import Qwen2VL, QwenVLFamily
 
@@ -74,6 +75,21 @@ class GLM4V(QwenVLFamily):
         types[image & in_video] = 2
         types[image & ~in_video] = 1
         return types
+
+    def engine_processor_kwargs(self) -> dict[str, Any]:
+        """The Qwen-VL bounds (:meth:`QwenVLFamily.engine_processor_kwargs`) in
+        ``Glm4vImageProcessor``'s terms: ``size`` ``{"shortest_edge", "longest_edge"}``
+        (it takes no ``min_pixels`` / ``max_pixels``), each times the temporal patch (2),
+        since its ``smart_resize`` bounds ``t·h·w`` and an image is 2 frames: with the
+        budget itself a 112 × 112 image came back 56 × 56 (4 image tokens, the trainer's
+        16)."""
+        bounds = super().engine_processor_kwargs()
+        return {
+            "size": {
+                "shortest_edge": TEMPORAL_PATCH * bounds["min_pixels"],
+                "longest_edge": TEMPORAL_PATCH * bounds["max_pixels"],
+            }
+        }
 
     def suppress_token_ids(self, processor: Any) -> list[int]:
         """Ids of the image/video placeholder and boundary tokens."""

@@ -64,6 +64,7 @@ from mmrft.models.family import (
     mask_positions,
     model_family,
     submodule,
+    unexpanded_ids,
 )
 from mmrft.models.qwen_vl import Qwen25VL, QwenVLFamily
 
@@ -299,6 +300,18 @@ class QwenAudioFamily(ModelFamily):
         """Audio placeholder tokens of clips of ``frames`` mel frames (:func:`audio_token_count`)."""
         return audio_token_count(frames)
 
+    def observation_row(self, processor: Any, text: str, parts: list[dict[str, Any]]) -> dict:
+        """:meth:`ModelFamily.observation_row`, with the clips as a rollout engine takes them
+        (``engine_media``: ``(waveform, rate)``, as :meth:`Qwen2Audio.engine_inputs` sends a
+        prompt's), so an engine continues a trajectory with the audio the trainer reads."""
+        row = ModelFamily.observation_row(self, processor, text, parts)
+        conversation = [{"role": "user", "content": parts}]
+        clips = self._audios(conversation, processor)
+        if clips:
+            rate = int(processor.feature_extractor.sampling_rate)
+            row["engine_media"] = {"audio": [(clip, rate) for clip in clips]}
+        return row
+
     def check_media(self, sample: Sample) -> None:
         """:func:`check_media` with this family's budget: under the ``"error"`` policy a clip
         longer than the bound in effect (``max_seconds``, capped by the window of the processor
@@ -393,8 +406,12 @@ class Qwen2Audio(QwenAudioFamily):
         rows = self.split_rows(self.prepare(processor, conversations), processor)
         rate = int(processor.feature_extractor.sampling_rate)
         requests = []
-        for text, conversation in zip(self.render(processor, conversations, True), conversations):
+        texts = self.render(processor, conversations, True)
+        for row, text, conversation in zip(rows, texts, conversations):
             clips = [(clip, rate) for clip in self._audios(conversation, processor)]
+            if clips:
+                row["engine_media"] = {"audio": clips}  # a tool rollout's later turns send them
+            row["engine_ids"] = unexpanded_ids(processor, text)
             requests.append(
                 {"prompt": text, "multi_modal_data": {"audio": clips}}
                 if clips

@@ -38,7 +38,9 @@ same positions.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import types
 from collections import OrderedDict
 from collections.abc import Hashable
 from pathlib import Path
@@ -54,6 +56,7 @@ from mmrft.models.family import (
     model_family,
     one_box_instruction,
     submodule,
+    unexpanded_ids,
 )
 
 log = logging.getLogger(__name__)
@@ -236,6 +239,9 @@ class QwenVLFamily(ModelFamily):
     patch_size: ClassVar[int] = 14
     merge_size: ClassVar[int] = 2
     video_metadata: ClassVar[bool] = False
+    # the reference mRoPE positions in place of transformers 5's (reference_rope_index): the
+    # families whose videos are one run of frames (Qwen3-VL's are one run per timestamped step)
+    reference_positions: ClassVar[bool] = False
     image_cache: ClassVar[ImageCache] = IMAGE_CACHE
 
     def __init__(self, media: MediaBudget | None = None, video: VideoBudget | None = None) -> None:
@@ -255,6 +261,9 @@ class QwenVLFamily(ModelFamily):
         install the ``mm_token_type_ids`` hook (see the module docstring)."""
         model = self.load_checkpoint(path, dtype, attn_implementation)
         install_mm_token_type_hook(model, self.token_types)
+        if self.reference_positions:
+            owner = rope_module(model)
+            owner.get_rope_index = types.MethodType(reference_rope_index, owner)
         return model
 
     def load_processor(self, path: str) -> Any:
@@ -441,6 +450,7 @@ class QwenVLFamily(ModelFamily):
         row = self.split_rows(batch, processor)[0]
         metadata = kwargs.get("video_metadata") or [None] * len(videos or [])
         row["engine_media"] = self.engine_media(images or [], videos or [], metadata)
+        row["engine_ids"] = unexpanded_ids(processor, text)
         return row
 
     def _process(
@@ -466,13 +476,19 @@ class QwenVLFamily(ModelFamily):
 
     def engine_processor_kwargs(self) -> dict[str, Any]:
         """The image bounds of a rollout engine's own copy of the processor. The media arrive
-        resized, so the bounds only have to keep their size: ``max_pixels`` the budget's,
-        ``min_pixels`` one patch group (factor²), not the budget's, because ``smart_resize``
-        floors the sides when it scales an image down and can leave it below ``min_pixels``
-        (a 1370 × 1289 image at min = max = 12544 becomes 112 × 84 = 9408 px), which an
-        engine with the budget's lower bound would scale up again (112 × 140: 8 more tokens
-        than the trainer's)."""
-        return {"min_pixels": self.factor**2, "max_pixels": self.media.max_pixels}
+        resized, so the bounds only have to keep their size. ``min_pixels``: one patch group
+        (factor²), not the budget's, because ``smart_resize`` floors the sides when it scales
+        an image down and can leave it below ``min_pixels`` (a 1370 × 1289 image at min = max
+        = 12544 becomes 112 × 84 = 9408 px), which an engine with the budget's lower bound
+        would scale up again (112 × 140: 8 more tokens than the trainer's). ``max_pixels``:
+        the budget's, or more when the resize can pass it: it *ceils* the sides when it scales
+        a small image up to ``min_pixels``, up to ``min + f·√min·(√R + 1/√R) + f²`` px (f the
+        factor, R = 200 the largest aspect ratio qwen-vl-utils takes); a tool's crop at min =
+        max = 12544 came out 140 × 112 = 15680 px, which an engine bounded by the budget
+        shrank to 112 × 84 (8 tokens fewer than the trainer's)."""
+        low, f, ratio = self.media.min_pixels, self.factor, 200.0
+        upscaled = low + f * math.sqrt(low) * (math.sqrt(ratio) + 1 / math.sqrt(ratio)) + f * f
+        return {"min_pixels": f**2, "max_pixels": max(self.media.max_pixels, math.ceil(upscaled))}
 
     def engine_inputs(
         self, processor: Any, conversations: list[Conversation]
@@ -496,6 +512,7 @@ class QwenVLFamily(ModelFamily):
             )
             image_at, video_at = image_at + n_images, video_at + n_videos
             row["engine_media"] = data  # a tool rollout's later turns send them again
+            row["engine_ids"] = unexpanded_ids(processor, text)
             requests.append(
                 {"prompt": text, "multi_modal_data": data} if data else {"prompt": text}
             )
@@ -664,6 +681,77 @@ def rope_module(model: Any) -> Any:
     raise AttributeError(f"{type(model).__name__} has no module with get_rope_index")
 
 
+def reference_rope_index(
+    module: Any,
+    input_ids: Any,
+    mm_token_type_ids: Any,
+    image_grid_thw: Any = None,
+    video_grid_thw: Any = None,
+    second_per_grid_ts: Any = None,
+    attention_mask: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """Qwen2-VL's and Qwen2.5-VL's mRoPE positions as their reference code computes them
+    (Qwen's, transformers 4.x, vLLM), in place of transformers 5.x's ``get_rope_index``
+    (installed on the model by :meth:`QwenVLFamily.load_model`; same signature and returns:
+    ``[3, B, L]`` positions, 1 on padding, and ``[B, 1]`` deltas).
+
+    Text advances all three axes; a media run of grid (t, h, w) merged by ``m`` gets
+    ``(⌊k·Δ⌋, i, j) + start`` for frame step ``k``, row ``i``, column ``j`` (Δ = 1 for
+    images and Qwen2-VL, ``second_per_grid_ts · tokens_per_second`` for Qwen2.5-VL videos),
+    and whatever follows starts at the largest position so far + 1. transformers 5.x starts it
+    at ``start + max(h, w)`` instead, ignoring the video's temporal extent, so after a video
+    whose ``(t − 1)·Δ`` passes its height and width (sampled sparsely: 4 frames of a 9-s clip,
+    Δ = 9) the next text sat *inside* the video's positions, and vLLM (reference) and the
+    trainer disagreed by 0.15 in log-prob on the same tokens."""
+    import torch
+
+    config = module.config
+    merge = int(config.vision_config.spatial_merge_size)
+    per_second = getattr(config.vision_config, "tokens_per_second", None)
+    images = iter([] if image_grid_thw is None else image_grid_thw.tolist())
+    videos = iter([] if video_grid_thw is None else video_grid_thw.tolist())
+    seconds = iter([] if second_per_grid_ts is None else second_per_grid_ts.tolist())
+    B, L = input_ids.shape
+    positions = torch.ones(3, B, L, dtype=torch.long, device=input_ids.device)
+    deltas = []
+    for b in range(B):
+        keep = (
+            attention_mask[b].bool()
+            if attention_mask is not None
+            else torch.ones(L, dtype=torch.bool, device=input_ids.device)
+        )
+        kinds = mm_token_type_ids[b][keep].tolist()
+        pieces, start, i = [], 0, 0
+        while i < len(kinds):
+            if kinds[i] == 0:
+                j = i
+                while j < len(kinds) and kinds[j] == 0:
+                    j += 1
+                pieces.append(torch.arange(j - i).expand(3, -1) + start)
+                start, i = start + j - i, j
+                continue
+            t, h, w = next(images if kinds[i] == 1 else videos)
+            h, w = h // merge, w // merge
+            step = 1.0
+            if kinds[i] == 2 and per_second is not None:
+                step = float(next(seconds, 1.0)) * float(per_second)
+            frames = (torch.arange(t) * step).long()
+            grid = torch.stack(
+                [
+                    frames.view(-1, 1, 1).expand(t, h, w),
+                    torch.arange(h).view(1, -1, 1).expand(t, h, w),
+                    torch.arange(w).view(1, 1, -1).expand(t, h, w),
+                ]
+            ).reshape(3, -1)
+            pieces.append(grid + start)
+            start, i = int(pieces[-1].max()) + 1, i + t * h * w
+        row = torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.long)
+        positions[:, b, keep] = row.to(positions.device)
+        deltas.append(int(row.max()) + 1 - len(kinds) if len(kinds) else 0)
+    return positions, torch.tensor(deltas, device=input_ids.device).unsqueeze(1)
+
+
 def install_mm_token_type_hook(model: Any, token_types: Any) -> None:
     """Make the inner multimodal model derive ``mm_token_type_ids`` from ``input_ids`` with
     ``token_types(input_ids, config)`` when a caller passes media grids without it
@@ -740,6 +828,7 @@ class Qwen2VL(QwenVLFamily):
     model_types = ("qwen2_vl",)
     box_frame: ClassVar[BoxFrame] = "norm1000"
     box_instruction = one_box_instruction("norm1000")
+    reference_positions: ClassVar[bool] = True
 
 
 class RelativeBoxFamily(ModelFamily):
@@ -766,6 +855,7 @@ class Qwen25VL(QwenVLFamily):
     model_types = ("qwen2_5_vl",)
     box_frame: ClassVar[BoxFrame] = "input_pixels"
     box_instruction = one_box_instruction("input_pixels")
+    reference_positions: ClassVar[bool] = True
 
 
 @model_family("qwen3_vl")

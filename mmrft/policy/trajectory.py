@@ -77,6 +77,9 @@ class Trajectory:
         engine_media: the observations' media as a rollout engine with its own processor
             takes them (``multi_modal_data`` per observation: resized images, sampled frames),
             for engines that continue a trajectory from its media (vLLM).
+        engine_ids: ``ids`` as such an engine is sent them: the model's tokens, and each
+            observation as the chat template's text tokenised (one placeholder per medium,
+            which the engine's processor expands again to the observation's own ids).
         environment: with an environment (:mod:`mmrft.rollout.environment`): its ``name``,
             ``calls`` run, and the episode's ``done``, ``reward`` (in [0, 1] or None), ``state``
             (JSON), ``lost`` when the instance is gone; ``None`` otherwise.
@@ -93,6 +96,7 @@ class Trajectory:
     logprobs: list[float] | None = field(default_factory=list)
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     engine_media: list[dict[str, list[Any]]] = field(default_factory=list)
+    engine_ids: list[int] = field(default_factory=list)
     environment: dict[str, Any] | None = None
     turns: list[Turn] = field(default_factory=list)
     stop: str = ""
@@ -107,6 +111,7 @@ class Trajectory:
     ) -> Turn:
         """Append the model's tokens of one turn (loss mask 1)."""
         self.ids += ids
+        self.engine_ids += ids
         self.loss_mask += [1] * len(ids)
         self.token_types += [0] * len(ids)
         if self.logprobs is not None and logprobs is not None:
@@ -122,13 +127,14 @@ class Trajectory:
         (``row[token_key]``; 0 when the family has none) and its media tensors."""
         ids = row["input_ids"].tolist()
         self.ids += ids
+        self.engine_ids += [int(t) for t in row.get("engine_ids", ids)]
         self.loss_mask += [0] * len(ids)
         types = row.get(token_key) if token_key else None
         self.token_types += types.tolist() if types is not None else [0] * len(ids)
         if self.logprobs is not None:
             self.logprobs += [0.0] * len(ids)
         for key, value in row.items():
-            if key != "input_ids" and key != token_key and isinstance(value, torch.Tensor):
+            if key not in ("input_ids", token_key) and isinstance(value, torch.Tensor):
                 self.media.setdefault(key, []).append(value)
         if row.get("engine_media"):
             self.engine_media.append(row["engine_media"])
@@ -205,6 +211,8 @@ def joined_row(
         if key in prompt:
             extra = torch.tensor(trajectory.token_types, dtype=prompt[key].dtype)
             row[key] = torch.cat([prompt[key], extra])
+    if "engine_ids" in prompt:
+        row["engine_ids"] = [*prompt["engine_ids"], *trajectory.engine_ids]
     if "engine_media" in prompt or trajectory.engine_media:
         merged: dict[str, list[Any]] = {}
         for data in [prompt.get("engine_media") or {}, *trajectory.engine_media]:

@@ -99,7 +99,8 @@ from mmrft.rollout.vllm import (
     EngineParityError,
     check_prompt_parity,
     check_trajectory_parity,
-    collapse_runs,
+    collapsed_tokens,
+    engine_prompt_ids,
     sampling_fields,
 )
 from mmrft.runtime import distributed
@@ -272,16 +273,6 @@ def _wav(clip: Any, rate: int) -> str:
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, int(rate), format="WAV", subtype=subtype)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def collapsed_tokens(policy: Policy) -> set[int]:
-    """The media placeholder ids whose runs a request carries as one placeholder (vLLM's
-    processor expands each again from the media): the family's media tokens and the ids it
-    never samples."""
-    tokenizer = policy.tokenizer
-    media = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
-    placeholders = set(policy.family.suppress_token_ids(policy.processor))
-    return (media - {None, tokenizer.unk_token_id}) | placeholders
 
 
 def content_parts(media: dict[str, list[Any]]) -> list[dict[str, str]]:
@@ -756,9 +747,11 @@ class ServedEngine:
         return parsed
 
     # -- generation ------------------------------------------------------------------------
-    def _body(self, ids: list[int], media: dict[str, list[Any]], fields: dict[str, Any]) -> dict:
+    def _body(
+        self, row: dict[str, Any], media: dict[str, list[Any]], fields: dict[str, Any]
+    ) -> dict:
         body: dict[str, Any] = {
-            "token_ids": collapse_runs(ids, self.collapse),
+            "token_ids": engine_prompt_ids(row, self.collapse),
             "sampling_params": fields,
             "return_token_ids": True,
             "output_mode": "tokens",
@@ -789,7 +782,7 @@ class ServedEngine:
         seeds = self._seeds(len(conversations), sampling)
         bodies = [
             self._body(
-                row["input_ids"].tolist(),
+                row,
                 request.get("multi_modal_data") or {},
                 self._fields(sampling, n, seed),
             )
@@ -818,7 +811,7 @@ class ServedEngine:
         seeds = self._seeds(len(rows), sampling)
         bodies = [
             self._body(
-                row["input_ids"].tolist(),
+                row,
                 row.get("engine_media") or {},
                 self._fields(sampling, 1, seed),
             )
@@ -841,7 +834,7 @@ class ServedEngine:
         rows, requests = policy.family.engine_inputs(policy.processor, conversations)
         fields = self._fields(Sampling(1, greedy=True), 1, None)
         bodies = [
-            self._body(row["input_ids"].tolist(), request.get("multi_modal_data") or {}, fields)
+            self._body(row, request.get("multi_modal_data") or {}, fields)
             for row, request in zip(rows, requests)
         ]
         replies = self._generate_all(bodies, 1, "the start-up parity check")

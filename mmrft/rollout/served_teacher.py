@@ -58,7 +58,7 @@ from mmrft.rollout.served import (
     post_all,
     request_json,
 )
-from mmrft.rollout.vllm import EngineParityError, collapse_runs, first_difference
+from mmrft.rollout.vllm import EngineParityError, engine_prompt_ids, first_difference
 from mmrft.typecheck import ConfigError
 
 log = logging.getLogger(__name__)
@@ -220,7 +220,7 @@ class ServedTeacher:
     def _request(self, row: dict[str, Any]) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model,
-            "token_ids": collapse_runs(row["input_ids"].tolist(), self.collapse),
+            "token_ids": engine_prompt_ids(row, self.collapse),
             "sampling_params": {
                 "max_tokens": 1,
                 "prompt_logprobs": 0,
@@ -249,6 +249,8 @@ class ServedTeacher:
         row = dict(prompt)
         extra = torch.tensor(rollouts.completion_ids[i], dtype=prompt["input_ids"].dtype)
         row["input_ids"] = torch.cat([prompt["input_ids"], extra])
+        if "engine_ids" in prompt:
+            row["engine_ids"] = [*prompt["engine_ids"], *rollouts.completion_ids[i]]
         return row
 
     def _has_media(self, row: dict[str, Any]) -> bool:

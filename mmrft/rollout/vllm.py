@@ -162,19 +162,20 @@ class VLLMEngine:
 
     def continue_rows(self, rows: list[dict[str, Any]], sampling: Sampling) -> Rollouts:
         """One completion per prepared row (a prompt and a tool trajectory so far,
-        :func:`mmrft.rollout.tool_loop.joined_row`), from the row's exact token ids: each run of
-        media placeholders is sent as one placeholder with the row's ``engine_media`` (the
-        media as the family loaded them), vLLM's processor expands them again, and the
+        :func:`mmrft.rollout.tool_loop.joined_row`), from the row's exact token ids: each
+        medium's placeholders are sent as one (:func:`engine_prompt_ids`) with the row's
+        ``engine_media`` (the media as the family loaded them), vLLM's processor expands them
+        again, and the
         expanded prompt must be the row, token for token (else :class:`EngineParityError`:
         the engine would continue another sequence than the trainer trains on)."""
         policy = self.policy
         start = time.perf_counter()
         self._wake()
         tokenizer = policy.tokenizer
-        pads = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
+        pads = collapsed_tokens(policy)
         requests = []
         for row in rows:
-            ids = collapse_runs(row["input_ids"].tolist(), pads)
+            ids = engine_prompt_ids(row, pads)
             data = row.get("engine_media") or {}
             request: dict[str, Any] = {"prompt_token_ids": ids}
             if data:
@@ -352,6 +353,27 @@ def check_trajectory_parity(engine: str, mine: list[int], theirs: Any) -> None:
         f"token {first_difference(mine, theirs)} ({len(theirs)} tokens against {len(mine)}): "
         "the engine expanded the media of the observations differently"
     )
+
+
+def collapsed_tokens(policy: Policy) -> set[int]:
+    """The media placeholder ids whose runs a request carries as one placeholder (vLLM's
+    processor expands each again from the media): the family's media tokens and the ids it
+    never samples."""
+    tokenizer = policy.tokenizer
+    media = {tokenizer.convert_tokens_to_ids(t) for t in policy.family.media_tokens.values()}
+    placeholders = set(policy.family.suppress_token_ids(policy.processor))
+    return (media - {None, tokenizer.unk_token_id}) | placeholders
+
+
+def engine_prompt_ids(row: dict[str, Any], collapse: set[int]) -> list[int]:
+    """The ids an engine is sent for a prepared row: its ``engine_ids`` (the chat template's
+    text tokenised, one placeholder per medium, which the engine's processor expands again:
+    every family's own layout, Qwen3-VL's timestamped video steps included) when the row has
+    them, else its ids with each placeholder run collapsed (:func:`collapse_runs`)."""
+    engine_ids = row.get("engine_ids")
+    if engine_ids is not None:
+        return [int(t) for t in engine_ids]
+    return collapse_runs(row["input_ids"].tolist(), collapse)
 
 
 def collapse_runs(ids: list[int], tokens: set[int]) -> list[int]:
