@@ -18,7 +18,7 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing mmrft and its dependencies (torch, transformers, ...) into $(VENV): a few minutes the first time"
-	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e ".[dev,track,audio,video,render,deepspeed,eval]"
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-compile -e ".[dev,track,audio,video,render,deepspeed,eval,openenv]"
 	@# pip byte-compiles the 6 GB it installed on one core (~45 s); compileall on every core does the
 	@# same in ~25 s. Like pip, it leaves a file that does not compile to be read from source.
 	@$(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") >/dev/null || true

@@ -63,7 +63,7 @@ import re
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from mmrft.plugins import ENVIRONMENTS, first_paragraph
 from mmrft.rollout.tool import (
@@ -82,7 +82,7 @@ from mmrft.rollout.tool import (
 
 log = logging.getLogger(__name__)
 
-RESERVED = ("reset", "finish", "status")
+RESERVED = ("reset", "finish", "status", "close", "tool_schema")
 """Method names an environment's tools cannot take."""
 
 
@@ -94,7 +94,24 @@ class Environment:
         done: whether the episode has ended (:meth:`finish`).
         reward: the episode's reward in [0, 1] once finished, else ``None``.
         state: JSON facts the verifiers may read (``Trajectory.environment["state"]``).
+
+    Class attributes:
+        schema_methods: tool methods whose arguments' JSON schema comes from
+            :meth:`tool_schema` (an environment served elsewhere: its action schema), not from
+            their signature and docstring; they take the arguments as keywords.
     """
+
+    schema_methods: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def tool_schema(cls, method: str) -> dict[str, Any]:
+        """The JSON schema (``parameters``) of tool ``method`` of :attr:`schema_methods`; built
+        on first use of the environment's tools, never at registration."""
+        raise NotImplementedError(f"{cls.__name__} gives no schema for '{method}'")
+
+    def close(self) -> None:
+        """Release what the instance holds (a connection): called when its trajectory ends;
+        what it raises is logged, not raised."""
 
     def __init__(self) -> None:
         self.done = False
@@ -169,11 +186,17 @@ def _tool_specs(
     tools = {}
     for attr in methods:
         member = vars(cls)[attr]
+        where = f"environment '{name}' tool '{attr}'"
+        if attr in cls.schema_methods:
+            parameters = cls.tool_schema(attr)
+            check_schema(parameters, f"{where} parameters")
+        else:
+            parameters = method_schema(member, where)
         tools[attr] = ToolSpec(
             name=attr,
             fn=member,
             description=first_paragraph(member.__doc__) or attr,
-            parameters=method_schema(member, f"environment '{name}' tool '{attr}'"),
+            parameters=parameters,
             timeout_s=timeout_s,
             isolate=isolate,
         )
@@ -245,6 +268,8 @@ def environment(
         if not methods:
             raise TypeError(f"environment '{name}': no tool methods (public methods of the class)")
         for attr in methods:  # what a schema needs, checked without building it
+            if attr in cls.schema_methods:
+                continue
             member = vars(cls)[attr]
             documented = set(
                 re.findall(r"^\s+(\w+)\s*(?:\(.*\))?:", _args_section(member.__doc__), re.M)
@@ -315,7 +340,12 @@ class _Instances:
         kind = request[0]
         if kind == "close":
             for key in request[1]:
-                self.live.pop(key, None)
+                env = self.live.pop(key, None)
+                if env is not None:
+                    try:
+                        env.close()
+                    except Exception as exc:  # the trajectory is over: say so, go on
+                        log.warning("closing an environment instance: %s", _short(exc, 160))
             return None
         if kind == "reset":
             _, key, name, sample, fields, limits = request
