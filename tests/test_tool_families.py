@@ -443,3 +443,13 @@ def test_qwen2_5_vl_text_after_a_sparse_video_starts_past_its_last_frame_step():
             owner, ids, types, video_grid_thw=grid, second_per_grid_ts=torch.tensor([seconds])
         )
         assert torch.equal(mine, theirs), seconds
+    image_pad = policy.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    ids = torch.tensor([[7] * 3 + [image_pad] * 16 + [7] * 2 + [image_pad] * 4 + [7] * 2])
+    types = (ids == image_pad).int()
+    grids = torch.tensor([[1, 8, 8], [1, 4, 4]])
+    mask = torch.ones_like(ids)
+    mine = owner.get_rope_index(ids, types, image_grid_thw=grids, attention_mask=mask)
+    theirs = type(owner).get_rope_index(
+        owner, ids, types, image_grid_thw=grids, attention_mask=mask
+    )
+    assert all(torch.equal(a, b) for a, b in zip(mine, theirs))  # images: as transformers
