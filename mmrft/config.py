@@ -375,7 +375,7 @@ class ToolsConfig:
     )
     describe: bool = _f(
         True,
-        "Tell the model which tools exist: a system message in Qwen's function-calling form (the '# Tools' block Qwen's chat templates write from tools=) built from the tools' JSON schemas; off when the data's prompts describe the tools themselves.",
+        "Tell the model which tools exist, from the tools' JSON schemas: through the chat template's own tools= when it writes them, else a system message in Qwen's function-calling form (the '# Tools' block Qwen's templates write from tools=); off when the data's prompts describe the tools themselves.",
     )
     worker_memory_mb: int | None = _f(
         4096,
