@@ -99,7 +99,13 @@ def tokenizer(recipe: str = "tools/zoom_marks"):
     "recipe, extra",
     [
         ("tools/zoom_marks", ["model.lora.enabled=true"]),
-        ("tools/zoom_video", ["model.video.min_frames=2", "model.video.max_frames=4"]),
+        # slow (make test-slow): the video loop's turns and log-probs are test_tool_rollout's,
+        # its training step the image case's; kept out of make test's ten minutes
+        pytest.param(
+            "tools/zoom_video",
+            ["model.video.min_frames=2", "model.video.max_frames=4"],
+            marks=pytest.mark.slow,
+        ),
         ("tools/audio_zoom", []),
     ],
 )
