@@ -67,6 +67,7 @@ BUNDLED = {
     "grid_walk": ("grid_walk", "test.jsonl", "mmrft", "prompt", QWEN25),
     "zoom_video": ("zoom_video", "test.jsonl", "mmrft", "video_qa", QWEN25),
     "audio_beeps": ("audio_beeps", "test.jsonl", "mmrft", "counting", AUDIO),
+    "audio_zoom": ("audio_zoom", "test.jsonl", "mmrft", "classification", AUDIO),
     "audio_pitch": ("audio_pitch", "test.jsonl", "mmrft", "audio_qa", AUDIO),
     "audio_pitch__r1_aqa": ("audio_pitch", "r1_aqa_test.jsonl", "r1_aqa", "audio_qa", AUDIO),
     "audio_pitch__mmau": ("audio_pitch", "mmau_test.json", "mmau", "audio_qa", AUDIO),
