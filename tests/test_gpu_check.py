@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # make test-slow: 10-16 s of make test's ten minutes
 def test_the_gpu_check_runs_every_stage_on_cpu(tmp_path):
     done = subprocess.run(
         [

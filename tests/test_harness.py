@@ -345,6 +345,7 @@ def _two_ranks(rank: int, world: int, out: str) -> None:
     train(tiny_run(Path(out), "eval.every=0", "train.steps=1"), verbose=False)
 
 
+@pytest.mark.slow  # make test-slow: 10-16 s of make test's ten minutes
 def test_a_distributed_run_evaluates_each_sample_once(tmp_path, monkeypatch):
     from ranks import run_ranks
 

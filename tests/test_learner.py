@@ -25,6 +25,7 @@ def _script():
     return sys.modules["make_learner"]
 
 
+@pytest.mark.slow  # make test-slow: 10-16 s of make test's ten minutes
 def test_a_short_pretraining_writes_the_learner_and_its_record(tmp_path: Path) -> None:
     out, cache = tmp_path / "learner", tmp_path / "cache"
     command = [

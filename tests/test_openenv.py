@@ -19,10 +19,10 @@ from helpers import ScriptedEngine, tiny_policy
 
 pytest.importorskip("websockets")
 
-from mmrft.data import Sample  # noqa: E402
-from mmrft.plugins import ENVIRONMENTS, load_plugin  # noqa: E402
-from mmrft.rollout.base import Sampling  # noqa: E402
-from mmrft.rollout.tool_loop import LoopLimits, ToolLoop  # noqa: E402
+from mmrft.data import Sample
+from mmrft.plugins import ENVIRONMENTS, load_plugin
+from mmrft.rollout.base import Sampling
+from mmrft.rollout.tool_loop import LoopLimits, ToolLoop
 
 ACTION_SCHEMA = {
     "title": "GuessAction",
@@ -156,7 +156,7 @@ def test_episodes_through_the_servers_sessions(served, policy) -> None:
     episode with reward 10 of (0, 10) = 1.0; the other answers before finishing."""
     spec, _ = served
     scripts = [[call(policy, 3), answer(policy)], [call(policy, 7)]]
-    _, conversation, out = run(policy, spec, scripts, 2)
+    _, _, out = run(policy, spec, scripts, 2)
     first, second = out.trajectories
     prompt = policy.tokenizer.decode(out.prompts[0]["input_ids"])
     assert '{"prompt": "Guess my digit."}' in prompt and '"guess"' in prompt

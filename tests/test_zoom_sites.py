@@ -49,6 +49,7 @@ def inside(inner: list[int], outer: list[int]) -> bool:
     )
 
 
+@pytest.mark.slow  # make test-slow: 10-16 s of make test's ten minutes
 def test_test_split_regenerates(tmp_path):
     make = generator()
     make.generate("zoom_sites", tmp_path, ["test"])
