@@ -119,6 +119,14 @@ Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` 
   ``[t − 1, t + 1]`` around the stated time always holds all of it
   (``benchmarks/zoom_oracle.py`` measures both).
 
+Environment starts (no media: the ``grid_walk`` environment of ``tools/grid.py`` draws the
+grid at its reset):
+
+* ``grid_walk`` (task ``prompt``, scored by the environment): a 3 × 3 grid, ``meta.walker``
+  and ``meta.goal`` cells (``[column, row]`` from the top-left) at a shortest walk of 1, 2 or 3
+  moves (balanced), ``meta.shortest``; target an optimal first move, ``meta.choices`` the four
+  directions (:func:`write_grid_walk`).
+
 Shapes are rasterised with numpy (pixel-centre tests), not PIL's drawing, so pixels depend on
 the seeds only. PNGs are written by Pillow with fixed parameters and no metadata chunks
 (palette PNGs when at most 256 colours are used), so a rerun gives identical bytes with the
