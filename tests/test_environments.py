@@ -121,11 +121,11 @@ def test_grid_walk_episodes_carry_state_and_end_with_the_environments_reward(pol
     """Three trajectories of one sample (walker two cells left of the goal): right, right
     (the goal: reward 2/2); left off the grid, then right, right (reward 2/3); right, then an
     answer (not finished). The reset's grid image is in the prompt; each move's new grid is an
-    observation; environment_reward scores the episodes."""
-    from mmrft.verifiers.tools import environment_reward
+    observation; environment_reward scores the episodes, environment_progress the way covered."""
+    from mmrft.verifiers.tools import environment_progress, environment_reward
 
     spec = ENVIRONMENTS.get("grid_walk")
-    right, left = call(policy, "move", direction="right"), call(policy, "move", direction="left")
+    right, left = call(policy, "right"), call(policy, "left")
     scripts = [[right, left, right], [right, right, answer(policy)], [right]]
     out, metrics = run(policy, spec, scripts, [grid_sample()], 3)
     first, second, third = out.trajectories
@@ -134,6 +134,8 @@ def test_grid_walk_episodes_carry_state_and_end_with_the_environments_reward(pol
     assert first.environment["reward"] == 1.0 and first.environment["state"] == {
         "moves": 2,
         "shortest": 2,
+        "distance": 0,
+        "progress": 1.0,
     }
     assert second.environment["reward"] == pytest.approx(2 / 3)
     assert second.calls[0]["reason"] == "off_grid" and second.calls[0]["ok"] is False
@@ -143,6 +145,9 @@ def test_grid_walk_episodes_carry_state_and_end_with_the_environments_reward(pol
     scores = environment_reward(out.texts, [grid_sample()] * 3, out.trajectories)
     assert [s.value for s in scores] == pytest.approx([1.0, 2 / 3, 0.0])
     assert scores[2].reason == "not finished"
+    assert third.environment["state"] == {"moves": 1, "shortest": 2, "distance": 1, "progress": 0.5}
+    progress = environment_progress(out.texts, [grid_sample()] * 3, out.trajectories)
+    assert [s.value for s in progress] == [1.0, 1.0, 0.5]  # half the way, then an answer
     assert metrics["rollout/tools/stop/env_done"] == pytest.approx(2 / 3)
     assert metrics["rollout/tools/episode_reward"] == pytest.approx((1 + 2 / 3) / 3)
 
@@ -319,7 +324,7 @@ def test_two_training_steps_in_the_grid_environment(tmp_path) -> None:
 
 def test_a_warm_start_demonstration_plays_the_environments_script(policy) -> None:
     """with_start puts the reset's grid in the prompt; demonstration plays grid_walk's scripted
-    move on an instance of its own, as the loop would."""
+    random walk (the reference first) on an instance of its own, as the loop would."""
     spec = ENVIRONMENTS.get("grid_walk")
     loop = ToolLoop(policy.family, policy.processor, {}, LoopLimits(), environment=spec)
     sample = grid_sample(walker=(0, 1), goal=(1, 1))
@@ -329,5 +334,41 @@ def test_a_warm_start_demonstration_plays_the_environments_script(policy) -> Non
     wrong = loop.demonstration(sample, spec.demonstration(sample, "up"))
     loop.close()
     assert done.stop == "env_done" and done.environment["reward"] == 1.0
-    assert wrong.calls[0]["ok"] and wrong.images == 1 and wrong.environment["done"] is False
+    assert wrong.calls[0]["name"] == "up" and wrong.calls[0]["ok"]  # the reference first
+    assert wrong.turns[0].calls[0]["images"] == 1  # the grid after a move
     assert sum(done.loss_mask) == len(done.ids)  # the call, the model's tokens only
+    later = [spec.demonstration(sample, "up")[1:] for _ in range(40)]  # not the way: random
+    assert {text for walk in later for text in walk} == {
+        f'<tool_call>{{"name": "{d}"}}</tool_call>' for d in ("up", "down", "left", "right")
+    }
+
+
+def test_environment_progress_reads_the_reported_share_and_refuses_garbage() -> None:
+    """A plugin environment's state is untrusted: a progress that is not a number in [0, 1]
+    scores 0 with the reason; none reported is None (not scored); a lost episode 0."""
+    from types import SimpleNamespace
+
+    from mmrft.verifiers.tools import environment_progress
+
+    def episode(**environment):
+        return SimpleNamespace(environment=environment)
+
+    trajectories = [
+        episode(done=False, state={"progress": 0.25}),
+        episode(done=True, state={"progress": 1}),
+        episode(done=False, state={}),
+        episode(done=False, state={"progress": "far"}),
+        episode(done=False, state={"progress": 1.5}),
+        episode(done=False, state={"progress": float("nan")}),
+        episode(done=False, state={"progress": True}),
+        episode(done=True, lost=True, state={}),
+        None,
+    ]
+    scores = environment_progress([""] * 9, [grid_sample()] * 9, trajectories)
+    assert scores[2] is None
+    values = [s.value for i, s in enumerate(scores) if i != 2]
+    assert values == [0.25, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    reasons = [scores[i].reason for i in (3, 4, 5, 6, 7, 8)]
+    assert reasons[0].startswith("progress not a number") and "outside" in reasons[1]
+    assert "outside" in reasons[2] and reasons[3].startswith("progress not a number")
+    assert reasons[4:] == ["environment lost", "no environment"]

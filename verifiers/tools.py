@@ -18,8 +18,12 @@ positional parameter, :mod:`mmrft.rewards`), not only the last turn's text.
 * ``environment_reward``: the reward in [0, 1] a stateful environment gave the episode when it
   ended it (:mod:`mmrft.rollout.environment`), 0 for an episode it did not end (reason ``not
   finished``, or ``environment lost``).
+* ``environment_progress``: the share of the way an episode covered, finished or not, as the
+  environment reports it in its state (``state["progress"]`` in [0, 1]; ``grid_walk``: 1 −
+  distance / shortest): a shaping term beside ``environment_reward`` for episodes that a
+  budget ends short of the goal; ``None`` where the environment reports no progress.
 
-Single-turn completions (``None`` trajectories) score 0 on all three (``None`` where the
+Single-turn completions (``None`` trajectories) score 0 on all of them (``None`` where the
 sample has no target), with the reason ``no tool rollout``.
 """
 
@@ -204,4 +208,35 @@ def environment_reward(
             out.append(Score(0.0, reason="not finished"))
         else:
             out.append(Score(float(episode.get("reward") or 0.0)))
+    return out
+
+
+@verifier("environment_progress", low=0.0, high=1.0)
+def environment_progress(
+    completions: list[str], samples: list[Sample], trajectories: list[Any]
+) -> list[Score | None]:
+    """``Trajectory.environment["state"]["progress"]``: the share of the way the episode
+    covered, as its environment reports it after every call (finished or not). 0 with the
+    reason ``environment lost`` when a call stopped its worker (its state is gone), a reported
+    value outside [0, 1] or not a number scores 0 with the reason; ``None`` where the
+    environment reports no progress. Range [0, 1]."""
+    out: list[Score | None] = []
+    for trajectory in trajectories:
+        episode = getattr(trajectory, "environment", None) if trajectory is not None else None
+        if episode is None:
+            out.append(Score(0.0, reason="no environment"))
+            continue
+        if episode.get("lost"):
+            out.append(Score(0.0, reason="environment lost"))
+            continue
+        state = episode.get("state")
+        progress = state.get("progress") if isinstance(state, dict) else None
+        if progress is None:
+            out.append(None)
+        elif isinstance(progress, bool) or not isinstance(progress, (int, float)):
+            out.append(Score(0.0, reason=f"progress not a number: {str(progress)[:40]!r}"))
+        elif not 0.0 <= progress <= 1.0:
+            out.append(Score(0.0, reason=f"progress {progress!r} outside [0, 1]"))
+        else:
+            out.append(Score(float(progress)))
     return out
