@@ -169,7 +169,7 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 def table(task: str, teacher: dict[str, Any], rows: list[dict[str, Any]], goal: float) -> str:
     spec = TASKS[task]
-    made = "the demo recipe" if task == "demo" else "a shortest-walk warm start, no RL"
+    made = "the demo recipe" if task == "demo" else "a shortest-walk warm start (no RL)"
     lines = [
         f"Teacher: {made} at seed {teacher['seed']}, held-out {spec['metric']} "
         f"{teacher['after']:.3f}; goal: ≥ {goal:.3f} (within {WITHIN} of the teacher); "
