@@ -67,6 +67,8 @@ DISTILL = ["algorithm.beta=0"]  # the teacher is the anchor: no KL to the warm s
 TASKS: dict[str, dict[str, Any]] = {
     "demo": {
         "recipe": "demo",
+        "out": "distill",
+        "teacher_made": "the demo recipe",
         "metric": "eval/classification/accuracy",
         "success": None,
         "chance": ("chance", 0.25),
@@ -84,6 +86,8 @@ TASKS: dict[str, dict[str, Any]] = {
     },
     "grid_walk": {
         "recipe": "tools/grid_walk",
+        "out": "distill-grid_walk",
+        "teacher_made": "a shortest-walk warm start (no RL)",
         "metric": "eval/prompt/reward",
         "success": "eval/prompt/tools/stop/env_done",
         "chance": ("random moves", 0.163),  # benchmarks/grid_walk_random.py, the test split
@@ -169,9 +173,8 @@ def fmt(value: Any, digits: int = 3) -> str:
 
 def table(task: str, teacher: dict[str, Any], rows: list[dict[str, Any]], goal: float) -> str:
     spec = TASKS[task]
-    made = "the demo recipe" if task == "demo" else "a shortest-walk warm start (no RL)"
     lines = [
-        f"Teacher: {made} at seed {teacher['seed']}, held-out {spec['metric']} "
+        f"Teacher: {spec['teacher_made']} at seed {teacher['seed']}, held-out {spec['metric']} "
         f"{teacher['after']:.3f}; goal: ≥ {goal:.3f} (within {WITHIN} of the teacher); "
         f"{spec['chance'][0]}: {spec['chance'][1]}.",
         "",
@@ -249,8 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     spec = TASKS[args.task]
-    default_out = "distill" if args.task == "demo" else f"distill-{args.task}"
-    out = Path(args.out or REPO / "runs" / default_out)
+    chosen = args.methods.split(",") if args.methods else list(spec["methods"])
+    if set(chosen) - set(spec["methods"]):  # before the teacher trains
+        parser.error(f"--methods: {args.task} has {', '.join(spec['methods'])}")
+    out = Path(args.out or REPO / "runs" / spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
 
@@ -274,18 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     goal = teacher_after - WITHIN
     every = f"eval.every={args.eval_every}"
     grpo_steps = args.grpo_steps or spec["grpo_steps"]
+    grpo = [f"train.steps={grpo_steps}"] if grpo_steps else []  # else the recipe's
+    distill = [f"teacher.path={teacher['path']}", f"train.steps={args.distill_steps}"]
     methods = {
-        method: [every, *extra]
-        + (
-            [f"train.steps={grpo_steps}"] * bool(grpo_steps)
-            if method == "grpo"
-            else [f"teacher.path={teacher['path']}", f"train.steps={args.distill_steps}"]
-        )
+        method: [every, *extra, *(grpo if method == "grpo" else distill)]
         for method, extra in spec["methods"].items()
-        if not args.methods or method in args.methods.split(",")
+        if method in chosen
     }
-    if args.methods and set(args.methods.split(",")) - set(methods):
-        parser.error(f"--methods: {args.task} has {', '.join(spec['methods'])}")
     runs = [(seed, method) for seed in range(args.seeds) for method in methods]
 
     def student(seed: int, method: str) -> dict[str, Any]:

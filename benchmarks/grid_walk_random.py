@@ -33,6 +33,11 @@ from mmrft.tools.grid import STEPS  # the environment's own moves
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def distance(a: tuple, b: tuple) -> int:
+    """Cells between two cells on the grid (Manhattan): a shortest walk's moves."""
+    return abs(a[0] - b[0]) + abs(a[1] - b[1])
+
+
 def _move(size: int, cell: tuple[int, int], direction: str) -> tuple[int, int]:
     dx, dy = STEPS[direction]
     x, y = cell[0] + dx, cell[1] + dy
@@ -44,7 +49,7 @@ def random_policy(
 ) -> tuple[float, float]:
     """(P(reach the goal within ``turns`` moves), E[reward]) of uniform random moves (with
     ``walls``: uniform over the moves that stay on the grid)."""
-    shortest = abs(walker[0] - goal[0]) + abs(walker[1] - goal[1])
+    shortest = distance(walker, goal)
     alive = {tuple(walker): 1.0}  # probability of each cell, goal not reached yet
     success = reward = 0.0
     for moves in range(1, turns + 1):
@@ -66,7 +71,7 @@ def random_policy(
 
 def blind_sequence(size: int, walker: tuple, goal: tuple, moves: tuple[str, ...]) -> float:
     """The reward of a fixed sequence of moves (it stops at the goal)."""
-    shortest = abs(walker[0] - goal[0]) + abs(walker[1] - goal[1])
+    shortest = distance(walker, goal)
     cell = tuple(walker)
     for k, d in enumerate(moves, 1):
         cell = _move(size, cell, d)
@@ -96,7 +101,7 @@ def main() -> None:
     best_success = sum(blind_sequence(s, w, g, best) > 0 for s, w, g in starts) / n
     by_shortest: dict[int, list] = {}
     for (_, w, g), (p, r) in zip(starts, rand):
-        by_shortest.setdefault(abs(w[0] - g[0]) + abs(w[1] - g[1]), []).append((p, r))
+        by_shortest.setdefault(distance(w, g), []).append((p, r))
     rows = {
         "split": args.split,
         "n": n,

@@ -189,6 +189,17 @@ def clip_overlap(
     return out
 
 
+def _episode(trajectory: Any) -> tuple[dict[str, Any], None] | tuple[None, Score]:
+    """A trajectory's ``environment`` record, or the 0 score of an episode that has none
+    (``no environment``) or whose worker stopped (``environment lost``)."""
+    episode = getattr(trajectory, "environment", None) if trajectory is not None else None
+    if episode is None:
+        return None, Score(0.0, reason="no environment")
+    if episode.get("lost"):
+        return None, Score(0.0, reason="environment lost")
+    return episode, None
+
+
 @verifier("environment_reward", low=0.0, high=1.0)
 def environment_reward(
     completions: list[str], samples: list[Sample], trajectories: list[Any]
@@ -199,11 +210,9 @@ def environment_reward(
     trajectory), ``environment lost`` (a call stopped its worker). Range [0, 1]."""
     out = []
     for trajectory in trajectories:
-        episode = getattr(trajectory, "environment", None) if trajectory is not None else None
-        if episode is None:
-            out.append(Score(0.0, reason="no environment"))
-        elif episode.get("lost"):
-            out.append(Score(0.0, reason="environment lost"))
+        episode, missing = _episode(trajectory)
+        if missing is not None:
+            out.append(missing)
         elif not episode.get("done"):
             out.append(Score(0.0, reason="not finished"))
         else:
@@ -222,12 +231,9 @@ def environment_progress(
     environment reports no progress. Range [0, 1]."""
     out: list[Score | None] = []
     for trajectory in trajectories:
-        episode = getattr(trajectory, "environment", None) if trajectory is not None else None
-        if episode is None:
-            out.append(Score(0.0, reason="no environment"))
-            continue
-        if episode.get("lost"):
-            out.append(Score(0.0, reason="environment lost"))
+        episode, missing = _episode(trajectory)
+        if missing is not None:
+            out.append(missing)
             continue
         state = episode.get("state")
         progress = state.get("progress") if isinstance(state, dict) else None
