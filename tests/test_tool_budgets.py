@@ -413,6 +413,30 @@ def test_a_malformed_observation_does_not_leave_the_loop(policy, plugin, what):
     assert t.stop == "answer" and len(t.turns) == 2
 
 
+def test_names_the_model_invents_share_one_metric(policy):
+    """A tool name is the model's text: each invented one counts under ``calls/(unknown)``
+    (one metric per invented name grew a run's metrics to over a thousand keys), an enabled
+    tool under its name."""
+    loop = _loop(policy, ["crop"])
+    try:
+        trajectories = [
+            loop.demonstration(
+                zoom_sample(), [_call_text(name, box=[0, 0, 10, 10]), "<answer>red</answer>"]
+            )
+            for name in ["Boxdown", "But up", "crop"]
+        ]
+        loop._count(trajectories)  # as run() counts its rollouts
+        m = loop.metrics()
+    finally:
+        loop.close()
+    calls = {k: v for k, v in m.items() if k.startswith("rollout/tools/calls/")}
+    assert calls == {
+        "rollout/tools/calls/(unknown)": pytest.approx(2 / 3),
+        "rollout/tools/calls/crop": pytest.approx(1 / 3),
+    }, calls
+    assert m["rollout/tools/failed/unknown_tool"] == pytest.approx(2 / 3)
+
+
 def test_the_built_in_crop_gives_the_same_observation_in_the_worker(policy):
     """crop in its worker and in this process: the same pixels, text and info."""
     s = zoom_sample()

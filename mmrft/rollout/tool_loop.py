@@ -751,15 +751,24 @@ class ToolLoop:
             for call in t.calls:
                 c["calls"] += 1
                 c["calls_ok"] += int(call["ok"])
-                c[f"calls/{call['name'] or '(unparsed)'}"] += 1
+                c[f"calls/{self._call_key(call['name'])}"] += 1
                 if not call["ok"]:
                     c[f"failed/{call['reason']}"] += 1
+
+    def _call_key(self, name: str | None) -> str:
+        """A call's name as a metric key: an enabled tool's name, ``(unparsed)`` or
+        ``(unknown)``. A name the model wrote is untrusted: one metric per name it invents would
+        grow the metrics without bound (a run's log had over a thousand such keys)."""
+        if not name:
+            return "(unparsed)"
+        return name if name in self.tools else "(unknown)"
 
     def metrics(self, prefix: str = "rollout/tools") -> dict[str, float]:
         """Since the last call, and resets: ``turns_mean`` (model turns per trajectory),
         ``use_rate`` (share of trajectories with a successful call), ``call_success``
         (successful / all calls), ``calls_per_trajectory``, and per trajectory
-        ``calls/<tool>`` (calls of each tool), ``failed/<reason>`` (failed calls by reason)
+        ``calls/<tool>`` (calls of each enabled tool; ``(unknown)`` and ``(unparsed)`` for the
+        rest), ``failed/<reason>`` (failed calls by reason)
         and ``stop/<reason>`` (the share that ended so)."""
         c, self.counts = self.counts, Counter()
         n = c["trajectories"]
