@@ -20,8 +20,9 @@ schema (:func:`tool_schemas`) carries the alias, so a model is told the name it 
 (DeepEyes' ``image_zoom_in``) and the call resolves to the same function.
 
 The model calls a tool in Qwen's hermes form, ``<tool_call>{"name": ..., "arguments": {...}}
-</tool_call>`` (:func:`parse_tool_calls`), and :func:`run_tool_call` turns the call into an
-:class:`Observation`. Contract: **nothing the model writes raises**. Unparsable calls, unknown
+</tool_call>``, or in its family's own syntax where its chat template writes one (Gemma 4's
+``<|tool_call>call:NAME{...}<tool_call|>``): :class:`CallSyntax`, :func:`parse_tool_calls`;
+:func:`run_tool_call` turns the call into an :class:`Observation`. Contract: **nothing the model writes raises**. Unparsable calls, unknown
 tools, arguments that break the schema (a missing key, a wrong type, NaN/inf, a value out of
 range), a tool that refuses (:class:`ToolFailure`), raises or overruns its time budget, all
 come back as ``Observation(ok=False, reason=...)`` with a short text telling the model what
@@ -31,8 +32,9 @@ went wrong. Reasons are machine-readable (counted by :func:`tool_stats`):
 reason                      when
 ==========================  ===================================================================
 ``bad_json``                the call is not a JSON object ``{"name": str, "arguments": object}``
+                            (Gemma 4's syntax: not ``call:NAME{arguments}`` in its grammar)
 ``payload_too_large``       one call's text is over ``max_call_bytes`` (checked before parsing)
-``unterminated_tag``        a ``<tool_call>`` without its ``</tool_call>``
+``unterminated_tag``        a ``<tool_call>`` without its ``</tool_call>`` (or Gemma 4's tags)
 ``too_many_calls``          more than ``max_calls`` calls in one turn (the rest are dropped)
 ``unknown_tool``            no tool of that name is enabled
 ``missing_argument``        a required argument is absent
@@ -90,7 +92,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -108,7 +110,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_CALL_BYTES = 8192
-"""Largest text of one ``<tool_call>`` body (UTF-8 bytes) that is handed to the JSON parser."""
+"""Largest text of one call's body (UTF-8 bytes, between its tags) that is handed to a parser."""
 
 MAX_CALLS = 8
 """Most tool calls read from one model turn; further ones are one ``too_many_calls`` error."""
@@ -598,17 +600,20 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class ParseError:
-    """A ``<tool_call>`` that could not be read.
+    """A tool call that could not be read.
 
     Attributes:
         reason: ``bad_json``, ``payload_too_large``, ``unterminated_tag``, ``too_many_calls``.
         message: a short explanation for the model.
         raw: the start of the offending text (at most 200 characters).
+        name: the tool the call named where that much could be read (Gemma 4's ``call:NAME``
+            before arguments that cannot be read), else ``""``.
     """
 
     reason: str
     message: str
     raw: str = ""
+    name: str = ""
 
 
 CALL_FORMAT = (
@@ -622,32 +627,324 @@ def _short(text: str, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def _parse_body(body: str, max_call_bytes: int) -> ToolCall | ParseError:
-    raw = body[:200]
+class CallSyntax:
+    """How a model writes a tool call, read and written in one place: the tags around a call,
+    how its body is read (:meth:`read`) and how the loop writes one (:meth:`write`: a smoke
+    run's call, a demonstration). This class is Qwen's hermes form, every family's default
+    (:data:`QWEN_CALLS`): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+    (``arguments`` an object or a JSON string of one). :class:`Gemma4Calls` is Gemma 4's own.
+    A loop takes the one its chat template writes (:func:`mmrft.rollout.tool_loop.call_syntax`).
+
+    Attributes:
+        name: ``qwen`` or ``gemma4``.
+        open_tag / close_tag: the tags around one call.
+        think_close: the end of a reasoning block (an unclosed call before it is not a call,
+            :func:`parse_tool_calls`).
+        format: how a call is written, quoted in failure messages.
+        tags: the tags a turn's text must keep where they are single tokens that decoding
+            would skip as special (:meth:`mmrft.rollout.tool_loop.ToolLoop._decode`).
+    """
+
+    name = "qwen"
+    open_tag = OPEN_TAG
+    close_tag = CLOSE_TAG
+    think_close = THINK_CLOSE
+    format = CALL_FORMAT
+    tags: tuple[str, ...] = (OPEN_TAG, CLOSE_TAG)
+
+    def parse(
+        self,
+        text: str,
+        *,
+        max_call_bytes: int = MAX_CALL_BYTES,
+        max_calls: int = MAX_CALLS,
+        closed_by_stop: bool = False,
+    ) -> list[ToolCall | ParseError]:
+        """The calls in a model turn written in this syntax (:func:`parse_tool_calls`)."""
+        return parse_tool_calls(
+            text,
+            max_call_bytes=max_call_bytes,
+            max_calls=max_calls,
+            closed_by_stop=closed_by_stop,
+            syntax=self,
+        )
+
+    def read(self, body: str) -> ToolCall | ParseError:
+        """One call's body (the text between the tags, already within ``max_call_bytes``):
+        a JSON object ``{"name": str, "arguments": object | JSON string of one}``."""
+        raw = body[:200]
+        try:
+            data = json.loads(body.strip())
+        except (ValueError, RecursionError) as exc:
+            return ParseError(
+                "bad_json", f"the tool call is not valid JSON ({_short(exc, 80)})", raw
+            )
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+            return ParseError("bad_json", f"a tool call is written {CALL_FORMAT}", raw)
+        arguments = data.get("arguments", {})
+        if isinstance(arguments, str):  # arguments serialised as a JSON string
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except (ValueError, RecursionError) as exc:
+                message = f"'arguments' is not valid JSON ({_short(exc, 80)})"
+                return ParseError("bad_json", message, raw, data["name"])
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, dict):
+            message = f"'arguments' must be a JSON object: {CALL_FORMAT}"
+            return ParseError("bad_json", message, raw, data["name"])
+        return ToolCall(data["name"], arguments)
+
+    def write(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """The text of a call of tool ``name`` with ``arguments``:
+        ``<tool_call>{"name": "crop", "arguments": {"bbox_2d": [1, 2, 3, 4]}}</tool_call>``."""
+        body = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+        return f"{self.open_tag}{body}{self.close_tag}"
+
+    def rewrite(self, text: str) -> str:
+        """``text`` with each readable Qwen-form call written in this syntax (:meth:`write`);
+        the rest as it is. Scripted turns (demonstrations, an environment's scripted episode,
+        a smoke run's call) are written in Qwen's form and rewritten so for the model."""
+        if self.open_tag == OPEN_TAG:
+            return text
+        out, pos = [], 0
+        while (start := text.find(OPEN_TAG, pos)) >= 0:
+            end = text.find(CLOSE_TAG, start + len(OPEN_TAG))
+            if end < 0:
+                break
+            call = QWEN_CALLS.read(text[start + len(OPEN_TAG) : end])
+            out.append(text[pos:start])
+            if isinstance(call, ToolCall):
+                out.append(self.write(call.name, call.arguments))
+            else:
+                out.append(text[start : end + len(CLOSE_TAG)])
+            pos = end + len(CLOSE_TAG)
+        out.append(text[pos:])
+        return "".join(out)
+
+
+STRING_DELIM = '<|"|>'
+"""Gemma 4's string quote: a string argument is written ``<|"|>text<|"|>``."""
+
+MAX_NESTING = 64
+"""Deepest nesting of objects and arrays in a Gemma 4 call's arguments; deeper is
+``bad_json`` (read without recursing past it)."""
+
+GEMMA4_CALL_FORMAT = (
+    "<|tool_call>call:<tool name>{<argument>:<value>,...}<tool_call|> "
+    '(strings written <|"|>text<|"|>)'
+)
+
+_CALL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_KEY = re.compile(r"[A-Za-z0-9_.\-$]+")
+_WORD = re.compile(r"[^\s,:{}\[\]<>]+")
+_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+_NON_FINITE = {"NaN", "nan", "Infinity", "-Infinity", "inf", "-inf"}
+
+
+class _Unreadable(Exception):
+    """What a Gemma 4 call's arguments broke (a ``bad_json`` message)."""
+
+
+class _ArgumentReader:
+    """A reader of Gemma 4's argument grammar (:class:`Gemma4Calls`) over ``text`` from
+    ``at``; raises :class:`_Unreadable` naming the first rule broken and where."""
+
+    def __init__(self, text: str, at: int = 0) -> None:
+        self.text, self.at = text, at
+
+    def fail(self, what: str) -> NoReturn:
+        raise _Unreadable(f"{what} at character {self.at}")
+
+    def skip(self) -> None:
+        while self.at < len(self.text) and self.text[self.at] in " \t\r\n":
+            self.at += 1
+
+    def next_is(self, char: str) -> bool:
+        self.skip()
+        if self.text.startswith(char, self.at):
+            self.at += len(char)
+            return True
+        return False
+
+    def value(self, depth: int) -> Any:
+        self.skip()
+        if self.text.startswith(STRING_DELIM, self.at):
+            return self.string()
+        if self.text.startswith("{", self.at):
+            return self.object(depth + 1)
+        if self.text.startswith("[", self.at):
+            return self.array(depth + 1)
+        word = _WORD.match(self.text, self.at)
+        if word is None:
+            self.fail("expected a value")
+        if word.group() in ("true", "false", "null"):
+            self.at = word.end()
+            return {"true": True, "false": False, "null": None}[word.group()]
+        number = _NUMBER.fullmatch(word.group())
+        if number is None and word.group() not in _NON_FINITE:
+            self.fail(
+                f"'{_short(word.group(), 20)}' is not a value (a string is {STRING_DELIM}text{STRING_DELIM})"
+            )
+        self.at = word.end()
+        if number is not None and number.group(1) is None and number.group(2) is None:
+            return int(word.group())  # ValueError past Python's digit limit: bad_json
+        return float(word.group())  # NaN / inf: the argument check refuses them
+
+    def string(self) -> str:
+        self.at += len(STRING_DELIM)
+        end = self.text.find(STRING_DELIM, self.at)
+        if end < 0:
+            self.fail(f"a string opened with {STRING_DELIM} is not closed")
+        value = self.text[self.at : end]
+        self.at = end + len(STRING_DELIM)
+        return value
+
+    def key(self) -> str:
+        self.skip()
+        if self.text.startswith(STRING_DELIM, self.at):
+            return self.string()
+        key = _KEY.match(self.text, self.at)
+        if key is None:
+            self.fail("expected a key (letters, digits, _ - . $)")
+        self.at = key.end()
+        return key.group()
+
+    def object(self, depth: int) -> dict[str, Any]:
+        """``{key:value,...}`` from its ``{``."""
+        if depth > MAX_NESTING:
+            self.fail(f"nested deeper than {MAX_NESTING} levels")
+        self.at += 1
+        out: dict[str, Any] = {}
+        if self.next_is("}"):
+            return out
+        while True:
+            key = self.key()
+            if not self.next_is(":"):
+                self.fail("expected ':' after a key")
+            out[key] = self.value(depth)
+            if self.next_is("}"):
+                return out
+            if not self.next_is(","):
+                self.fail("expected ',' or '}'")
+
+    def array(self, depth: int) -> list[Any]:
+        """``[value,...]`` from its ``[``."""
+        if depth > MAX_NESTING:
+            self.fail(f"nested deeper than {MAX_NESTING} levels")
+        self.at += 1
+        out: list[Any] = []
+        if self.next_is("]"):
+            return out
+        while True:
+            out.append(self.value(depth))
+            if self.next_is("]"):
+                return out
+            if not self.next_is(","):
+                self.fail("expected ',' or ']'")
+
+
+def _gemma4_value(value: Any) -> str:
+    """``value`` as Gemma 4's chat template writes an argument (``format_argument`` without
+    quoted keys): strings between ``<|"|>``, ``true`` / ``false`` / ``null``, numbers as
+    Python prints them, objects ``{key:value,...}`` in ``dictsort`` order (case-insensitive),
+    arrays ``[value,...]``, no spaces."""
+    if isinstance(value, str):
+        return f"{STRING_DELIM}{value}{STRING_DELIM}"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, Mapping):
+        items = sorted(value.items(), key=lambda kv: str(kv[0]).lower())
+        return "{" + ",".join(f"{k}:{_gemma4_value(v)}" for k, v in items) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_gemma4_value(v) for v in value) + "]"
+    return str(value)
+
+
+class Gemma4Calls(CallSyntax):
+    """Gemma 4's native calls, as its released chat template writes an assistant message's
+    ``tool_calls`` (and the model was trained to write them):
+    ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:42,flag:true,box:[1,2,3,4],o:{k:<|"|>v<|"|>}}<tool_call|>``.
+
+    ``NAME``: letters, digits, ``_ . -`` (at most 64). The arguments' grammar (the template's
+    ``format_argument``): an object ``{key:value,...}`` whose keys are bare (letters, digits,
+    ``_ - . $``) or between ``<|"|>``; a value is a string between two ``<|"|>`` (taken as it
+    is: quotes, commas, braces and newlines inside are text; it cannot hold ``<|"|>``), a
+    number (JSON's; NaN / Infinity / inf parse, and the argument check refuses them),
+    ``true``, ``false``, ``null``, an object or an array ``[value,...]``. Whitespace between
+    tokens is allowed; anything else (a JSON-quoted string, a bare word, a trailing comma,
+    text after the closing brace) is ``bad_json`` naming the rule and the character, and
+    nesting deeper than :data:`MAX_NESTING` is ``bad_json`` without recursing past it.
+
+    Why not transformers' ``tokenizer.parse_response`` (TRL's ``gemma4_template`` schema):
+    it rewrites the ``<|"|>`` strings and bare keys with regular expressions and hands the
+    result to ``json.loads``, so one unreadable call raises for the whole response, a body is
+    not bounded before it is read, deep nesting raises ``RecursionError``, and a failed call
+    cannot say which rule it broke; this reader is bounded and never raises.
+    """
+
+    name = "gemma4"
+    open_tag = "<|tool_call>"
+    close_tag = "<tool_call|>"
+    think_close = "<channel|>"
+    format = GEMMA4_CALL_FORMAT
+    tags = ("<|tool_call>", "<tool_call|>", STRING_DELIM, "<|channel>", "<channel|>")
+
+    def read(self, body: str) -> ToolCall | ParseError:
+        """One call's body, ``call:NAME{arguments}`` (within ``max_call_bytes``)."""
+        raw = body[:200]
+        text = body.strip()
+        if not text.startswith("call:"):
+            return ParseError("bad_json", f"a tool call is written {self.format}", raw)
+        brace = text.find("{")
+        name = (text[5:brace] if brace >= 0 else text[5:]).strip()
+        if not _CALL_NAME.fullmatch(name):
+            message = f"a tool name is letters, digits, _ . - (at most 64): {self.format}"
+            return ParseError("bad_json", message, raw)
+        if brace < 0:
+            return ParseError(
+                "bad_json", f"the call has no {{arguments}}: {self.format}", raw, name
+            )
+        reader = _ArgumentReader(text, brace)
+        try:
+            arguments = reader.object(1)
+            reader.skip()
+            if reader.at != len(text):
+                reader.fail("text after the arguments' closing '}'")
+        except _Unreadable as exc:
+            message = f"the call's arguments cannot be read: {exc}; {self.format}"
+            return ParseError("bad_json", message, raw, name)
+        except (ValueError, RecursionError) as exc:  # an integer past Python's digit limit
+            message = f"the call's arguments cannot be read ({_short(exc, 80)})"
+            return ParseError("bad_json", message, raw, name)
+        return ToolCall(name, arguments)
+
+    def write(self, name: str, arguments: Mapping[str, Any]) -> str:
+        """The call as the template writes it: ``<|tool_call>call:crop{bbox_2d:[1,2,3,4]}<tool_call|>``
+        (keys sorted as ``dictsort``; a string holding ``<|"|>`` cannot be written)."""
+        return f"{self.open_tag}call:{name}{_gemma4_value(dict(arguments))}{self.close_tag}"
+
+
+QWEN_CALLS = CallSyntax()
+"""Qwen's hermes calls: every family's default."""
+
+GEMMA4_CALLS = Gemma4Calls()
+"""Gemma 4's native calls, where its chat template writes them."""
+
+
+def _parse_body(body: str, max_call_bytes: int, syntax: CallSyntax) -> ToolCall | ParseError:
+    """``syntax.read(body)``, unless the body is over ``max_call_bytes`` UTF-8 bytes
+    (``payload_too_large``, decided before anything reads it)."""
     size = len(body.encode("utf-8", errors="replace")) if len(body) <= max_call_bytes else None
     if size is None or size > max_call_bytes:
         return ParseError(
             "payload_too_large",
             f"a tool call may hold at most {max_call_bytes} bytes; this one is longer",
-            raw,
+            body[:200],
         )
-    try:
-        data = json.loads(body.strip())
-    except (ValueError, RecursionError) as exc:
-        return ParseError("bad_json", f"the tool call is not valid JSON ({_short(exc, 80)})", raw)
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return ParseError("bad_json", f"a tool call is written {CALL_FORMAT}", raw)
-    arguments = data.get("arguments", {})
-    if isinstance(arguments, str):  # arguments serialised as a JSON string
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError) as exc:
-            return ParseError("bad_json", f"'arguments' is not valid JSON ({_short(exc, 80)})", raw)
-    if arguments is None:
-        arguments = {}
-    if not isinstance(arguments, dict):
-        return ParseError("bad_json", f"'arguments' must be a JSON object: {CALL_FORMAT}", raw)
-    return ToolCall(data["name"], arguments)
+    return syntax.read(body)
 
 
 def parse_tool_calls(
@@ -656,30 +953,36 @@ def parse_tool_calls(
     max_call_bytes: int = MAX_CALL_BYTES,
     max_calls: int = MAX_CALLS,
     closed_by_stop: bool = False,
+    syntax: CallSyntax | None = None,
 ) -> list[ToolCall | ParseError]:
-    """The tool calls in a model turn, in order: ``<tool_call>{"name": ..., "arguments":
-    {...}}</tool_call>`` (``arguments`` may be an object or a JSON string of one).
+    """The tool calls in a model turn, in order, written in ``syntax`` (default Qwen's,
+    :data:`QWEN_CALLS`: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, with
+    ``arguments`` an object or a JSON string of one; :data:`GEMMA4_CALLS`:
+    ``<|tool_call>call:NAME{...}<tool_call|>``).
 
     Robust to hostile text, never raises: a body longer than ``max_call_bytes`` (UTF-8 bytes)
-    is refused *before* JSON parsing; a ``<tool_call>`` followed by another ``<tool_call>``
-    before its ``</tool_call>``, or never closed, is ``unterminated_tag``; at most
-    ``max_calls`` calls are read, then one ``too_many_calls``; NaN / Infinity literals parse to
-    floats that the argument check (:func:`run_tool_call`) refuses. ``closed_by_stop``: the
-    generation stopped at ``</tool_call>`` and the stop string was cut off, so a final
-    unclosed call is read as if it were closed. Text outside the tags is ignored.
+    is refused *before* it is read; an opening tag followed by another before its closing tag,
+    or never closed, is ``unterminated_tag``; at most ``max_calls`` calls are read, then one
+    ``too_many_calls``; NaN / Infinity literals parse to floats that the argument check
+    (:func:`run_tool_call`) refuses. ``closed_by_stop``: the generation stopped at the closing
+    tag and the stop string was cut off, so a final unclosed call is read as if it were
+    closed. Text outside the tags is ignored.
 
-    **Thinking.** An unclosed ``<tool_call>`` followed by ``</think>`` (before any further
-    ``<tool_call>``) sits in the model's reasoning, which the model then closed: it is thinking
-    aloud about a call ("I could <tool_call> zoom in, but ..."), not a call, and is ignored,
-    so a turn that goes on to answer is an answer (what a reasoning parser in front of a
-    hermes tool parser gives: calls are read from the text after the reasoning). A *closed*
-    call inside a think block is still a call, as before; an unclosed one that no ``</think>``
-    follows is still ``unterminated_tag`` (the model tried to call and did not close it).
+    **Thinking.** An unclosed opening tag followed by the end of reasoning (``</think>``;
+    Gemma 4: ``<channel|>``) before any further opening tag sits in the model's reasoning,
+    which the model then closed: it is thinking aloud about a call ("I could <tool_call> zoom
+    in, but ..."), not a call, and is ignored, so a turn that goes on to answer is an answer
+    (what a reasoning parser in front of a tool parser gives: calls are read from the text
+    after the reasoning). A *closed* call inside a think block is still a call, as before; an
+    unclosed one that no end of reasoning follows is still ``unterminated_tag`` (the model
+    tried to call and did not close it).
     """
+    syntax = syntax or QWEN_CALLS
+    open_tag, close_tag, form = syntax.open_tag, syntax.close_tag, syntax.format
     out: list[ToolCall | ParseError] = []
     pos = 0
     while True:
-        start = text.find(OPEN_TAG, pos)
+        start = text.find(open_tag, pos)
         if start < 0:
             return out
         if len(out) >= max_calls:
@@ -687,39 +990,39 @@ def parse_tool_calls(
                 ParseError("too_many_calls", f"at most {max_calls} tool calls are read per turn")
             )
             return out
-        body_start = start + len(OPEN_TAG)
-        end = text.find(CLOSE_TAG, body_start)
-        reopen = text.find(OPEN_TAG, body_start)
+        body_start = start + len(open_tag)
+        end = text.find(close_tag, body_start)
+        reopen = text.find(open_tag, body_start)
         reopened = reopen >= 0 and (end < 0 or reopen < end)
         open_ended = end < 0 and reopen < 0 and not closed_by_stop
         stop = reopen if reopened else len(text)
-        if (reopened or open_ended) and text.find(THINK_CLOSE, body_start, stop) >= 0:
-            if not reopened:  # reasoning about a call, closed by </think>: not a call
+        if (reopened or open_ended) and text.find(syntax.think_close, body_start, stop) >= 0:
+            if not reopened:  # reasoning about a call, closed by the end of reasoning
                 return out
             pos = reopen
             continue
-        if reopen >= 0 and (end < 0 or reopen < end):
+        if reopened:
             out.append(
                 ParseError(
-                    "unterminated_tag", f"close each call: {CALL_FORMAT}", text[start : start + 200]
+                    "unterminated_tag", f"close each call: {form}", text[start : start + 200]
                 )
             )
             pos = reopen
             continue
         if end < 0:
             if closed_by_stop:
-                out.append(_parse_body(text[body_start:], max_call_bytes))
+                out.append(_parse_body(text[body_start:], max_call_bytes, syntax))
             else:
                 out.append(
                     ParseError(
                         "unterminated_tag",
-                        f"the tool call has no </tool_call>: {CALL_FORMAT}",
+                        f"the tool call has no {close_tag}: {form}",
                         text[start : start + 200],
                     )
                 )
             return out
-        out.append(_parse_body(text[body_start:end], max_call_bytes))
-        pos = end + len(CLOSE_TAG)
+        out.append(_parse_body(text[body_start:end], max_call_bytes, syntax))
+        pos = end + len(close_tag)
 
 
 # -- argument validation --------------------------------------------------------------------

@@ -17,6 +17,10 @@ report: drifting separators, image-count mismatches, unseen late images):
   clip, then the next assistant header. It is tokenised alone with its media by the family
   (:meth:`mmrft.models.family.ModelFamily.observation_row`: the family's own resizing and video
   budget) and appended with loss mask 0 (and token types 1/2 on its placeholders).
+* **Calls in the template's syntax.** Turns are read, and scripted calls written, in the
+  syntax the chat template writes (:func:`call_syntax`: Qwen's ``<tool_call>`` JSON, or Gemma
+  4's ``<|tool_call>call:NAME{…}<tool_call|>``, whose observations are the template's own
+  response blocks); a closing tag that is one token also ends a turn.
 * **Budgets before media.** An observation joins a trajectory only after the token budget
   (``rollout.tools.max_tokens``) and the media budgets (``max_media``,
   ``max_visual_tokens``) passed; a trajectory they cut ends without it, so no image is ever
@@ -69,12 +73,15 @@ from mmrft.data import Sample
 from mmrft.models.family import TOOLS_ROLE
 from mmrft.policy.trajectory import Trajectory, _short, joined_row
 from mmrft.rollout.tool import (
+    GEMMA4_CALLS,
+    QWEN_CALLS,
     WORKER_MEMORY_MB,
+    CallSyntax,
     Observation,
     ParseError,
+    ToolCall,
     ToolContext,
     ToolSpec,
-    parse_tool_calls,
     run_tool_call,
     tool_pool,
     tool_schemas,
@@ -121,6 +128,14 @@ def renders_tools(processor: Any) -> bool:
     return re.search(r"{[{%][^}]*\btools\b", template_source(processor)) is not None
 
 
+def single_token(tokenizer: Any, text: str) -> int | None:
+    """The id of ``text`` where the tokenizer holds it as one token, else ``None``."""
+    token_id = tokenizer.convert_tokens_to_ids(text)
+    if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+        return token_id
+    return None
+
+
 def tools_system_text(schemas: list[dict[str, Any]]) -> str:
     """Qwen's function-calling instructions (the ``# Tools`` block its chat templates write
     from ``tools=``) for a template that has none."""
@@ -135,13 +150,46 @@ def tools_system_text(schemas: list[dict[str, Any]]) -> str:
     )
 
 
+def call_syntax(processor: Any, describe: bool = True) -> CallSyntax:
+    """The syntax the model writes tool calls in (:class:`~mmrft.rollout.tool.CallSyntax`):
+    Gemma 4's ``<|tool_call>call:NAME{...}<tool_call|>`` where the chat template describes
+    the tools itself (:func:`renders_tools`) and writes calls as ``<|tool_call>`` (Gemma 4's
+    released templates), else Qwen's ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``
+    (what the Qwen text of :func:`tools_system_text` asks for). ``describe`` off: the data's
+    prompts describe the tools (DeepEyes': in Qwen's form), so calls are read in Qwen's."""
+    if (
+        describe
+        and renders_tools(processor)
+        and GEMMA4_CALLS.open_tag in template_source(processor)
+    ):
+        return GEMMA4_CALLS
+    return QWEN_CALLS
+
+
 class ObservationTemplate:
     """The chat template's rendering of tool observations, as text to append (module
     docstring). The observation turn is the template's ``tool`` role when the template knows
-    tool responses (Qwen3-VL, Qwen3.5), else a ``user`` turn whose content wraps each response
-    in ``<tool_response>`` … ``</tool_response>`` (the Qwen form; DeepEyes' prompts), media
-    first. Checked at construction: the rendered history must be a prefix of the history with
-    the observation, and the delta must hold one placeholder block per medium.
+    tool responses (Qwen3-VL, Qwen3.5, Gemma 4), else a ``user`` turn whose content wraps each
+    response in ``<tool_response>`` … ``</tool_response>`` (the Qwen form; DeepEyes' prompts),
+    media first. Checked at construction: the rendered history must be a prefix of the history
+    with the observation, and the delta must hold one placeholder block per medium (a
+    template whose ``tool`` role drops images, as Gemma 4's first released one does, gets
+    the ``user`` turn).
+
+    With a native call syntax (``syntax`` not Qwen's: Gemma 4's) the turn before the
+    observation is an assistant message whose calls are ``tool_calls`` (:meth:`call_message`)
+    and each observation a ``tool`` message answering its call by id and name, so the template
+    writes its own response blocks (Gemma 4: ``<|tool_response>response:NAME{value:…}
+    <tool_response|>`` inside the model's turn, no new turn).
+
+    Attributes:
+        close: what the template writes after a turn that called tools, before the
+            observation (Qwen: the turn's end, ``<|im_end|>\\n``; Gemma 4's calls:
+            ``<|tool_response>``).
+        end_of_turn: the token that ends a turn without calls (``<|im_end|>``, ``<turn|>``).
+        call_end: the token that ends a turn with calls where no stop token did (the first
+            of :attr:`close`: ``end_of_turn`` for Qwen's syntax).
+        role: ``tool`` or ``user``.
 
     Raises :class:`~mmrft.typecheck.ConfigError` when the family's template cannot render an
     observation that way.
@@ -149,18 +197,27 @@ class ObservationTemplate:
 
     MARK = "MMRFT-ASSISTANT-TURN"
 
-    def __init__(self, family: Any, processor: Any) -> None:
+    def __init__(self, family: Any, processor: Any, syntax: CallSyntax = QWEN_CALLS) -> None:
         from mmrft.typecheck import ConfigError
 
-        self.family, self.processor = family, processor
-        self.history = [
-            {"role": "user", "content": [{"type": "text", "text": "question"}]},
-            # a plain string: GLM-4.1V's template writes a list content of an assistant turn
-            # as its Python repr
-            {"role": "assistant", "content": self.MARK},
-        ]
-        self.before = self._render(self.history, False)
-        self.close = self.before[self.before.rindex(self.MARK) + len(self.MARK) :]
+        self.family, self.processor, self.syntax = family, processor, syntax
+        self.native = syntax.name != QWEN_CALLS.name  # calls as tool_calls, not as text
+        self.question = {"role": "user", "content": [{"type": "text", "text": "question"}]}
+        # a plain string: GLM-4.1V's template writes a list content of an assistant turn
+        # as its Python repr
+        answer = self._render([self.question, {"role": "assistant", "content": self.MARK}], False)
+        self.answer_close = answer[answer.rindex(self.MARK) + len(self.MARK) :]
+        self.close = self.answer_close
+        probe_call = [ToolCall("probe", {})]
+        if self.native:  # what follows the call's closing tag
+            called = self._render(self._history({}, probe_call), False)
+            at = called.rfind(syntax.close_tag)
+            if at < 0:
+                raise ConfigError(
+                    f"rollout.tools: the chat template of model family '{family.name}' does "
+                    f"not write tool_calls as {syntax.open_tag} … {syntax.close_tag}"
+                )
+            self.close = called[at + len(syntax.close_tag) :]
         source = template_source(processor)
         roles = ["tool", "user"] if "tool_response" in source else ["user"]
         tokenizer = getattr(processor, "tokenizer", processor)
@@ -172,15 +229,16 @@ class ObservationTemplate:
             self.role = role
             probe = Observation(ok=True, text="probe", images=[None, None])  # type: ignore[list-item]
             try:
-                text = self.render([probe])
+                text = self.render([probe], calls=probe_call)
             except Exception as exc:  # a template that cannot render the role
                 problems.append(f"role '{role}': {type(exc).__name__}: {exc}")
                 continue
             if image_block and text.count(image_block) != 2:
                 problems.append(f"role '{role}': 2 images gave {text.count(image_block)} blocks")
                 continue
-            ids = tokenizer.encode(self.close + text, add_special_tokens=False)
-            self.end_of_turn = int(ids[0])
+            encode = lambda s: tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+            self.end_of_turn = int(encode(self.answer_close + text)[0])
+            self.call_end = int(encode(self.close + text)[0])
             return
         raise ConfigError(
             f"rollout.tools: the chat template of model family '{family.name}' cannot render a "
@@ -208,8 +266,50 @@ class ObservationTemplate:
         tail = len(with_image) - len(without)
         return with_image[start : start + tail].strip()
 
-    def messages(self, observations: list[Observation]) -> list[dict[str, Any]]:
-        """The observation turn(s) as chat messages with placeholder media parts."""
+    @staticmethod
+    def _names(calls: list[Any] | None, n: int) -> list[str]:
+        """The tool name each of ``n`` observations answers: its call's (a
+        :class:`~mmrft.rollout.tool.ParseError` where the name could be read), else
+        ``unknown`` (the name Gemma 4's template writes for an unnamed response)."""
+        calls = list(calls or [])[:n]
+        names = [getattr(c, "name", "") or "unknown" for c in calls]
+        return names + ["unknown"] * (n - len(names))
+
+    def call_message(self, text: str, calls: list[Any]) -> dict[str, Any]:
+        """The assistant message of a turn with ``calls`` (parsed calls or
+        :class:`~mmrft.rollout.tool.ParseError`), as a conversation holds it: Qwen's syntax
+        ``{"role": "assistant", "content": text}`` (the calls are in the text); a native one
+        ``text`` outside the calls as ``content`` and the calls as ``tool_calls`` (ids
+        ``call_0``, ``call_1``, …, arguments as parsed), which the template writes back in
+        its syntax (what the model wrote, where it wrote it as the template does)."""
+        if not self.native:
+            return {"role": "assistant", "content": text}
+        syntax, outside, pos = self.syntax, [], 0
+        while (start := text.find(syntax.open_tag, pos)) >= 0:
+            outside.append(text[pos:start])
+            end = text.find(syntax.close_tag, start)
+            if end < 0:
+                pos = len(text)
+                break
+            pos = end + len(syntax.close_tag)
+        outside.append(text[pos:])
+        names = self._names(calls, len(calls))
+        tool_calls = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": dict(getattr(call, "arguments", {}))},
+            }
+            for i, (call, name) in enumerate(zip(calls, names))
+        ]
+        return {"role": "assistant", "content": "".join(outside).strip(), "tool_calls": tool_calls}
+
+    def messages(
+        self, observations: list[Observation], calls: list[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """The observation turn(s) as chat messages with placeholder media parts; with a
+        native call syntax each ``tool`` message answers its call of ``calls`` (by id
+        ``call_<i>`` and name)."""
 
         def media(obs: Observation) -> list[dict[str, Any]]:
             # each with its key: Qwen2-Audio's template tests `'audio' in part`
@@ -219,6 +319,17 @@ class ObservationTemplate:
                 + [{"type": "audio", "audio": ""} for _ in obs.audios]
             )
 
+        if self.role == "tool" and self.native:
+            names = self._names(calls, len(observations))
+            return [
+                {
+                    "role": "tool",
+                    "tool_call_id": f"call_{i}",
+                    "name": name,
+                    "content": [*media(o), {"type": "text", "text": o.text}],
+                }
+                for i, (o, name) in enumerate(zip(observations, names))
+            ]
         if self.role == "tool":
             return [
                 {"role": "tool", "content": [*media(o), {"type": "text", "text": o.text}]}
@@ -231,38 +342,50 @@ class ObservationTemplate:
             content.append({"type": "text", "text": obs.text + "\n</tool_response>"})
         return [{"role": "user", "content": content}]
 
-    def render(self, observations: list[Observation], earlier: dict[str, int] | None = None) -> str:
+    def render(
+        self,
+        observations: list[Observation],
+        earlier: dict[str, int] | None = None,
+        calls: list[Any] | None = None,
+    ) -> str:
         """The text that follows the assistant turn's *close*: the observation turn(s) and the
-        next assistant header. ``earlier``: media parts before them by kind (``image``,
-        ``video``, ``audio``), for templates that number media (Qwen2-Audio's "Audio 2:")."""
-        history = self._history(earlier or {})
+        next assistant header (none where the template continues the model's turn: Gemma 4's
+        tool responses). ``earlier``: media parts before them by kind (``image``, ``video``,
+        ``audio``), for templates that number media (Qwen2-Audio's "Audio 2:"); ``calls``:
+        the turn's calls (a native syntax names each response after its call)."""
+        calls = calls if calls is not None else [None] * len(observations)
+        history = self._history(earlier or {}, calls)
         before = self._render(history, False)
-        full = self._render(history + self.messages(observations), True)
+        full = self._render(history + self.messages(observations, calls), True)
         if not full.startswith(before):
             raise ValueError("the chat template re-renders earlier turns when a tool turn is added")
         return full[len(before) :]
 
-    def _history(self, earlier: dict[str, int]) -> list[dict[str, Any]]:
-        """The probe history, its user turn holding ``earlier`` media placeholders."""
+    def _history(self, earlier: dict[str, int], calls: list[Any]) -> list[dict[str, Any]]:
+        """The probe history: a user turn holding ``earlier`` media placeholders, then the
+        assistant turn that made ``calls`` (Qwen's syntax: a marked text)."""
         media = [
             {"type": kind, kind: ""} for kind in ("image", "video", "audio")
             for _ in range(earlier.get(kind, 0))
         ]  # fmt: skip
-        if not media:
-            return self.history
-        return [{"role": "user", "content": [*media, *self.history[0]["content"]]}, self.history[1]]
+        user = {"role": "user", "content": [*media, *self.question["content"]]}
+        if self.native:
+            return [user, self.call_message("", calls)]
+        return [user, {"role": "assistant", "content": self.MARK}]
 
     def delta(
         self,
         observations: list[Observation],
         sampled_close: str,
         earlier: dict[str, int] | None = None,
+        calls: list[Any] | None = None,
     ) -> str:
         """The whole text to append after a turn: the template's close then :meth:`render`,
         less ``sampled_close`` at its start (what the model already wrote of it: its
         end-of-turn token, e.g. ``<|im_end|>``; GLM-4.1V's turns end at the next turn's
-        ``<|user|>``, which the template writes as the observation turn's opening)."""
-        text = self.close + self.render(observations, earlier)
+        ``<|user|>``, which the template writes as the observation turn's opening; a Gemma 4
+        call turn that ended on ``<|tool_response>``)."""
+        text = self.close + self.render(observations, earlier, calls)
         if sampled_close and text.startswith(sampled_close):
             text = text[len(sampled_close) :]
         return text
@@ -308,8 +431,11 @@ class ToolLoop:
     Attributes:
         schemas: the tools' descriptions :meth:`with_tools` prepends (none when ``describe``
             is off).
-        tool_call_token: the id of ``</tool_call>`` when it is one token (a turn may also end
-            there); ``None`` otherwise (turns end at end-of-turn).
+        syntax: the syntax calls are read and written in (:func:`call_syntax`: Qwen's, or
+            Gemma 4's where the template describes the tools and writes calls so).
+        tool_call_token: the id of the syntax's closing tag (``</tool_call>``,
+            ``<tool_call|>``) when it is one token (a turn may also end there); ``None``
+            otherwise (turns end at end-of-turn).
         counts: what :meth:`metrics` reports, since its last call.
     """
 
@@ -333,20 +459,15 @@ class ToolLoop:
         self.pool = None if environment is not None else tool_pool(tools, worker_memory_mb)
         self.schemas = tool_descriptions(tools, describe)
         self.native_tools = renders_tools(processor)  # the template's tools= (else Qwen's text)
-        self.template = ObservationTemplate(family, processor)
+        self.syntax = call_syntax(processor, describe)
+        self.template = ObservationTemplate(family, processor, self.syntax)
         self.tokenizer = getattr(processor, "tokenizer", processor)
-        close_id = self.tokenizer.convert_tokens_to_ids("</tool_call>")
-        self.tool_call_token = (
-            close_id
-            if isinstance(close_id, int) and close_id != self.tokenizer.unk_token_id
-            else None
-        )
-        self.tag_ids = {  # the tool-call tags that are single tokens, by id
+        self.tag_ids = {  # the syntax's tags that are single tokens, by id
             token_id: tag
-            for tag in ("<tool_call>", "</tool_call>")
-            if isinstance(token_id := self.tokenizer.convert_tokens_to_ids(tag), int)
-            and token_id != self.tokenizer.unk_token_id
+            for tag in self.syntax.tags
+            if (token_id := single_token(self.tokenizer, tag)) is not None
         }
+        self.tool_call_token = single_token(self.tokenizer, self.syntax.close_tag)
         self.token_key = family.token_keys[0] if family.token_keys else None
         self.context_kwargs = {**audio_context(family, processor), **(context_kwargs or {})}
         self.counts: Counter = Counter()
@@ -531,14 +652,15 @@ class ToolLoop:
         """One valid call on ``sample`` (a smoke run's scripted turn): with an environment, the
         first turn of its demonstration for the sample's target; else the first enabled tool,
         by name, whose declared example (:attr:`mmrft.rollout.tool.ToolSpec.example`) gives
-        arguments for the sample's media, as ``<tool_call>{"name", "arguments"}</tool_call>``;
+        arguments for the sample's media; written in the loop's :attr:`syntax` (Qwen's
+        ``<tool_call>{"name", "arguments"}</tool_call>``, Gemma 4's ``<|tool_call>call:…``).
         ``None`` when the sample switches tools off or no tool has an example for it."""
         if not offers_tools(sample):
             return None
         if self.env is not None:  # the first turn of the environment's scripted episode
             demonstrate = self.env.spec.demonstration
             turns = demonstrate(sample, str(sample.target)) if demonstrate else []
-            return turns[0] if turns else None
+            return self.syntax.rewrite(turns[0]) if turns else None
         context = ToolContext.from_sample(sample, self.family, **self.context_kwargs)
         for name in sorted(self.tools):
             example = self.tools[name].example
@@ -550,8 +672,7 @@ class ToolLoop:
                 log.info("tool %s: no example call on sample %s (%s)", name, sample.id, exc)
                 continue
             if arguments is not None:
-                call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-                return f"<tool_call>{call}</tool_call>"
+                return self.syntax.write(name, arguments)
         return None
 
     def step(
@@ -574,7 +695,7 @@ class ToolLoop:
             t.stop = "length"
             return False
         ended_on_call = self.tool_call_token is not None and ids[-1] == self.tool_call_token
-        calls = parse_tool_calls(text, closed_by_stop=ended_on_call) if context else []
+        calls = self.syntax.parse(text, closed_by_stop=ended_on_call) if context else []
         if not calls:
             t.stop = "answer"
             return False
@@ -597,7 +718,7 @@ class ToolLoop:
             for c in calls
         ]
         record.calls = [_call_record(c, o) for c, o in zip(calls, observations)]
-        t.stop = self._append(t, context, observations, ids, budget)
+        t.stop = self._append(t, context, observations, ids, budget, calls)
         return not t.stop
 
     def _environment_step(
@@ -633,7 +754,7 @@ class ToolLoop:
         elif t.environment.get("done"):
             t.stop = "env_done"
         else:
-            t.stop = self._append(t, context, observations, ids, budget)
+            t.stop = self._append(t, context, observations, ids, budget, calls)
         return not t.stop
 
     def with_start(
@@ -669,7 +790,9 @@ class ToolLoop:
     def demonstration(self, sample: Sample, turns: list[str]) -> Trajectory:
         """The trajectory of scripted turn texts (a warm start's demonstration: e.g. a crop of
         the target, then the answer), built exactly as the loop builds a sampled one: each
-        text tokenised, ``</tool_call>`` or end-of-turn closing it, its calls run and their
+        text's calls written in the loop's syntax (scripts write Qwen's form:
+        :meth:`~mmrft.rollout.tool.CallSyntax.rewrite`), the text tokenised, the closing tag
+        (where it is one token) or the end of turn closing it, its calls run and their
         observations appended (with an environment, on an instance of its own, reset on
         ``sample``: its prompt is :meth:`with_start`'s). No sampler log-probs."""
         end = self.template.end_of_turn
@@ -684,9 +807,10 @@ class ToolLoop:
             start = media_counts([{"role": "user", "content": step.observation.content()}])
             t.prompt_media = {k: v + start[k] for k, v in t.prompt_media.items()}
         for text in turns:
+            text = self.syntax.rewrite(text)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             if self.tool_call_token is None or not ids or ids[-1] != self.tool_call_token:
-                ids.append(end)
+                ids.append(self.template.call_end if self.syntax.open_tag in text else end)
             if not self.step(t, context, ids, None, False, budget, key):
                 break
         if key is not None and self.env is not None:
@@ -700,11 +824,13 @@ class ToolLoop:
         observations: list[Observation],
         ids: list[int],
         budget: int,
+        calls: list[Any],
     ) -> str:
-        """Render, tokenise and budget-check the observations; append them to ``t`` and their
-        images to ``context``. Returns the stop reason when a budget refuses them, ``""``."""
+        """Render, tokenise and budget-check the observations of ``calls``; append them to
+        ``t`` and their images to ``context``. Returns the stop reason when a budget refuses
+        them, ``""``."""
         last = self.tokenizer.decode(ids[-1:], skip_special_tokens=False)
-        text = self.template.delta(observations, last, t.media_so_far())
+        text = self.template.delta(observations, last, t.media_so_far(), calls)
         parts = self.template.media_parts(observations)
         row = self.family.observation_row(self.processor, text, parts)
         n_images = sum(len(o.images) for o in observations)
