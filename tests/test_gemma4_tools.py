@@ -425,3 +425,24 @@ def test_each_response_answers_its_call_by_name(gemma4):
         assert blocks[3] == "<answer>red</answer><turn|>"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize(("template", "blocks"), [("gemma4.jinja", 0), ("gemma4_v4.jinja", 2),
+                                                  ("gemma4_v5.jinja", 2)])  # fmt: skip
+def test_which_released_templates_carry_images_in_a_tool_response(gemma4, template, blocks):
+    """A tool message with two image parts: the first released template renders its text
+    only (no placeholder, so the loop shows a crop in a user turn); the later ones write one
+    ``<|image|>`` per image after the response block."""
+    policy = gemma4
+    policy.processor.chat_template = released_template(template)
+    conversation = [
+        {"role": "user", "content": [{"type": "text", "text": "q"}]},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_0", "type": "function", "function": {"name": "crop", "arguments": {}}}
+        ]},
+        {"role": "tool", "tool_call_id": "call_0", "name": "crop",
+         "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "two"}]},
+    ]  # fmt: skip
+    [text] = policy.family.render(policy.processor, [conversation], True)
+    block = f"<|tool_response>response:crop{{value:{Q}two{Q}}}<tool_response|>"
+    assert text.endswith(block + "<|image|>" * blocks), text
