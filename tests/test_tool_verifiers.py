@@ -88,6 +88,50 @@ def test_clip_overlap_is_the_tiou_when_correct():
     assert got[0] == (pytest.approx(1 / 3), None) and got[1] == (0.0, "answer wrong")
 
 
+def test_clip_overlap_counts_audio_clips():
+    heard = trajectory({"name": "audio_clip", "info": {"span_s": [2.0, 4.0]}})
+    got = values("clip_overlap", [RIGHT], [sample(target_span=[2.0, 4.0])], [heard])
+    assert got == [(1.0, None)]
+
+
+def test_span_contains_target_in_seconds():
+    def fetched(name, start, end, ok=True):
+        return trajectory({"name": name, "ok": ok, "info": {"span_s": [start, end]}})
+
+    target = sample(target_span=[3.1, 3.5])
+    got = values(
+        "span_contains_target",
+        [WRONG] * 6,  # the answer does not matter
+        [target] * 5 + [sample()],
+        [
+            fetched("audio_clip", 2.9, 3.7),
+            fetched("video_frames", 3.3, 4.0),  # half of the span
+            fetched("audio_clip", 2.9, 3.7, ok=False),  # a refused call fetched nothing
+            fetched("crop", 2.9, 3.7),  # not a clip tool
+            None,
+            fetched("audio_clip", 2.9, 3.7),
+        ],
+    )
+    assert got == [
+        (1.0, None),
+        (0.0, "clip misses the target"),
+        (0.0, "no clip fetched"),
+        (0.0, "no clip fetched"),
+        (0.0, "no tool rollout"),
+        None,
+    ]
+    half = values(
+        "span_contains_target",
+        [RIGHT],
+        [target],
+        [fetched("video_frames", 3.3, 4.0)],
+        min_cover=0.5,
+    )
+    assert half == [(1.0, None)]
+    with pytest.raises(ValueError, match="min_cover"):
+        values("span_contains_target", [RIGHT], [target], [None], min_cover=0)
+
+
 def test_tool_failures_penalty_is_capped():
     bad = {"ok": False, "reason": "unknown_tool"}
     got = values(

@@ -10,9 +10,12 @@ positional parameter, :mod:`mmrft.rewards`), not only the last turn's text.
   ``meta.target_box`` (pixels of the original image; containment of at least ``min_cover``
   of the box's area), else 0; ``None`` for samples without a target box.
 * ``clip_overlap``: Video-MTR's frame-overlap bonus (Xie et al. 2025, arXiv:2508.20478):
-  the best temporal IoU between a successful ``video_frames`` interval and the sample's
-  ``meta.target_span`` (seconds), paid only when the answer is right (``only_when_correct``);
-  ``None`` for samples without a target span.
+  the best temporal IoU between a successful ``video_frames`` (or ``audio_clip``) interval and
+  the sample's ``meta.target_span`` (seconds), paid only when the answer is right
+  (``only_when_correct``); ``None`` for samples without a target span.
+* ``span_contains_target``: ``crop_contains_target`` in time: 1 when a successful
+  ``video_frames`` or ``audio_clip`` interval covers at least ``min_cover`` of
+  ``meta.target_span``, else 0; ``None`` for samples without a target span.
 * ``tool_failures``: a penalty per failed call (broken JSON, unknown tool, a refused box, …):
   ``−min(1, per_call × failed calls)``, range [−1, 0].
 * ``environment_reward``: the reward in [0, 1] a stateful environment gave the episode when it
@@ -151,6 +154,20 @@ def _tiou(a: list[float], b: list[float]) -> float:
     return inter / union if union > 0 else 0.0
 
 
+CLIP_TOOLS = ("video_frames", "audio_clip")
+"""Tools whose successful calls fetch an interval of the sample's media (``info["span_s"]``,
+seconds of the source)."""
+
+
+def _spans(trajectory: Any) -> list[list[float]]:
+    """``[start, end]`` (seconds) of the successful :data:`CLIP_TOOLS` calls."""
+    return [
+        [float(v) for v in call["info"]["span_s"]]
+        for call in trajectory.calls
+        if call["ok"] and call["name"] in CLIP_TOOLS and "span_s" in call.get("info", {})
+    ]
+
+
 @verifier("clip_overlap", low=0.0, high=1.0)
 def clip_overlap(
     completions: list[str],
@@ -160,8 +177,8 @@ def clip_overlap(
     only_when_correct: bool = True,
 ) -> list[Score | None]:
     """max tIoU(fetched interval, ``meta.target_span``) over the successful ``video_frames``
-    calls, 0 without one; with ``only_when_correct`` 0 unless the answer is right (``accuracy``,
-    auto mode). ``None`` for samples without a target span. Range [0, 1]."""
+    and ``audio_clip`` calls, 0 without one; with ``only_when_correct`` 0 unless the answer is
+    right (``accuracy``, auto mode). ``None`` for samples without a target span. Range [0, 1]."""
     from mmrft.verifiers.accuracy import accuracy
 
     correct = accuracy(completions, samples) if only_when_correct else None
@@ -174,18 +191,48 @@ def clip_overlap(
         if trajectory is None:
             out.append(Score(0.0, reason="no tool rollout"))
             continue
-        fetched = [
-            c["info"]["span_s"]
-            for c in trajectory.calls
-            if c["ok"] and c["name"] == "video_frames" and "span_s" in c.get("info", {})
-        ]
+        fetched = _spans(trajectory)
         if not fetched:
             out.append(Score(0.0, reason="no clip fetched"))
         elif correct is not None and correct[i].value < 1.0:
             out.append(Score(0.0, reason="answer wrong"))
         else:
             target = [float(span[0]), float(span[1])]
-            out.append(Score(max(_tiou([float(a), float(b)], target) for a, b in fetched)))
+            out.append(Score(max(_tiou(clip, target) for clip in fetched)))
+    return out
+
+
+@verifier("span_contains_target", low=0.0, high=1.0)
+def span_contains_target(
+    completions: list[str],
+    samples: list[Sample],
+    trajectories: list[Any],
+    *,
+    min_cover: float = 1.0,
+) -> list[Score | None]:
+    """1 when a successful ``video_frames`` or ``audio_clip`` interval covers at least
+    ``min_cover`` of ``meta.target_span``'s length (seconds), else 0; ``None`` without a target
+    span. Whether the model fetched the moment it needs, right answer or not. Range [0, 1]."""
+    if not 0.0 < min_cover <= 1.0:
+        raise ValueError(f"min_cover must be in (0, 1], got {min_cover}")
+    out: list[Score | None] = []
+    for sample, trajectory in zip(samples, trajectories):
+        span = sample.meta.get("target_span")
+        if not span:
+            out.append(None)
+            continue
+        if trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+            continue
+        start, end = float(span[0]), float(span[1])
+        fetched = _spans(trajectory)
+        covered = [max(0.0, min(b, end) - max(a, start)) for a, b in fetched]
+        if not fetched:
+            out.append(Score(0.0, reason="no clip fetched"))
+        elif max(covered) >= min_cover * (end - start) - 1e-9:
+            out.append(Score(1.0))
+        else:
+            out.append(Score(0.0, reason="clip misses the target"))
     return out
 
 
