@@ -1200,7 +1200,9 @@ def write_audio_zoom(folder: Path, split: str, n: int, rng: np.random.Generator)
     truncate policy), and the window ``[t − 1, t + 1]`` around the stated time ``t`` lies in
     the clip and holds the whole tone. The question states ``t`` = the onset plus
     U(−0.2, 0.2) s, rounded to 0.1 s (``meta.asked_time``; ``|t − onset| ≤ 0.25`` s).
-    ``meta.target_span`` the tone's ``[start, end]`` s, ``meta.frequency_hz``.
+    ``meta.target_span`` the tone's ``[start, end]`` s, ``meta.frequency_hz``;
+    ``meta.zoom_span`` the window ``[t − 1, t + 1]`` s (what the question lets a policy find:
+    the scripted warm-start call fetches it).
 
     Why FLAC over silence (sizes measured with libsndfile 1.2.2 / libFLAC 1.4.3, level 8, per
     9 s clip): the other audio benchmarks' WAV is 288 KB (71 MB for 248 clips), and FLAC
@@ -1264,6 +1266,7 @@ def write_audio_zoom(folder: Path, split: str, n: int, rng: np.random.Generator)
             "target_span": [start, end],
             "frequency_hz": frequency,
             "asked_time": asked,
+            "zoom_span": [round(asked - 1.0, 1), round(asked + 1.0, 1)],
             "knocks": sorted(knocks),
         }
         question = AUDIO_ZOOM_QUESTION.format(time=asked)

@@ -357,6 +357,30 @@ def test_demonstration_call_crops_around_the_target_in_the_family_frame(policy):
     assert demonstration_call(s, policy.family, ["rotate"]) is None
 
 
+def test_demonstration_call_fetches_the_zoom_span_or_the_widened_target_span(policy):
+    """In time: ``meta.zoom_span`` as it is when a sample names it (audio_zoom's window around
+    the stated time), else the target span widened by 0.25 s within the duration."""
+    import json
+
+    from mmrft.rollout.tool_loop import demonstration_call
+
+    def arguments(meta: dict, tools: list[str]) -> dict:
+        call = demonstration_call(Sample("s", [], "low", meta), policy.family, tools)
+        return json.loads(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+
+    span = {"target_span": [3.1, 3.46], "duration": 8.4}
+    assert arguments({**span, "zoom_span": [2.2, 4.2]}, ["audio_clip"]) == {
+        "name": "audio_clip",
+        "arguments": {"start_s": 2.2, "end_s": 4.2},
+    }
+    assert arguments(span, ["audio_clip"])["arguments"] == {"start_s": 2.85, "end_s": 3.71}
+    assert arguments({"target_span": [0.1, 8.3], "duration": 8.4}, ["video_frames"]) == {
+        "name": "video_frames",
+        "arguments": {"start_s": 0.0, "end_s": 8.4, "n": 8},
+    }
+    assert demonstration_call(Sample("s", [], "low", span), policy.family, ["crop"]) is None
+
+
 @pytest.fixture(scope="module")
 def video_policy():
     return tiny_policy(

@@ -936,7 +936,9 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
       (pixels of the original image, taken as it is);
     * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
       on each side (within ``meta.duration``), 8 frames; with ``audio_clip`` enabled, that
-      interval of the audio.
+      interval of the audio; ``meta.zoom_span`` instead, when the sample names the interval to
+      fetch itself (seconds, taken as it is: e.g. a window around a time the question states,
+      which a policy can read from the prompt, where the target span cannot be).
     """
     from mmrft.rewards.boxes import from_pixels
 
@@ -960,25 +962,18 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
         framed = [round(v) for v in from_pixels(box, family.box_frame, meta)]
         arguments: dict[str, Any] = {"bbox_2d": framed}
         return f'<tool_call>{{"name": "{crop}", "arguments": {json.dumps(arguments)}}}</tool_call>'
-    if "video_frames" in tools and meta.get("target_span"):
-        start, end = (float(v) for v in meta["target_span"])
-        duration = float(meta.get("duration") or end + 0.25)
-        arguments = {
-            "start_s": round(max(0.0, start - 0.25), 2),
-            "end_s": round(min(duration, end + 0.25), 2),
-            "n": 8,
-        }
-        return f'<tool_call>{{"name": "video_frames", "arguments": {json.dumps(arguments)}}}</tool_call>'
-    if "audio_clip" in tools and meta.get("target_span"):
-        start, end = (float(v) for v in meta["target_span"])
-        duration = float(meta.get("duration") or end + 0.25)
-        arguments = {
-            "start_s": round(max(0.0, start - 0.25), 2),
-            "end_s": round(min(duration, end + 0.25), 2),
-        }
-        return (
-            f'<tool_call>{{"name": "audio_clip", "arguments": {json.dumps(arguments)}}}</tool_call>'
-        )
+    clip = next((n for n in ("video_frames", "audio_clip") if n in tools), None)
+    if clip and (meta.get("zoom_span") or meta.get("target_span")):
+        if meta.get("zoom_span"):
+            start_s, end_s = (float(v) for v in meta["zoom_span"])
+        else:
+            start, end = (float(v) for v in meta["target_span"])
+            duration = float(meta.get("duration") or end + 0.25)
+            start_s, end_s = max(0.0, start - 0.25), min(duration, end + 0.25)
+        arguments = {"start_s": round(start_s, 2), "end_s": round(end_s, 2)}
+        if clip == "video_frames":
+            arguments["n"] = 8
+        return f'<tool_call>{{"name": "{clip}", "arguments": {json.dumps(arguments)}}}</tool_call>'
     return None
 
 
