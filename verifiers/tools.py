@@ -92,6 +92,38 @@ def _covered(box: list[float], target: list[float]) -> float:
     return w * h / area
 
 
+def _contains_target(
+    samples: list[Sample],
+    trajectories: list[Any],
+    key: str,
+    fetched: Any,
+    share: Any,
+    min_cover: float,
+    reasons: tuple[str, str],
+) -> list[Score | None]:
+    """1 when one of ``fetched(trajectory)`` covers at least ``min_cover`` of the sample's
+    ``meta[key]`` (``share(item, target)`` in [0, 1]), else 0 with ``reasons`` (nothing
+    fetched, nothing covering); ``None`` where the sample has no ``key``."""
+    if not 0.0 < min_cover <= 1.0:
+        raise ValueError(f"min_cover must be in (0, 1], got {min_cover}")
+    out: list[Score | None] = []
+    for sample, trajectory in zip(samples, trajectories):
+        target = sample.meta.get(key)
+        if not target:
+            out.append(None)
+        elif trajectory is None:
+            out.append(Score(0.0, reason="no tool rollout"))
+        else:
+            items = fetched(trajectory)
+            if not items:
+                out.append(Score(0.0, reason=reasons[0]))
+            elif max(share(item, target) for item in items) >= min_cover - 1e-9:
+                out.append(Score(1.0))
+            else:
+                out.append(Score(0.0, reason=reasons[1]))
+    return out
+
+
 @verifier("crop_contains_target", low=0.0, high=1.0)
 def crop_contains_target(
     completions: list[str],
@@ -103,24 +135,10 @@ def crop_contains_target(
     """MGPO's check: 1 when a successful crop of the original image covers at least
     ``min_cover`` of ``meta.target_box``'s area, else 0; ``None`` without a target box.
     Range [0, 1]."""
-    if not 0.0 < min_cover <= 1.0:
-        raise ValueError(f"min_cover must be in (0, 1], got {min_cover}")
-    out: list[Score | None] = []
-    for sample, trajectory in zip(samples, trajectories):
-        target = sample.meta.get("target_box")
-        if not target:
-            out.append(None)
-        elif trajectory is None:
-            out.append(Score(0.0, reason="no tool rollout"))
-        else:
-            crops = _crops(trajectory)
-            if not crops:
-                out.append(Score(0.0, reason="no crop"))
-            elif max(_covered(c, target) for c in crops) >= min_cover - 1e-9:
-                out.append(Score(1.0))
-            else:
-                out.append(Score(0.0, reason="crop misses the target"))
-    return out
+    reasons = ("no crop", "crop misses the target")
+    return _contains_target(
+        samples, trajectories, "target_box", _crops, _covered, min_cover, reasons
+    )
 
 
 @verifier("tool_failures", low=-1.0, high=0.0)
@@ -202,6 +220,13 @@ def clip_overlap(
     return out
 
 
+def _covered_span(clip: list[float], target: list[float]) -> float:
+    """Share of ``target``'s length inside ``clip`` (seconds, ``[start, end]``)."""
+    start, end = float(target[0]), float(target[1])
+    inter = min(clip[1], end) - max(clip[0], start)
+    return inter / (end - start) if inter > 0 and end > start else 0.0
+
+
 @verifier("span_contains_target", low=0.0, high=1.0)
 def span_contains_target(
     completions: list[str],
@@ -213,27 +238,10 @@ def span_contains_target(
     """1 when a successful ``video_frames`` or ``audio_clip`` interval covers at least
     ``min_cover`` of ``meta.target_span``'s length (seconds), else 0; ``None`` without a target
     span. Whether the model fetched the moment it needs, right answer or not. Range [0, 1]."""
-    if not 0.0 < min_cover <= 1.0:
-        raise ValueError(f"min_cover must be in (0, 1], got {min_cover}")
-    out: list[Score | None] = []
-    for sample, trajectory in zip(samples, trajectories):
-        span = sample.meta.get("target_span")
-        if not span:
-            out.append(None)
-            continue
-        if trajectory is None:
-            out.append(Score(0.0, reason="no tool rollout"))
-            continue
-        start, end = float(span[0]), float(span[1])
-        fetched = _spans(trajectory)
-        covered = [max(0.0, min(b, end) - max(a, start)) for a, b in fetched]
-        if not fetched:
-            out.append(Score(0.0, reason="no clip fetched"))
-        elif max(covered) >= min_cover * (end - start) - 1e-9:
-            out.append(Score(1.0))
-        else:
-            out.append(Score(0.0, reason="clip misses the target"))
-    return out
+    reasons = ("no clip fetched", "clip misses the target")
+    return _contains_target(
+        samples, trajectories, "target_span", _spans, _covered_span, min_cover, reasons
+    )
 
 
 def _episode(trajectory: Any) -> tuple[dict[str, Any], None] | tuple[None, Score]:
