@@ -78,8 +78,9 @@ Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` sh
   only Video-R1-COT-165k, the SFT file, carries).
 * ``zoom_video`` (``video_qa``, multiple choice; "looking closer" in time): 112×112 px, 8–10 s
   at 20 fps, a static neutral background; a disc (20–28 px) of one of the 4 colours flashes on
-  6–10 frames (0.3–0.5 s). "What colour is the dot that flashes briefly in the video?";
-  ``meta.choices`` the 4 colours (fixed order), target the colour, balanced;
+  6–10 frames (0.3–0.5 s). "What colour is the dot that flashes briefly at about 5.2 s?"
+  (``meta.asked_time``, within 0.25 s of the flash's start, which is 1.2 s or more from the
+  clip's ends; ``meta.zoom_span`` the window ``[t − 1, t + 1]``); ``meta.choices`` the 4 colours (fixed order), target the colour, balanced;
   ``meta.target_span`` ``[start, end]`` s of the flash (frames ``start·fps … end·fps − 1``),
   ``meta.target_box`` its box in frame pixels. The flash always falls between the frames of the
   8-frame (the tiny video recipes) and the 16-frame (``VideoBudget``'s default, Video-R1's)
@@ -924,7 +925,9 @@ ZOOM_VIDEO_SIZE = 112  # px, square frames
 # Uniform samplings the flash avoids: 8 frames (the tiny video recipes, configs/learn/video_*.yaml)
 # and 16 (mmrft.data.video.VideoBudget's default at 2 fps, Video-R1's training setting).
 ZOOM_VIDEO_BASE_FRAMES = (8, 16)
-ZOOM_VIDEO_QUESTION = "What colour is the dot that flashes briefly in the video?"
+ZOOM_VIDEO_QUESTION = "What colour is the dot that flashes briefly at about {time:.1f} s?"
+ZOOM_VIDEO_SAY = 0.2  # s, the stated time is round(flash start + U(±this), 1): within ±0.25 s
+ZOOM_VIDEO_EDGE = 1.2  # s, the flash starts this far from the clip's ends: [t − 1, t + 1] fits
 
 
 def draw_disc(image: Array, cx: float, cy: float, diameter: float, rgb: Array) -> list[int]:
@@ -1122,11 +1125,20 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
     20–28 px in one of the 4 colours (targets balanced) flashes on 6–10 frames (0.3–0.5 s)
     at a random position. The flash lies between the frames of the 8- and the 16-frame
     uniform samplings (:func:`uniform_frame_indices`) with at least one frame to spare on
-    each side, its start drawn uniformly among such places (the length drawn again, one frame
-    shorter, while none fits): sampled at either count, it is never seen."""
+    each side and starting ``ZOOM_VIDEO_EDGE`` = 1.2 s or more from either end of the clip, its
+    start drawn uniformly among such places (the length drawn again, one frame shorter, while
+    none fits): sampled at either count, it is never seen.
+
+    The question states the time ``t`` = the flash's start plus U(−0.2, 0.2) s, rounded to
+    0.1 s (``meta.asked_time``; ``|t − start| ≤ 0.25`` s), and ``meta.zoom_span`` is the window
+    ``[t − 1, t + 1]`` s (what the question lets a policy find: the scripted warm-start call
+    fetches it). It lies in the clip and holds the whole flash, and the 8 frames
+    ``video_frames`` samples over it always show the flash (gaps of at most 6 stored frames,
+    the flash 6–10)."""
     (folder / "videos").mkdir(exist_ok=True)
     fps, size = ZOOM_VIDEO_FPS, ZOOM_VIDEO_SIZE
     colours = list(COLOURS)
+    edge = round(ZOOM_VIDEO_EDGE * fps)  # frames
     records = []
     for i, colour in enumerate(balanced(rng, colours, n)):
         duration = int(rng.integers(8, 11))  # s
@@ -1137,7 +1149,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
         while True:
             starts = [
                 f
-                for f in range(1, n_frames - length)
+                for f in range(edge, n_frames - edge + 1)
                 if not any(f - 1 <= s <= f + length for s in sampled)
             ]
             if starts or length == 6:
@@ -1153,6 +1165,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
         video_id = f"{split}-{i:04d}"
         relative = f"videos/{video_id}.mp4"
         save_mp4(frames, fps, folder / relative)
+        asked = round(first / fps + float(rng.uniform(-ZOOM_VIDEO_SAY, ZOOM_VIDEO_SAY)), 1)
         meta = {
             "choices": colours,
             "duration": float(duration),
@@ -1160,11 +1173,12 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
             "frame_size": [size, size],
             "target_span": [round(first / fps, 3), round((first + length) / fps, 3)],
             "target_box": box,
+            "asked_time": asked,
+            "zoom_span": [round(asked - 1.0, 1), round(asked + 1.0, 1)],
         }
+        question = ZOOM_VIDEO_QUESTION.format(time=asked)
         records.append(
-            user_record(
-                f"{folder.name}-{video_id}", "video", relative, ZOOM_VIDEO_QUESTION, colour, meta
-            )
+            user_record(f"{folder.name}-{video_id}", "video", relative, question, colour, meta)
         )
     write_jsonl(folder / f"{split}.jsonl", records)
 
