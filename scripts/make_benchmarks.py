@@ -77,10 +77,11 @@ Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` sh
   Video-R1's paths are to its data root), ``data_source``; no ``process`` (the chain of thought
   only Video-R1-COT-165k, the SFT file, carries).
 * ``zoom_video`` (``video_qa``, multiple choice; "looking closer" in time): 112×112 px, 8–10 s
-  at 20 fps, a static neutral background; a disc (20–28 px) of one of the 4 colours flashes on
+  at 20 fps, a static neutral background; a disc (40–56 px) of one of the 4 colours flashes on
   6–10 frames (0.3–0.5 s). "What colour is the dot that flashes briefly at about 5.2 s?"
-  (``meta.asked_time``, within 0.25 s of the flash's start, which is 1.2 s or more from the
-  clip's ends; ``meta.zoom_span`` the window ``[t − 1, t + 1]``); ``meta.choices`` the 4 colours (fixed order), target the colour, balanced;
+  (``meta.asked_time``, the flash's start rounded to 0.1 s, 1.2 s or more from the clip's
+  ends; ``meta.zoom_span`` the window ``[t, t + 1]``); ``meta.choices`` the 4 colours (fixed
+  order), target the colour, balanced;
   ``meta.target_span`` ``[start, end]`` s of the flash (frames ``start·fps … end·fps − 1``),
   ``meta.target_box`` its box in frame pixels. The flash always falls between the frames of the
   8-frame (the tiny video recipes) and the 16-frame (``VideoBudget``'s default, Video-R1's)
@@ -926,8 +927,8 @@ ZOOM_VIDEO_SIZE = 112  # px, square frames
 # and 16 (mmrft.data.video.VideoBudget's default at 2 fps, Video-R1's training setting).
 ZOOM_VIDEO_BASE_FRAMES = (8, 16)
 ZOOM_VIDEO_QUESTION = "What colour is the dot that flashes briefly at about {time:.1f} s?"
-ZOOM_VIDEO_SAY = 0.2  # s, the stated time is round(flash start + U(±this), 1): within ±0.25 s
-ZOOM_VIDEO_EDGE = 1.2  # s, the flash starts this far from the clip's ends: [t − 1, t + 1] fits
+ZOOM_VIDEO_DISC = (40, 56)  # px, the flashing disc's diameter (of 112: 20–28 px at 56 × 56)
+ZOOM_VIDEO_EDGE = 1.2  # s, the flash starts this far from the clip's ends: [t, t + 1] fits
 
 
 def draw_disc(image: Array, cx: float, cy: float, diameter: float, rgb: Array) -> list[int]:
@@ -1122,19 +1123,27 @@ def uniform_frame_indices(total_frames: int, frames: int) -> list[int]:
 def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
     """``zoom_video``: 112×112 px clips of 8, 9 or 10 s at 20 fps over a static neutral
     background (:func:`neutral_canvas`: cells 16–64 px, 6 discs of 6–14 px); a disc of
-    20–28 px in one of the 4 colours (targets balanced) flashes on 6–10 frames (0.3–0.5 s)
+    40–56 px in one of the 4 colours (targets balanced) flashes on 6–10 frames (0.3–0.5 s)
     at a random position. The flash lies between the frames of the 8- and the 16-frame
     uniform samplings (:func:`uniform_frame_indices`) with at least one frame to spare on
     each side and starting ``ZOOM_VIDEO_EDGE`` = 1.2 s or more from either end of the clip, its
     start drawn uniformly among such places (the length drawn again, one frame shorter, while
     none fits): sampled at either count, it is never seen.
 
-    The question states the time ``t`` = the flash's start plus U(−0.2, 0.2) s, rounded to
-    0.1 s (``meta.asked_time``; ``|t − start| ≤ 0.25`` s), and ``meta.zoom_span`` is the window
-    ``[t − 1, t + 1]`` s (what the question lets a policy find: the scripted warm-start call
-    fetches it). It lies in the clip and holds the whole flash, and the 8 frames
-    ``video_frames`` samples over it always show the flash (gaps of at most 6 stored frames,
-    the flash 6–10)."""
+    The question states the time ``t`` = the flash's start rounded to 0.1 s
+    (``meta.asked_time``; ``|t − start| ≤ 0.05`` s), and ``meta.zoom_span`` is the window
+    ``[t, t + 1]`` s (what the question lets a policy find: the scripted warm-start call
+    fetches it; ``t + 1`` is the one sum a byte-level model writes by changing one digit). It
+    lies in the clip and holds the flash but at most its first frame, and 2–4 of the 8 frames
+    ``video_frames`` samples over it show the flash.
+
+    Why these sizes, measured (2026-11-30, 2-core AMD EPYC; the tiny Qwen2.5-VL of
+    ``configs/tools/zoom_video.yaml`` trained single-turn by RL, 600 steps, on clips cut from
+    the videos, 8 frames at 56 × 56): with a 20–28 px disc it stayed at 0.28–0.32 held-out
+    whether the clip was the 2-s window ``[t − 1, t + 1]``, a 1-s one or the flash's frames
+    alone, and 0.30 on one flash frame as an image; with a 40–56 px disc it read the flash's
+    frames alone at 1.00 from step 200 and a 1-s window from the flash's start at 1.00 from
+    step 400, but the 2-s window not at all (0.26 at step 600: the flash on 1–2 of 8 frames)."""
     (folder / "videos").mkdir(exist_ok=True)
     fps, size = ZOOM_VIDEO_FPS, ZOOM_VIDEO_SIZE
     colours = list(COLOURS)
@@ -1156,7 +1165,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
                 break
             length -= 1
         first = starts[int(rng.integers(0, len(starts)))]
-        diameter = int(rng.integers(20, 29))
+        diameter = int(rng.integers(ZOOM_VIDEO_DISC[0], ZOOM_VIDEO_DISC[1] + 1))
         cx, cy = (float(v) for v in rng.uniform(diameter / 2 + 2, size - diameter / 2 - 2, 2))
         flash = base.copy()
         box = draw_disc(flash, cx, cy, diameter, colour_value(colour, rng))
@@ -1165,7 +1174,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
         video_id = f"{split}-{i:04d}"
         relative = f"videos/{video_id}.mp4"
         save_mp4(frames, fps, folder / relative)
-        asked = round(first / fps + float(rng.uniform(-ZOOM_VIDEO_SAY, ZOOM_VIDEO_SAY)), 1)
+        asked = round(first / fps, 1)
         meta = {
             "choices": colours,
             "duration": float(duration),
@@ -1174,7 +1183,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
             "target_span": [round(first / fps, 3), round((first + length) / fps, 3)],
             "target_box": box,
             "asked_time": asked,
-            "zoom_span": [round(asked - 1.0, 1), round(asked + 1.0, 1)],
+            "zoom_span": [asked, round(asked + 1.0, 1)],
         }
         question = ZOOM_VIDEO_QUESTION.format(time=asked)
         records.append(
@@ -1280,7 +1289,7 @@ def write_audio_zoom(folder: Path, split: str, n: int, rng: np.random.Generator)
             "target_span": [start, end],
             "frequency_hz": frequency,
             "asked_time": asked,
-            "zoom_span": [round(asked - 1.0, 1), round(asked + 1.0, 1)],
+            "zoom_span": [asked, round(asked + 1.0, 1)],
             "knocks": sorted(knocks),
         }
         question = AUDIO_ZOOM_QUESTION.format(time=asked)

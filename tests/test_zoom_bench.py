@@ -152,24 +152,25 @@ def test_flash_lies_in_the_target_span_and_box(video):
 
 
 def test_the_question_states_the_time_and_the_zoom_span_shows_the_flash(video):
-    """The stated time is within 0.25 s of the flash's start; ``meta.zoom_span`` (what the
-    scripted call fetches) is ``[t − 1, t + 1]``, inside the clip, holding the whole flash, and
-    the 8 frames ``video_frames`` samples over it (its frame rule) include a frame of the flash."""
+    """The stated time is the flash's start to 0.1 s; ``meta.zoom_span`` (what the scripted
+    call fetches) is ``[t, t + 1]``, inside the clip, holding the flash but at most its first
+    frame, and 2 or more of the 8 frames ``video_frames`` samples over it (its frame rule)
+    show the flash."""
     for record in records(video):
         meta = record["meta"]
         t, (start, end) = meta["asked_time"], meta["target_span"]
         question = record["messages"][0]["content"][1]["text"]
         assert question == f"What colour is the dot that flashes briefly at about {t:.1f} s?"
-        assert t == round(t, 1) and abs(t - start) <= 0.25 + 1e-9
+        assert t == round(t, 1) and abs(t - start) <= 0.05 + 1e-9
         low, high = meta["zoom_span"]
-        assert (low, high) == (pytest.approx(t - 1), pytest.approx(t + 1))
-        assert 0 <= low <= start < end <= high <= meta["duration"]
+        assert (low, high) == (t, pytest.approx(t + 1))
+        assert 0 < low <= start + 0.05 + 1e-9 and end <= high <= meta["duration"]
         fps = meta["fps"]
         first, last = math.ceil(low * fps - 1e-9), math.floor(high * fps + 1e-9)
         last = min(last, round(meta["duration"] * fps) - 1)
         sampled = GENERATOR.uniform_frame_indices(last - first + 1, 8)
         flash = range(round(start * fps), round(end * fps))
-        assert any(first + i in flash for i in sampled), record["id"]
+        assert sum(first + i in flash for i in sampled) >= 2, record["id"]
 
 
 def test_oracle_needs_the_zoom(marks, video, tmp_path):
