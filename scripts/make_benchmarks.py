@@ -1289,7 +1289,7 @@ def write_audio_zoom(folder: Path, split: str, n: int, rng: np.random.Generator)
             "target_span": [start, end],
             "frequency_hz": frequency,
             "asked_time": asked,
-            "zoom_span": [asked, round(asked + 1.0, 1)],
+            "zoom_span": [round(asked - 1.0, 1), round(asked + 1.0, 1)],
             "knocks": sorted(knocks),
         }
         question = AUDIO_ZOOM_QUESTION.format(time=asked)
