@@ -699,6 +699,14 @@ class WarmStartConfig:
         False,
         "With rollout.tools: each warm-start completion is a tool trajectory of a scripted 'look closer' policy: a call on the sample's target (meta target_box: a crop around it; meta target_span: video_frames over it), its observation, then the answer (by warm_start.labels); samples without a target answer directly. Trained on the model's tokens only.",
     )
+    calls: Literal["target", "random"] = _f(
+        "target",
+        "Where a demonstration's scripted call looks: 'target' the sample's region (meta zoom_box / target_box, zoom_span / target_span); 'random' a region of the same size at a uniformly random place of the image or clip (seeded by train.seed): the call's format without where to look.",
+    )
+    train_on: Literal["all", "answer", "calls"] = _f(
+        "all",
+        "Which model turns of a demonstration carry the loss: 'all'; 'answer' the last turn only (reading what the calls fetched: a reader's pre-training); 'calls' every turn but the last (the call's format, the answer left to the model).",
+    )
 
 
 @dataclass

@@ -325,6 +325,20 @@ def test_the_banner_says_what_runs_and_what_it_builds_on(tmp_path, capsys):
     assert "is finished" in " ".join(capsys.readouterr().out.split())
 
 
+def test_a_warm_start_alone_saves_its_model(tmp_path, capsys):
+    """``train.steps=0`` with a warm start and no evaluation: supervised training alone (a
+    reader's pre-training); it ends with a loadable checkpoint and no report to draw."""
+    from transformers import AutoModelForImageTextToText
+
+    command = ["train", "demo", "train.steps=0", "warm_start.steps=2", "eval.before=false"]
+    assert main([*command, "eval.after=false", f"output_dir={tmp_path}", "name=sft"]) == 0
+    run = tmp_path / "sft"
+    assert len((run / "warm_start.jsonl").read_text().splitlines()) == 2
+    assert not (run / "metrics.jsonl").exists() and not (run / "report.png").exists()
+    AutoModelForImageTextToText.from_pretrained(run / "checkpoints" / "step-000000")
+    assert "summary:" in capsys.readouterr().out
+
+
 def test_failures_a_user_causes_are_one_line_with_exit_2(tmp_path, capsys, monkeypatch):
     """No CUDA device, vLLM not installed, a run folder given to eval, a missing extra."""
     import importlib.util

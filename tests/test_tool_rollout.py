@@ -381,6 +381,64 @@ def test_demonstration_call_fetches_the_zoom_span_or_the_widened_target_span(pol
     assert demonstration_call(Sample("s", [], "low", span), policy.family, ["crop"]) is None
 
 
+def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_clip(policy):
+    """``warm_start.calls: random``: the scripted call's region keeps its size and lands
+    uniformly inside the image or clip, whatever the target: the format, not where to look."""
+    import json
+    import random
+
+    from mmrft.rollout.tool_loop import demonstration_call
+
+    def arguments(s: Sample, tools: list[str], rng: random.Random) -> dict:
+        call = demonstration_call(s, policy.family, tools, rng)
+        return json.loads(call.removeprefix("<tool_call>").removesuffix("</tool_call>"))[
+            "arguments"
+        ]
+
+    rng = random.Random(0)
+    meta = {"zoom_span": [4.3, 5.3], "target_span": [4.3, 4.6], "duration": 9.0}
+    spans = [arguments(Sample("s", [], "red", meta), ["video_frames"], rng) for _ in range(400)]
+    starts = [a["start_s"] for a in spans]
+    assert all(abs(a["end_s"] - a["start_s"] - 1.0) < 1e-6 and a["n"] == 8 for a in spans)
+    assert min(starts) >= 0.0 and max(a["end_s"] for a in spans) <= 9.0
+    assert all(round(v, 1) == v for v in starts)  # the stated times' grid
+    assert min(starts) < 1.0 and max(starts) > 7.0  # spread over the clip, not near 4.3
+    assert sum(abs(v - 4.3) < 0.5 for v in starts) < 0.25 * len(starts)
+
+    s = sample(0)
+    boxes = [arguments(s, ["crop"], rng)["bbox_2d"] for _ in range(200)]
+    target = json.loads(
+        demonstration_call(s, policy.family, ["crop"])
+        .removeprefix("<tool_call>")
+        .removesuffix("</tool_call>")
+    )["arguments"]["bbox_2d"]
+    side = target[2] - target[0]
+    w, h = policy.family.input_size(*s.meta["image_size"])
+    assert all(abs((b[2] - b[0]) - side) <= 1 and b[0] >= 0 and b[2] <= w + 1 for b in boxes)
+    assert all(b[1] >= 0 and b[3] <= h + 1 for b in boxes)
+    assert len({tuple(b) for b in boxes}) > 100
+
+
+def test_warm_start_train_on_masks_the_answer_or_the_calls(policy):
+    """``warm_start.train_on``: a demonstration's loss on every model turn, the last turn only
+    (a reader's pre-training) or every turn but the last (the call's format); observation
+    tokens never."""
+    from mmrft.rollout.tool_loop import demonstration_call
+    from mmrft.training.warm_start import trained_turns
+
+    s = sample(0)
+    call = demonstration_call(s, policy.family, ["crop"])
+    t = loop(policy).demonstration(s, [call, "<answer>red</answer>"])
+    assert len(t.turns) == 2 and t.calls[0]["ok"]
+    assert sum(u.tokens + u.observation_tokens for u in t.turns) == len(t.ids)
+    first = t.turns[0].tokens + t.turns[0].observation_tokens
+    every, answer, calls = (trained_turns(t, k) for k in ("all", "answer", "calls"))
+    assert every == t.loss_mask
+    assert sum(answer) == t.turns[1].tokens and not any(answer[:first])
+    assert sum(calls) == t.turns[0].tokens and not any(calls[first:])
+    assert [a + c for a, c in zip(answer, calls)] == t.loss_mask
+
+
 @pytest.fixture(scope="module")
 def video_policy():
     return tiny_policy(

@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import random
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -924,7 +926,9 @@ crop only has to land within a quarter of the image of the target, a precision a
 sees the image at a small pixel budget can reach."""
 
 
-def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | None:
+def demonstration_call(
+    sample: Sample, family: Any, tools: list[str], rng: random.Random | None = None
+) -> str | None:
     """The tool call of a scripted "look closer" policy on ``sample``, or ``None`` when it
     has no target to look at with the enabled ``tools``:
 
@@ -939,6 +943,10 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
       interval of the audio; ``meta.zoom_span`` instead, when the sample names the interval to
       fetch itself (seconds, taken as it is: e.g. a window around a time the question states,
       which a policy can read from the prompt, where the target span cannot be).
+
+    With ``rng`` the region keeps its size and moves to a uniformly random place inside the
+    image (pixels, then framed) or the clip (``meta.duration``; the start rounded to 0.1 s):
+    a call of the right format that says nothing about where the target is.
     """
     from mmrft.rewards.boxes import from_pixels
 
@@ -959,6 +967,11 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
             cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
             cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
             box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
+        if rng is not None:
+            width, height = (float(v) for v in meta["image_size"])
+            w, h = min(box[2] - box[0], width), min(box[3] - box[1], height)
+            x, y = rng.uniform(0.0, width - w), rng.uniform(0.0, height - h)
+            box = [x, y, x + w, y + h]
         framed = [round(v) for v in from_pixels(box, family.box_frame, meta)]
         arguments: dict[str, Any] = {"bbox_2d": framed}
         return f'<tool_call>{{"name": "{crop}", "arguments": {json.dumps(arguments)}}}</tool_call>'
@@ -970,6 +983,10 @@ def demonstration_call(sample: Sample, family: Any, tools: list[str]) -> str | N
             start, end = (float(v) for v in meta["target_span"])
             duration = float(meta.get("duration") or end + 0.25)
             start_s, end_s = max(0.0, start - 0.25), min(duration, end + 0.25)
+        if rng is not None and meta.get("duration"):
+            length = min(end_s - start_s, float(meta["duration"]))
+            start_s = math.floor(rng.uniform(0.0, float(meta["duration"]) - length) * 10) / 10
+            end_s = start_s + length
         arguments = {"start_s": round(start_s, 2), "end_s": round(end_s, 2)}
         if clip == "video_frames":
             arguments["n"] = 8

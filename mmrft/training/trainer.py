@@ -524,7 +524,8 @@ def finish(run: Run, start_step: int, train_seconds: float) -> dict[str, Any]:
     }
     if run.rank == 0:
         (run.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        report_runs([run.run_dir])
+        if (run.run_dir / "metrics.jsonl").is_file():  # none: a warm start alone, no evaluation
+            report_runs([run.run_dir])
     skipped = skip_counts() - run.skipped_before
     if skipped:
         run.console.print(

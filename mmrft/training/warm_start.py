@@ -24,6 +24,7 @@ from mmrft.policy.model import (
     merged_weights,
     pad_completions,
 )
+from mmrft.policy.trajectory import Trajectory
 from mmrft.rewards.task import Task
 from mmrft.rollout.tool_loop import ToolLoop, demonstration_call
 from mmrft.runtime import distributed, zero
@@ -82,7 +83,10 @@ def warm_start(
                 ]
                 trajectories = [
                     tool_loop.demonstration(
-                        samples[i], demonstration_turns(samples[i], a, tool_loop)
+                        samples[i],
+                        demonstration_turns(
+                            samples[i], a, tool_loop, rng if ws.calls == "random" else None
+                        ),
                     )
                     for i, a in zip(batch, answers)
                 ]
@@ -99,10 +103,12 @@ def warm_start(
                     for a in answers
                 ]
             logps, mask, _ = completion_logps(policy, rows, completions, trajectories=trajectories)
-            if trajectories is not None:  # the model's own tokens only
-                loss_mask, _ = pad_completions([t.loss_mask for t in trajectories], 0)
+            if trajectories is not None:  # the model's own tokens of the trained turns only
+                masks = [trained_turns(t, ws.train_on) for t in trajectories]
+                loss_mask, _ = pad_completions(masks, 0)
                 mask = mask * loss_mask.to(mask.device)
-            tokens = distributed.sum_scalar(float(mask.sum()))  # mean over every rank's tokens
+            # mean over every rank's tokens (none: a batch of direct answers under "calls")
+            tokens = max(distributed.sum_scalar(float(mask.sum())), 1.0)
             loss = -(logps * mask).sum() / tokens
             loss.backward()
             distributed.sum_gradients(params)
@@ -117,14 +123,30 @@ def warm_start(
     return losses
 
 
-def demonstration_turns(sample: Sample, answer: str, tool_loop: ToolLoop) -> list[str]:
-    """A scripted trajectory's turn texts: the call on the sample's target when it has one,
-    then the answer; with an environment, its own scripted episode
+def demonstration_turns(
+    sample: Sample, answer: str, tool_loop: ToolLoop, rng: random.Random | None = None
+) -> list[str]:
+    """A scripted trajectory's turn texts: the call on the sample's target when it has one
+    (with ``rng``: on a region of its size at a random place), then the answer; with an
+    environment, its own scripted episode
     (:attr:`~mmrft.rollout.environment.EnvironmentSpec.demonstration`) for ``answer``."""
     if tool_loop.env is not None and tool_loop.env.spec.demonstration is not None:
         return list(tool_loop.env.spec.demonstration(sample, answer))
-    call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools))
+    call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools), rng)
     return [call, answer_completion(answer)] if call else [answer_completion(answer)]
+
+
+def trained_turns(trajectory: Trajectory, train_on: str) -> list[int]:
+    """The loss mask of a demonstration under ``warm_start.train_on``: its ``loss_mask`` (the
+    model's tokens) kept on every turn (``"all"``), the last turn only (``"answer"``) or every
+    turn but the last (``"calls"``)."""
+    last = len(trajectory.turns) - 1
+    keep: list[int] = []
+    for i, turn in enumerate(trajectory.turns):
+        on = train_on == "all" or (i == last) == (train_on == "answer")
+        keep += [int(on)] * (turn.tokens + turn.observation_tokens)
+    keep += [0] * (len(trajectory.ids) - len(keep))
+    return [m * k for m, k in zip(trajectory.loss_mask, keep)]
 
 
 def answer_completion(reference: str) -> str:
