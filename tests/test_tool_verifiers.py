@@ -88,6 +88,28 @@ def test_clip_overlap_is_the_tiou_when_correct():
     assert got[0] == (pytest.approx(1 / 3), None) and got[1] == (0.0, "answer wrong")
 
 
+def test_clip_overlap_centre_measure_grades_a_miss_by_its_distance():
+    """measure="centre": 1 − |centre gap| / within_s, floored at 0, also for a clip that
+    misses the target (tIoU 0 there); the best of several calls; bad parameters refused."""
+    target = sample(target_span=[4.0, 4.4])  # centre 4.2
+
+    def got(*spans, **params):
+        calls = [{"name": "video_frames", "info": {"span_s": list(sp)}} for sp in spans]
+        return values(
+            "clip_overlap", [WRONG], [target], [trajectory(*calls)],
+            only_when_correct=False, **params,
+        )[0][0]  # fmt: skip
+
+    assert got([6.0, 7.0], measure="centre") == pytest.approx(1 - 2.3 / 3)  # misses
+    assert got([6.0, 7.0]) == 0.0  # the same clip's tIoU
+    assert got([3.7, 4.7], measure="centre") == pytest.approx(1.0)
+    assert got([0.0, 1.0], measure="centre", within_s=2.0) == 0.0  # floored
+    assert got([6.0, 7.0], [4.0, 5.0], measure="centre") == pytest.approx(1 - 0.3 / 3)
+    for bad in ({"measure": "iou"}, {"within_s": 0.0}):
+        with pytest.raises(ValueError):
+            got([4.0, 5.0], **bad)
+
+
 def test_clip_overlap_counts_audio_clips():
     heard = trajectory({"name": "audio_clip", "info": {"span_s": [2.0, 4.0]}})
     got = values("clip_overlap", [RIGHT], [sample(target_span=[2.0, 4.0])], [heard])

@@ -193,11 +193,28 @@ def clip_overlap(
     trajectories: list[Any],
     *,
     only_when_correct: bool = True,
+    measure: str = "tiou",
+    within_s: float = 3.0,
 ) -> list[Score | None]:
-    """max tIoU(fetched interval, ``meta.target_span``) over the successful ``video_frames``
-    and ``audio_clip`` calls, 0 without one; with ``only_when_correct`` 0 unless the answer is
-    right (``accuracy``, auto mode). ``None`` for samples without a target span. Range [0, 1]."""
+    """How well the successful ``video_frames`` and ``audio_clip`` calls fetched
+    ``meta.target_span`` (seconds), the best call's, 0 without one: ``measure="tiou"`` the
+    temporal IoU; ``"centre"`` 1 − |centre(fetched) − centre(target)| / ``within_s``, floored
+    at 0 (how near, graded also when the interval misses the target: a signal for where to
+    look while no sampled call has found it yet). With ``only_when_correct`` 0 unless the answer
+    is right (``accuracy``, auto mode). ``None`` for samples without a target span. Range
+    [0, 1]."""
     from mmrft.verifiers.accuracy import accuracy
+
+    if measure not in ("tiou", "centre"):
+        raise ValueError(f"measure must be 'tiou' or 'centre', got {measure!r}")
+    if not within_s > 0:
+        raise ValueError(f"within_s must be > 0 seconds, got {within_s}")
+
+    def score(clip: list[float], target: list[float]) -> float:
+        if measure == "tiou":
+            return _tiou(clip, target)
+        gap = abs((clip[0] + clip[1]) / 2 - (target[0] + target[1]) / 2)
+        return max(0.0, 1.0 - gap / within_s)
 
     correct = accuracy(completions, samples) if only_when_correct else None
     out: list[Score | None] = []
@@ -216,7 +233,7 @@ def clip_overlap(
             out.append(Score(0.0, reason="answer wrong"))
         else:
             target = [float(span[0]), float(span[1])]
-            out.append(Score(max(_tiou(clip, target) for clip in fetched)))
+            out.append(Score(max(score(clip, target) for clip in fetched)))
     return out
 
 
