@@ -379,6 +379,14 @@ def test_demonstration_call_fetches_the_zoom_span_or_the_widened_target_span(pol
         "arguments": {"start_s": 0.0, "end_s": 8.4, "n": 8},
     }
     assert demonstration_call(Sample("s", [], "low", span), policy.family, ["crop"]) is None
+    # a 1-s window is video_frames' default interval and frame count: start_s alone
+    one = arguments({**span, "zoom_span": [4.3, 5.3]}, ["video_frames"])
+    assert one == {"name": "video_frames", "arguments": {"start_s": 4.3}}
+    from mmrft.plugins import TOOLS
+
+    schema = TOOLS.get("video_frames").parameters["properties"]
+    assert "start_s + 1" in schema["end_s"]["description"]
+    assert "default 8" in schema["n"]["description"]
 
 
 def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_clip(policy):
@@ -399,8 +407,8 @@ def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_
     meta = {"zoom_span": [4.3, 5.3], "target_span": [4.3, 4.6], "duration": 9.0}
     spans = [arguments(Sample("s", [], "red", meta), ["video_frames"], rng) for _ in range(400)]
     starts = [a["start_s"] for a in spans]
-    assert all(abs(a["end_s"] - a["start_s"] - 1.0) < 1e-6 and a["n"] == 8 for a in spans)
-    assert min(starts) >= 0.0 and max(a["end_s"] for a in spans) <= 9.0
+    assert all(list(a) == ["start_s"] for a in spans)  # 1 s, 8 frames: video_frames' defaults
+    assert min(starts) >= 0.0 and max(starts) <= 8.0
     assert all(round(v, 1) == v for v in starts)  # the stated times' grid
     assert min(starts) < 1.0 and max(starts) > 7.0  # spread over the clip, not near 4.3
     assert sum(abs(v - 4.3) < 0.5 for v in starts) < 0.25 * len(starts)

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from mmrft.data import Sample
-from mmrft.data.video import VideoBudget
+from mmrft.data.video import VideoBudget, probe_video
 from mmrft.models.qwen_vl import Qwen2VL, Qwen25VL
 from mmrft.plugins import TOOLS, UnknownNameError, load_plugin
 from mmrft.rollout.tool import (
@@ -286,6 +286,21 @@ def test_video_frames_returns_a_clip_with_the_source_timestamps(video_context):
     assert odd.ok and len(odd.videos[0].frames) == 4 and "rounded to 4" in odd.text
 
 
+def test_video_frames_defaults_to_one_second_and_eight_frames(video_context):
+    """A call with start_s alone looks at 1 s from there (cut at the video's end) in 8 frames
+    (fewer when the video budget allows fewer): ``{"start_s": 1.0}`` is the explicit call's
+    twin."""
+    short = call(tool_call("video_frames", start_s=1.0), video_context)
+    explicit = call(tool_call("video_frames", start_s=1.0, end_s=2.0, n=8), video_context)
+    assert short.ok and short.info == explicit.info == {"span_s": [1.0, 2.0], "frames": 8}
+    assert short.videos[0].timestamps_s == explicit.videos[0].timestamps_s
+    duration = probe_video(video_context.video).duration_s
+    late = call(tool_call("video_frames", start_s=duration - 0.5), video_context)
+    assert late.ok and late.info["span_s"] == [duration - 0.5, duration]
+    few = ToolContext(video=video_context.video, video_budget=VideoBudget(max_frames=4), factor=28)
+    assert call(tool_call("video_frames", start_s=1.0), few).info["frames"] == 4
+
+
 def test_video_frames_refuses_bad_intervals_and_budgets(video_context):
     cases = [
         ({"start_s": 0, "end_s": 1, "n": 1000}, "too_many_frames"),
@@ -297,7 +312,8 @@ def test_video_frames_refuses_bad_intervals_and_budgets(video_context):
         ({"start_s": 0, "end_s": 1, "n": 0}, "bad_argument"),
         ({"start_s": 0, "end_s": 1, "n": 2.5}, "bad_argument"),
         ({"start_s": 0, "end_s": 1, "n": True}, "bad_argument"),
-        ({"start_s": 0, "end_s": 1}, "missing_argument"),
+        ({"end_s": 1, "n": 2}, "missing_argument"),
+        ({"start_s": 4.5}, "interval_outside_video"),  # the default interval past the end
     ]
     for arguments, reason in cases:
         obs = call(tool_call("video_frames", **arguments), video_context)

@@ -35,6 +35,10 @@ if TYPE_CHECKING:
     from PIL import Image
 
 
+DEFAULT_SPAN_S = 1.0  # s, the interval of a call without end_s
+DEFAULT_FRAMES = 8  # frames of a call without n (at most the video budget's)
+
+
 def video_frames_example(context: ToolContext) -> dict[str, Any] | None:
     """One valid ``video_frames`` call (a smoke run's scripted call): the first two seconds of
     the video (all of it when shorter, end rounded down to 0.01 s), 2 frames; ``None``
@@ -53,28 +57,44 @@ def video_frames_example(context: ToolContext) -> dict[str, Any] | None:
         "type": "object",
         "properties": {
             "start_s": {"type": "number", "minimum": 0, "description": "start (seconds)"},
-            "end_s": {"type": "number", "minimum": 0, "description": "end (seconds)"},
-            "n": {"type": "integer", "minimum": 1, "description": "number of frames"},
+            "end_s": {
+                "type": "number",
+                "minimum": 0,
+                "description": f"end (seconds); default start_s + {DEFAULT_SPAN_S:g}",
+            },
+            "n": {
+                "type": "integer",
+                "minimum": 1,
+                "description": f"number of frames; default {DEFAULT_FRAMES}",
+            },
         },
-        "required": ["start_s", "end_s", "n"],
+        "required": ["start_s"],
     },
 )
-def video_frames(context: ToolContext, *, start_s: float, end_s: float, n: int) -> Observation:
+def video_frames(
+    context: ToolContext, *, start_s: float, end_s: float | None = None, n: int | None = None
+) -> Observation:
     """Look closer at a time interval of the video: returns n frames spread evenly from start_s
-    to end_s (seconds)."""
+    to end_s (seconds). Without ``end_s`` the interval is ``DEFAULT_SPAN_S`` = 1 s from
+    start_s (cut at the video's end); without ``n``, ``DEFAULT_FRAMES`` = 8 frames (at most the
+    video budget's): a short call, ``{"start_s": 4.3}``, looks at one moment."""
     if context.video is None:
         raise ToolFailure("bad_argument", "this conversation has no video")
     budget = context.video_budget
     cap = max(TEMPORAL_PATCH, budget.max_frames // TEMPORAL_PATCH * TEMPORAL_PATCH)
+    if n is None:
+        n = min(DEFAULT_FRAMES, cap)
     if n > cap:
         raise ToolFailure("too_many_frames", f"n={n} is over the limit; ask for at most {cap}")
-    if not start_s < end_s:
+    if end_s is not None and not start_s < end_s:
         raise ToolFailure("bad_argument", "start_s must be smaller than end_s")
     try:
         info = probe_video(context.video)
     except DataError as exc:
         raise RuntimeError(f"cannot read the video: {exc}") from None
     duration = context.video_duration_s or info.duration_s
+    if end_s is None:
+        end_s = min(start_s + DEFAULT_SPAN_S, duration)  # start_s past the end: refused below
     if start_s >= duration or end_s > duration + 1.0 / info.fps:
         raise ToolFailure(
             "interval_outside_video",

@@ -939,7 +939,8 @@ def demonstration_call(
       integers); ``meta.zoom_box`` instead, when the sample names the region to crop itself
       (pixels of the original image, taken as it is);
     * ``meta.target_span`` (seconds) and ``video_frames`` enabled: the span widened by 0.25 s
-      on each side (within ``meta.duration``), 8 frames; with ``audio_clip`` enabled, that
+      on each side (within ``meta.duration``), 8 frames (a 1-s interval as ``start_s`` alone,
+      the tool's defaults); with ``audio_clip`` enabled, that
       interval of the audio; ``meta.zoom_span`` instead, when the sample names the interval to
       fetch itself (seconds, taken as it is: e.g. a window around a time the question states,
       which a policy can read from the prompt, where the target span cannot be).
@@ -988,7 +989,10 @@ def demonstration_call(
             start_s = math.floor(rng.uniform(0.0, float(meta["duration"]) - length) * 10) / 10
             end_s = start_s + length
         arguments = {"start_s": round(start_s, 2), "end_s": round(end_s, 2)}
-        if clip == "video_frames":
+        if clip == "video_frames" and abs(end_s - start_s - 1.0) < 1e-6:
+            # video_frames' defaults (tools/video.py: 1 s from start_s, 8 frames): the short call
+            arguments = {"start_s": round(start_s, 2)}
+        elif clip == "video_frames":
             arguments["n"] = 8
         return f'<tool_call>{{"name": "{clip}", "arguments": {json.dumps(arguments)}}}</tool_call>'
     return None
