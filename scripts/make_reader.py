@@ -100,7 +100,7 @@ def main() -> None:
     parser.add_argument("--clips", type=int, default=2000, help="pretraining clips")
     parser.add_argument("--read-steps", type=int, default=1200, help="steps of reading")
     parser.add_argument("--read-lr", type=float, default=3e-3, help="lr of reading")
-    parser.add_argument("--call-steps", type=int, default=400, help="steps of random calls")
+    parser.add_argument("--call-steps", type=int, default=300, help="steps of random calls")
     parser.add_argument("--call-lr", type=float, default=1e-3, help="lr of random calls")
     parser.add_argument("--batch-size", type=int, default=16, help="clips per step")
     parser.add_argument("--threads", type=int, default=2)
