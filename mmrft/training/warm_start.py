@@ -64,6 +64,8 @@ def warm_start(
     references = [task.reference_answer(s) for s in samples]
     losses: list[float] = []
     world, rank = distributed.world_size(), distributed.rank()
+    # the random calls' own stream: the batch draws above stay equal on every rank
+    call_rng = random.Random(cfg.train.seed * 1000 + 2 + rank)
     with progress_bar(console) as progress:
         bar = progress.add_task("warm start", total=ws.steps, info="")
         for step in range(ws.steps):
@@ -85,7 +87,7 @@ def warm_start(
                     tool_loop.demonstration(
                         samples[i],
                         demonstration_turns(
-                            samples[i], a, tool_loop, rng if ws.calls == "random" else None
+                            samples[i], a, tool_loop, call_rng if ws.calls == "random" else None
                         ),
                     )
                     for i, a in zip(batch, answers)
