@@ -53,9 +53,10 @@ BASE = REPO / "assets" / "models" / "tiny-qwen2_5_vl"
 
 def phase(
     name: str, model: Path, split: Path, work: Path, steps: int, lr: float, args, *how: str
-) -> dict:
+) -> tuple[dict, Path]:
     """One warm start alone (``train.steps=0``, no evaluation) of ``tools/zoom_video`` from
-    ``model`` on ``split``; returns its record (command, seconds, losses every 20 steps)."""
+    ``model`` on ``split``; returns its record (command, seconds, losses every 20 steps,
+    checkpoint) and its checkpoint folder."""
     overrides = [
         f"model.path={model}",
         f"data.train={split}",
@@ -79,6 +80,8 @@ def phase(
         json.loads(line)["loss"]
         for line in (work / name / "warm_start.jsonl").read_text().splitlines()
     ]
+    checkpoint = work / name / "checkpoints" / "step-000000"
+    shown = checkpoint.relative_to(REPO) if checkpoint.is_relative_to(REPO) else checkpoint
     return {
         "command": "mmrft train tools/zoom_video " + " ".join(overrides),
         "steps": steps,
@@ -88,8 +91,8 @@ def phase(
             round(sum(losses[i : i + 20]) / len(losses[i : i + 20]), 4)
             for i in range(0, len(losses), 20)
         ],
-        "checkpoint": work / name / "checkpoints" / "step-000000",
-    }
+        "checkpoint": str(shown),
+    }, checkpoint
 
 
 def main() -> None:
@@ -111,7 +114,7 @@ def main() -> None:
     shutil.rmtree(work / "read", ignore_errors=True)
     shutil.rmtree(work / "call", ignore_errors=True)
     split = pretraining_split("zoom_video", args.clips, Path(args.cache), args.workers)
-    read = phase(
+    read, read_checkpoint = phase(
         "read",
         BASE,
         split,
@@ -122,9 +125,9 @@ def main() -> None:
         "warm_start.calls=target",
         "warm_start.train_on=answer",
     )
-    call = phase(
+    call, call_checkpoint = phase(
         "call",
-        read["checkpoint"],
+        read_checkpoint,
         split,
         work,
         args.call_steps,
@@ -135,13 +138,7 @@ def main() -> None:
     )
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(call["checkpoint"], out)
-    for record in (read, call):
-        record["checkpoint"] = str(
-            record["checkpoint"].relative_to(REPO)
-            if record["checkpoint"].is_relative_to(REPO)
-            else record["checkpoint"]
-        )
+    shutil.copytree(call_checkpoint, out)
     record = {
         "command": "python scripts/make_reader.py " + " ".join(sys.argv[1:]),
         "base": str(BASE.relative_to(REPO)),
