@@ -427,6 +427,28 @@ def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_
     assert len({tuple(b) for b in boxes}) > 100
 
 
+def test_random_demonstration_calls_refuse_a_clip_without_its_duration(policy):
+    """A clip sample with no ``meta.duration`` cannot have a random call: it fails, naming the
+    sample (before the first warm-start step), rather than keep its target window."""
+    import random
+
+    from mmrft.rollout.tool_loop import demonstration_call
+    from mmrft.training.warm_start import check_random_calls
+
+    meta = {"zoom_span": [4.3, 5.3], "target_span": [4.3, 4.6]}
+    no_duration = Sample("clip-7", [], "red", meta)
+    with pytest.raises(ValueError, match="clip-7.*meta.duration"):
+        demonstration_call(no_duration, policy.family, ["video_frames"], random.Random(0))
+    assert demonstration_call(no_duration, policy.family, ["video_frames"])  # the target call
+    tools = ToolLoop(
+        policy.family, policy.processor, enabled_tools(["crop", "video_frames"]), LoopLimits()
+    )
+    fine = Sample("clip-8", [], "red", {**meta, "duration": 9.0})
+    check_random_calls([fine, sample(0)], tools)
+    with pytest.raises(ValueError, match="1 of 3 training samples.*clip-7"):
+        check_random_calls([fine, no_duration, sample(0)], tools)
+
+
 def test_warm_start_train_on_masks_the_answer_or_the_calls(policy):
     """``warm_start.train_on``: a demonstration's loss on every model turn, the last turn only
     (a reader's pre-training) or every turn but the last (the call's format); observation

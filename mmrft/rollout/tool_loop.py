@@ -984,7 +984,12 @@ def demonstration_call(
             start, end = (float(v) for v in meta["target_span"])
             duration = float(meta.get("duration") or end + 0.25)
             start_s, end_s = max(0.0, start - 0.25), min(duration, end + 0.25)
-        if rng is not None and meta.get("duration"):
+        if rng is not None:
+            if not meta.get("duration"):  # a random place needs the clip's length
+                raise ValueError(
+                    f"sample {sample.id!r}: a random demonstration call (warm_start.calls: "
+                    "random) on a clip needs meta.duration (seconds); it has none"
+                )
             length = min(end_s - start_s, float(meta["duration"]))
             start_s = math.floor(rng.uniform(0.0, float(meta["duration"]) - length) * 10) / 10
             end_s = start_s + length

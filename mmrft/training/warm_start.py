@@ -66,6 +66,8 @@ def warm_start(
     world, rank = distributed.world_size(), distributed.rank()
     # the random calls' own stream: the batch draws above stay equal on every rank
     call_rng = random.Random(cfg.train.seed * 1000 + 2 + rank)
+    if ws.demonstrations and tool_loop is not None and ws.calls == "random":
+        check_random_calls(samples, tool_loop)
     with progress_bar(console) as progress:
         bar = progress.add_task("warm start", total=ws.steps, info="")
         for step in range(ws.steps):
@@ -136,6 +138,26 @@ def demonstration_turns(
         return list(tool_loop.env.spec.demonstration(sample, answer))
     call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools), rng)
     return [call, answer_completion(answer)] if call else [answer_completion(answer)]
+
+
+def check_random_calls(samples: list[Sample], tool_loop: ToolLoop) -> None:
+    """Fail before the first step when a sample cannot have a random demonstration call
+    (``warm_start.calls: random``): a clip with no ``meta.duration`` would otherwise keep its
+    target window, a silent leak of where to look. Names the count and the first such sample."""
+    if tool_loop.env is not None and tool_loop.env.spec.demonstration is not None:
+        return  # the environment scripts its own episodes
+    probe = random.Random(0)
+    failures = []
+    for sample in samples:
+        try:
+            demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools), probe)
+        except ValueError as error:
+            failures.append(str(error))
+    if failures:
+        raise ValueError(
+            f"warm_start.calls: random: {len(failures)} of {len(samples)} training samples "
+            f"cannot have a random call; first: {failures[0]}"
+        )
 
 
 def trained_turns(trajectory: Trajectory, train_on: str) -> list[int]:
