@@ -1065,7 +1065,9 @@ def write_zoom_sites(folder: Path, split: str, n: int, rng: np.random.Generator)
     ring's colour; ``meta.zoom_box``, the site's 30-px square (2 input pixels), resized to the
     same view, shows the dot 18–21 px wide in a 34–37 px ring. ``meta.target_box`` is the
     ring's tight box, ``meta.dot_box`` the dot's, ``meta.site`` 0–3 (top left, top right,
-    bottom left, bottom right), all boxes ``[x1, y1, x2, y2]`` in original pixels."""
+    bottom left, bottom right), ``meta.zoom_choices`` the four sites' squares (where a
+    ``warm_start.calls: random`` demonstration crops: one of them at random), all boxes
+    ``[x1, y1, x2, y2]`` in original pixels."""
     (folder / "images").mkdir(exist_ok=True)
     colours = list(COLOURS)
     size = ZOOM_SITES_SIZE
@@ -1103,6 +1105,7 @@ def write_zoom_sites(folder: Path, split: str, n: int, rng: np.random.Generator)
             "target_box": box,
             "dot_box": dot,
             "zoom_box": [x1, y1, x2, y2],
+            "zoom_choices": [zoom_sites_box(k) for k in range(4)],
             "site": site,
             "ring_colour": ring,
         }

@@ -84,22 +84,30 @@ def test_the_learning_rate_warms_up_then_decays_to_a_tenth() -> None:
 
 @pytest.mark.slow  # make test-slow: a few warm-start steps of two phases with video tool calls
 def test_a_short_reader_pretraining_writes_the_reader_and_its_record(tmp_path: Path) -> None:
-    """scripts/make_reader.py: both phases (reading after the right call, then random calls)
-    run on a few fresh clips and leave a loadable model with its record."""
+    """scripts/make_reader.py: its three phases (reading after the right call, calls on the
+    stated time of other questions, then random calls) run on a few fresh clips and leave a
+    loadable model with its record."""
     out, cache = tmp_path / "reader", tmp_path / "cache"
     command = [
         sys.executable, str(REPO / "scripts" / "make_reader.py"), "--clips", "6",
-        "--read-steps", "2", "--call-steps", "2", "--batch-size", "2", "--threads", "1",
+        "--read-steps", "2", "--time-steps", "2", "--call-steps", "2", "--batch-size", "2", "--threads", "1",
         "--workers", "1", "--out", str(out), "--cache", str(cache), "--work", str(tmp_path / "w"),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((out / "pretraining.json").read_text())
-    read, call = record["phases"]["read"], record["phases"]["call"]
-    assert read["steps"] == 2 and call["steps"] == 2 and record["clips"] == 6
+    read, time_, call = (record["phases"][k] for k in ("read", "time", "call"))
+    assert read["steps"] == time_["steps"] == call["steps"] == 2 and record["clips"] == 6
     assert "warm_start.train_on=answer" in read["command"]
+    assert "warm_start.train_on=calls" in time_["command"] and "timing.jsonl" in time_["command"]
     assert "warm_start.calls=random" in call["command"]
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == "qwen2_5_vl"
     lines = (cache / "zoom_video" / "pretrain.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all('"videos/pretrain000-' in line for line in lines)
+    timing = [json.loads(line) for line in (cache / "zoom_video" / "timing.jsonl").open()]
+    for line, asked in zip(lines, timing):
+        original = json.loads(line)
+        question = asked["messages"][0]["content"][-1]["text"]
+        assert "flashes" not in question and f"{original['meta']['asked_time']:.1f} s?" in question
+        assert asked["meta"] == original["meta"] and asked["id"] == original["id"]

@@ -394,7 +394,9 @@ def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_
     uniformly inside the image or clip, whatever the target: the format, not where to look."""
     import json
     import random
+    from collections import Counter
 
+    from mmrft.rewards.boxes import from_pixels
     from mmrft.rollout.tool_loop import demonstration_call
 
     def arguments(s: Sample, tools: list[str], rng: random.Random) -> dict:
@@ -425,6 +427,15 @@ def test_random_demonstration_calls_keep_the_size_and_spread_over_the_image_and_
     assert all(abs((b[2] - b[0]) - side) <= 1 and b[0] >= 0 and b[2] <= w + 1 for b in boxes)
     assert all(b[1] >= 0 and b[3] <= h + 1 for b in boxes)
     assert len({tuple(b) for b in boxes}) > 100
+
+    # a sample naming the places one may look (zoom_sites' four sites): one of them, uniformly
+    sites = [[x, y, x + 30, y + 30] for y in (195, 615) for x in (195, 615)]
+    meta = {"zoom_box": sites[2], "zoom_choices": sites, "image_size": [840, 840]}
+    named = Sample("sites", s.messages, "red", meta)
+    picked = [tuple(arguments(named, ["crop"], rng)["bbox_2d"]) for _ in range(200)]
+    meta["input_size"] = list(policy.family.input_size(840, 840))
+    framed = {tuple(round(v) for v in from_pixels(b, policy.family.box_frame, meta)) for b in sites}
+    assert set(picked) == framed and max(Counter(picked).values()) < 0.4 * len(picked)
 
 
 def test_random_demonstration_calls_refuse_a_clip_without_its_duration(policy):

@@ -947,7 +947,10 @@ def demonstration_call(
 
     With ``rng`` the region keeps its size and moves to a uniformly random place inside the
     image (pixels, then framed) or the clip (``meta.duration``; the start rounded to 0.1 s):
-    a call of the right format that says nothing about where the target is.
+    a call of the right format that says nothing about where the target is. A crop sample that
+    names the places a policy may look (``meta.zoom_choices``: boxes in pixels of the original
+    image, one of them the target's) gets one of those instead, uniformly: where one looks on
+    such images, never which one.
     """
     from mmrft.rewards.boxes import from_pixels
 
@@ -968,7 +971,9 @@ def demonstration_call(
             cx = min(max((x1 + x2) / 2, side / 2), width - side / 2)
             cy = min(max((y1 + y2) / 2, side / 2), height - side / 2)
             box = [cx - side / 2, cy - side / 2, cx + side / 2, cy + side / 2]
-        if rng is not None:
+        if rng is not None and meta.get("zoom_choices"):
+            box = [float(v) for v in rng.choice(meta["zoom_choices"])]
+        elif rng is not None:
             width, height = (float(v) for v in meta["image_size"])
             w, h = min(box[2] - box[0], width), min(box[3] - box[1], height)
             x, y = rng.uniform(0.0, width - w), rng.uniform(0.0, height - h)
