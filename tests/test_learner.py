@@ -111,3 +111,27 @@ def test_a_short_reader_pretraining_writes_the_reader_and_its_record(tmp_path: P
         question = asked["messages"][0]["content"][-1]["text"]
         assert "flashes" not in question and f"{original['meta']['asked_time']:.1f} s?" in question
         assert asked["meta"] == original["meta"] and asked["id"] == original["id"]
+
+
+@pytest.mark.slow  # make test-slow: a few warm-start steps of two phases with crop calls
+def test_a_short_site_reader_pretraining_crops_the_sites(tmp_path: Path) -> None:
+    """``make_reader.py --benchmark zoom_sites``: reading the site's crop, then random calls
+    among the four sites (``meta.zoom_choices``); no timing phase (its questions state none)."""
+    out, cache = tmp_path / "reader", tmp_path / "cache"
+    command = [
+        sys.executable, str(REPO / "scripts" / "make_reader.py"), "--benchmark", "zoom_sites",
+        "--clips", "4", "--read-steps", "2", "--call-steps", "2", "--batch-size", "2",
+        "--threads", "1", "--workers", "1", "--out", str(out), "--cache", str(cache),
+        "--work", str(tmp_path / "w"),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((out / "pretraining.json").read_text())
+    assert record["benchmark"] == "zoom_sites" and list(record["phases"]) == ["read", "call"]
+    assert "mmrft train tools/zoom_sites" in record["phases"]["call"]["command"]
+    lines = [json.loads(line) for line in (cache / "zoom_sites" / "pretrain.jsonl").open()]
+    assert len(lines) == 4 and all(len(r["meta"]["zoom_choices"]) == 4 for r in lines)
+    refused = subprocess.run(
+        command + ["--time-steps", "2"], capture_output=True, text=True, timeout=600
+    )
+    assert refused.returncode != 0 and "only zoom_video" in refused.stderr
