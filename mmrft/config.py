@@ -701,7 +701,7 @@ class WarmStartConfig:
     )
     calls: Literal["target", "random"] = _f(
         "target",
-        "Where a demonstration's scripted call looks: 'target' the sample's region (meta zoom_box / target_box, zoom_span / target_span); 'random' a region of the same size at a uniformly random place of the image or clip (seeded by train.seed): the call's format without where to look.",
+        "Where a demonstration's scripted call looks: 'target' the sample's region (meta zoom_box / target_box, zoom_span / target_span); 'random' a region of the same size at a uniformly random place of the image or clip (seeded by train.seed; one of meta zoom_choices when a sample names them; a clip needs meta duration): the call's format without where to look.",
     )
     train_on: Literal["all", "answer", "calls"] = _f(
         "all",
