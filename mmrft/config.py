@@ -699,9 +699,9 @@ class WarmStartConfig:
         False,
         "With rollout.tools: each warm-start completion is a tool trajectory of a scripted 'look closer' policy: a call on the sample's target (meta target_box: a crop around it; meta target_span: video_frames over it), its observation, then the answer (by warm_start.labels); samples without a target answer directly. Trained on the model's tokens only.",
     )
-    calls: Literal["target", "random"] = _f(
+    calls: Literal["target", "random", "any"] = _f(
         "target",
-        "Where a demonstration's scripted call looks: 'target' the sample's region (meta zoom_box / target_box, zoom_span / target_span); 'random' a region of the same size at a uniformly random place of the image or clip (seeded by train.seed; one of meta zoom_choices when a sample names them; a clip needs meta duration): the call's format without where to look.",
+        "Where a demonstration's scripted call looks: 'target' the sample's region (meta zoom_box / target_box, zoom_span / target_span); 'random' a region of the same size at a uniformly random place of the image or clip (seeded by train.seed; one of meta zoom_choices when a sample names them; a clip needs meta duration): the call's format without where to look; 'any' every place of meta zoom_choices at once, the call's loss -log of the summed probability of those calls: the format and the places, the choice among them left to the model (samples with a target need zoom_choices).",
     )
     train_on: Literal["all", "answer", "calls"] = _f(
         "all",

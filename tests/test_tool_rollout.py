@@ -460,6 +460,69 @@ def test_random_demonstration_calls_refuse_a_clip_without_its_duration(policy):
         check_random_calls([fine, no_duration, sample(0)], tools)
 
 
+def test_any_choice_loss_is_the_summed_probability_of_the_places_by_hand():
+    """``warm_start.calls: any``: a sample's call loss is -log of the summed probability of
+    its places' calls, its other tokens averaged over its demonstrations; moving probability
+    between the places at a constant sum leaves the loss unchanged (never which place)."""
+    import math
+
+    from mmrft.training.warm_start import any_choice_nll
+
+    logps = torch.tensor([[-1.0, -2.0, -0.5], [-2.0, -2.0, -1.5], [-1.0, -1.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]])
+    calls = torch.tensor([[1, 1, 0], [1, 1, 0], [1, 0, 0]])
+    total, tokens = any_choice_nll(logps, mask, calls, [2, 1])
+    first = -math.log(math.exp(-3.0) + math.exp(-4.0)) + (0.5 + 1.5) / 2
+    assert total.item() == pytest.approx(first + 2.0) and tokens.item() == pytest.approx(5.0)
+    # a single demonstration per sample: the plain sum of its trained tokens
+    plain, count = any_choice_nll(logps, mask, calls, [1, 1, 1])
+    assert plain.item() == pytest.approx(3.5 + 5.5 + 2.0) and count.item() == 8.0
+    # the places' call probabilities 0.3 + 0.1 or 0.2 + 0.2: the same loss
+    spread = [
+        torch.tensor([[math.log(a), 0.0], [math.log(b), 0.0]]) for a, b in ((0.3, 0.1), (0.2, 0.2))
+    ]
+    two = torch.ones(2, 2, dtype=torch.long)
+    first_only = torch.tensor([[1, 0], [1, 0]])
+    losses = [any_choice_nll(x, two, first_only, [2])[0].item() for x in spread]
+    assert losses[0] == pytest.approx(losses[1]) == pytest.approx(-math.log(0.4))
+    # no call tokens trained (train_on answer): the answers' mean, no log(places) offset
+    none = torch.zeros_like(calls)
+    answer_only, _ = any_choice_nll(logps, mask, none, [2, 1])
+    assert answer_only.item() == pytest.approx((3.5 + 5.5) / 2 + 2.0)
+
+
+def test_any_choice_demonstrations_crop_every_named_place(policy):
+    """``warm_start.calls: any`` demonstrates one call per place of ``meta.zoom_choices``
+    (boxes: zoom_box; spans: zoom_span); a sample with a target but no choices fails before
+    the first step, naming it."""
+    import json
+
+    from mmrft.rewards.boxes import from_pixels
+    from mmrft.rollout.tool_loop import demonstration_call
+    from mmrft.training.warm_start import check_call_choices, choice_samples
+
+    sites = [[x, y, x + 30, y + 30] for y in (195, 615) for x in (195, 615)]
+    meta = {"zoom_box": sites[2], "zoom_choices": sites, "image_size": [840, 840]}
+    named = Sample("sites", sample(0).messages, "red", meta)
+    copies = choice_samples(named)
+    calls = [demonstration_call(c, policy.family, ["crop"]) for c in copies]
+    boxes = [json.loads(c.removeprefix("<tool_call>").removesuffix("</tool_call>")) for c in calls]
+    framed_meta = {**meta, "input_size": list(policy.family.input_size(840, 840))}
+    assert [b["arguments"]["bbox_2d"] for b in boxes] == [
+        [round(v) for v in from_pixels(s, policy.family.box_frame, framed_meta)] for s in sites
+    ]
+    spans = Sample("clip", [], "A", {"zoom_span": [1.0, 2.0], "zoom_choices": [[0, 1], [3, 4]]})
+    assert [c.meta["zoom_span"] for c in choice_samples(spans)] == [[0, 1], [3, 4]]
+    assert choice_samples(sample(0)) == [sample(0)]  # no choices named: itself
+    tools = loop(policy)
+    check_call_choices([named, Sample("plain", [], "red", {})], tools)  # no target: direct answer
+    with pytest.raises(ValueError, match="1 of 2 training samples.*no meta.zoom_choices"):
+        check_call_choices([named, sample(0)], tools)
+    odd = Sample("odd", [], "red", {**meta, "zoom_choices": [[1, 2, 3]]})
+    with pytest.raises(ValueError, match="odd.*boxes or spans"):
+        check_call_choices([odd], tools)
+
+
 def test_warm_start_train_on_masks_the_answer_or_the_calls(policy):
     """``warm_start.train_on``: a demonstration's loss on every model turn, the last turn only
     (a reader's pre-training) or every turn but the last (the call's format); observation

@@ -4,6 +4,7 @@ the start-up check that a correct answer fits the token budgets at all."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from pathlib import Path
@@ -68,6 +69,8 @@ def warm_start(
     call_rng = random.Random(cfg.train.seed * 1000 + 2 + rank)
     if ws.demonstrations and tool_loop is not None and ws.calls == "random":
         check_random_calls(samples, tool_loop)
+    if ws.demonstrations and tool_loop is not None and ws.calls == "any":
+        check_call_choices(samples, tool_loop)
     with progress_bar(console) as progress:
         bar = progress.add_task("warm start", total=ws.steps, info="")
         for step in range(ws.steps):
@@ -81,18 +84,25 @@ def warm_start(
             ]
             conversations = [task.prompt(samples[i], policy.family) for i in batch]
             trajectories = None
+            choices = [1] * len(batch)  # demonstrations per drawn sample (calls "any": one a place)
             if ws.demonstrations and tool_loop is not None:
                 conversations = [
                     tool_loop.with_start(c, samples[i]) for c, i in zip(conversations, batch)
                 ]
+                demos = [
+                    choice_samples(samples[i]) if ws.calls == "any" else [samples[i]] for i in batch
+                ]
+                choices = [len(d) for d in demos]
+                conversations = [c for c, d in zip(conversations, demos) for _ in d]
                 trajectories = [
                     tool_loop.demonstration(
-                        samples[i],
+                        demo,
                         demonstration_turns(
-                            samples[i], a, tool_loop, call_rng if ws.calls == "random" else None
+                            demo, a, tool_loop, call_rng if ws.calls == "random" else None
                         ),
                     )
-                    for i, a in zip(batch, answers)
+                    for d, a in zip(demos, answers)
+                    for demo in d
                 ]
             prepared = policy.family.prepare(
                 policy.processor, conversations, add_generation_prompt=True
@@ -111,9 +121,15 @@ def warm_start(
                 masks = [trained_turns(t, ws.train_on) for t in trajectories]
                 loss_mask, _ = pad_completions(masks, 0)
                 mask = mask * loss_mask.to(mask.device)
+                calls = [trained_turns(t, "calls") for t in trajectories]
+                call_mask, _ = pad_completions(calls, 0)
+                total, tokens = any_choice_nll(
+                    logps, mask, mask * call_mask.to(mask.device), choices
+                )
+            else:
+                total, tokens = -(logps * mask).sum(), mask.sum()
             # mean over every rank's tokens (none: a batch of direct answers under "calls")
-            tokens = max(distributed.sum_scalar(float(mask.sum())), 1.0)
-            loss = -(logps * mask).sum() / tokens
+            loss = total / max(distributed.sum_scalar(float(tokens)), 1.0)
             loss.backward()
             distributed.sum_gradients(params)
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -138,6 +154,67 @@ def demonstration_turns(
         return list(tool_loop.env.spec.demonstration(sample, answer))
     call = demonstration_call(sample, tool_loop.family, sorted(tool_loop.tools), rng)
     return [call, answer_completion(answer)] if call else [answer_completion(answer)]
+
+
+def choice_samples(sample: Sample) -> list[Sample]:
+    """``sample`` once per place it names in ``meta.zoom_choices`` (boxes ``[x1, y1, x2, y2]``
+    in pixels of the original image, set as ``meta.zoom_box``; spans ``[start, end]`` in
+    seconds, set as ``meta.zoom_span``), so each copy's demonstration calls on one of them
+    (``warm_start.calls: any``); ``[sample]`` when it names none."""
+    options = sample.meta.get("zoom_choices") or []
+    return [
+        dataclasses.replace(
+            sample, meta={**sample.meta, ("zoom_box" if len(c) == 4 else "zoom_span"): list(c)}
+        )
+        for c in options
+    ] or [sample]
+
+
+def any_choice_nll(
+    logps: torch.Tensor, mask: torch.Tensor, call_mask: torch.Tensor, choices: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed negative log-likelihood, token count) of demonstrations grouped by sample.
+
+    ``logps``, ``mask`` and ``call_mask`` are ``[rows, tokens]``; consecutive runs of
+    ``choices[i]`` rows are one sample's demonstrations, one per place it may look. With
+    ``S_k`` the log-probability of demonstration k's trained call tokens (``call_mask``) and
+    ``A_k`` that of its other trained tokens, a sample adds
+    ``-logsumexp_k S_k - mean_k A_k`` (the likelihood that the call is *one of* the places,
+    whichever: the format and where one may look, never which place) and
+    ``mean_k`` of its trained token count. A run of one row is the plain sum ``-(S + A)``.
+    """
+    call = (logps * call_mask).sum(-1)
+    other = (logps * (mask - call_mask)).sum(-1)
+    counts = mask.sum(-1).to(logps.dtype)
+    total, tokens, row = logps.new_zeros(()), logps.new_zeros(()), 0
+    for k in choices:
+        rows = slice(row, row + k)
+        calls = torch.logsumexp(call[rows], 0) if call_mask[rows].any() else call[rows].mean()
+        total = total - calls - other[rows].mean()
+        tokens = tokens + counts[rows].mean()
+        row += k
+    return total, tokens
+
+
+def check_call_choices(samples: list[Sample], tool_loop: ToolLoop) -> None:
+    """Fail before the first step when ``warm_start.calls: any`` meets a sample with a place
+    to look (a scripted call) but no ``meta.zoom_choices``, or choices that are neither boxes
+    (4 numbers) nor spans (2): names the count and the first such sample."""
+    if tool_loop.env is not None and tool_loop.env.spec.demonstration is not None:
+        return  # the environment scripts its own episodes
+    tools = sorted(tool_loop.tools)
+    failures = []
+    for sample in samples:
+        options = sample.meta.get("zoom_choices") or []
+        if any(len(c) not in (2, 4) for c in options):
+            failures.append(f"sample {sample.id!r}: zoom_choices must be boxes or spans")
+        elif not options and demonstration_call(sample, tool_loop.family, tools) is not None:
+            failures.append(f"sample {sample.id!r} has a target but no meta.zoom_choices")
+    if failures:
+        raise ValueError(
+            f"warm_start.calls: any: {len(failures)} of {len(samples)} training samples "
+            f"name no places to choose from; first: {failures[0]}"
+        )
 
 
 def check_random_calls(samples: list[Sample], tool_loop: ToolLoop) -> None:
