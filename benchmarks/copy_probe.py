@@ -87,11 +87,10 @@ def main() -> None:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def pair(sample: Sample, question: str) -> tuple[list[int], list[int]]:
-        messages = [
-            {**m, "content": [p if p.get("type") != "text" else {**p, "text": question}
-                              for p in m["content"]]}  # fmt: skip
-            for m in sample.messages
-        ]
+        def asked(part: dict) -> dict:
+            return {**part, "text": question} if part.get("type") == "text" else part
+
+        messages = [{**m, "content": [asked(p) for p in m["content"]]} for m in sample.messages]
         conversation = task.prompt(Sample(sample.id, messages, sample.target, sample.meta), family)
         conversation = text_only(with_tool_descriptions(conversation, sample, schemas))
         text = processor.apply_chat_template(

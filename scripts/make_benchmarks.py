@@ -87,6 +87,13 @@ Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` sh
   8-frame (the tiny video recipes) and the 16-frame (``VideoBudget``'s default, Video-R1's)
   uniform samplings, at least one frame to spare, so it is never sampled at those counts;
   sampling densely inside the span shows it.
+* ``zoom_slots`` (``video_qa``, as ``zoom_video``; the moment to look at visible): 112×112 px,
+  8 s at 20 fps in four 2-s slots, each with its own background gray; a dark disc (84 px)
+  stays on screen through one slot (balanced) and a disc of one of the 4 colours (40–56 px)
+  flashes on it for 6–10 frames inside the slot's middle second (``meta.zoom_span``
+  ``[2k + 0.5, 2k + 1.5]``, ``meta.zoom_choices`` the four slots' windows, ``meta.slot`` k),
+  never on the 8 uniformly sampled frames, which show the dark disc on the marked slot's two.
+  "What colour is the dot that flashes briefly on the dark disc?"
 
 Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` s,
 ``meta.sample_rate`` Hz; faint white noise under the tones):
@@ -1195,6 +1202,106 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
     write_jsonl(folder / f"{split}.jsonl", records)
 
 
+# zoom_slots: zoom_sites in time. The slot to fetch is plain at the base view (8 uniform
+# frames), the flash in it is not.
+ZOOM_SLOTS_SECONDS = 8  # s, every clip: 4 slots of 2 s
+ZOOM_SLOTS_BASE_FRAMES = 8  # the tiny recipe's uniform sampling: 2 frames a slot, 1 temporal patch
+ZOOM_SLOTS_GREYS = (
+    236,
+    212,
+    188,
+    164,
+)  # each slot's background gray: a time code, as the quadrants'
+ZOOM_SLOTS_MARKER = 84  # px, the dark disc shown through the marked slot (42 px of the base view)
+ZOOM_SLOTS_MARKER_GREY = 60
+ZOOM_SLOTS_FLASH = (6, 10)  # frames, the flash's length (0.3–0.5 s)
+ZOOM_SLOTS_QUESTION = "What colour is the dot that flashes briefly on the dark disc?"
+
+
+def zoom_slots_span(slot: int) -> list[float]:
+    """Slot ``slot``'s (0–3) window to fetch, ``[start, end]`` s: the middle second of its 2 s
+    (``[2·slot + 0.5, 2·slot + 1.5]``), where its flash always lies."""
+    return [2.0 * slot + 0.5, 2.0 * slot + 1.5]
+
+
+def write_zoom_slots(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
+    """``zoom_slots``: 112×112 px clips of ``ZOOM_SLOTS_SECONDS`` = 8 s at 20 fps cut into
+    four 2-s slots, each with its own background gray (``ZOOM_SLOTS_GREYS``: a time code for
+    the tiny model, as zoom_sites' quadrants are a place code) under the same static gray
+    clutter (12 discs of 6–14 px). A dark disc (84 px, gray 60, at a random place) stays on
+    screen through one slot (slots balanced), and on it a disc of one of the 4 colours (40–56
+    px, targets balanced) flashes for ``ZOOM_SLOTS_FLASH`` = 6–10 frames inside the slot's
+    middle second (``meta.zoom_span`` = :func:`zoom_slots_span`), clear of the 8 uniformly
+    sampled frames (:func:`uniform_frame_indices`, one frame to spare): the base view shows
+    which slot holds the dark disc (it is on both of the slot's sampled frames, one temporal
+    patch of Qwen2.5-VL) and never the flash; ``video_frames`` over the window (8 frames,
+    every 2.7 frames) shows it on 2–4 frames. ``meta.zoom_choices`` the four slots' windows,
+    ``meta.slot`` 0–3, ``meta.target_span`` the flash's ``[start, end]`` s (frames
+    ``start·fps … end·fps − 1``), ``meta.target_box`` its box in frame pixels."""
+    (folder / "videos").mkdir(exist_ok=True)
+    fps, size = ZOOM_VIDEO_FPS, ZOOM_VIDEO_SIZE
+    colours = list(COLOURS)
+    n_frames = ZOOM_SLOTS_SECONDS * fps
+    sampled = set(uniform_frame_indices(n_frames, ZOOM_SLOTS_BASE_FRAMES))
+    slot_frames = n_frames // 4
+    records = []
+    pairs = [(colours[k % 4], (k + k // 4) % 4) for k in range(16)]  # as zoom_sites' pairs
+    for i, (colour, slot) in enumerate(balanced(rng, pairs, n)):
+        clutter = []  # (x, y, diameter, gray) of each clutter disc, the same in every slot
+        for _ in range(12):
+            diameter = int(rng.integers(6, 15))
+            x, y = (float(v) for v in rng.uniform(diameter, size - diameter, 2))
+            clutter.append((x, y, diameter, ZOOM_DISC_GREYS[int(rng.integers(0, 3))]))
+        slots = []
+        for grey in ZOOM_SLOTS_GREYS:
+            frame = np.full((size, size, 3), grey, dtype=np.uint8)
+            for x, y, diameter, disc_grey in clutter:
+                draw_disc(frame, x, y, diameter, np.full(3, disc_grey, dtype=np.uint8))
+            slots.append(frame)
+        frames = np.repeat(np.stack(slots), slot_frames, axis=0)
+        length = int(rng.integers(ZOOM_SLOTS_FLASH[0], ZOOM_SLOTS_FLASH[1] + 1))
+        first_window, last_window = (round(v * fps) for v in zoom_slots_span(slot))
+        while True:
+            starts = [
+                f
+                for f in range(first_window, last_window - length + 1)
+                if not any(f - 1 <= s <= f + length for s in sampled)
+            ]
+            if starts or length == ZOOM_SLOTS_FLASH[0]:
+                break
+            length -= 1
+        first = starts[int(rng.integers(0, len(starts)))]
+        margin = ZOOM_SLOTS_MARKER / 2 + 2
+        mx, my = (float(v) for v in rng.uniform(margin, size - margin, 2))
+        marker = np.full(3, ZOOM_SLOTS_MARKER_GREY, dtype=np.uint8)
+        for f in range(slot * slot_frames, (slot + 1) * slot_frames):
+            draw_disc(frames[f], mx, my, ZOOM_SLOTS_MARKER, marker)
+        diameter = int(rng.integers(ZOOM_VIDEO_DISC[0], ZOOM_VIDEO_DISC[1] + 1))
+        rgb = colour_value(colour, rng)
+        for f in range(first, first + length):
+            box = draw_disc(frames[f], mx, my, diameter, rgb)
+        video_id = f"{split}-{i:04d}"
+        relative = f"videos/{video_id}.mp4"
+        save_mp4(frames, fps, folder / relative)
+        meta = {
+            "choices": colours,
+            "duration": float(ZOOM_SLOTS_SECONDS),
+            "fps": fps,
+            "frame_size": [size, size],
+            "target_span": [round(first / fps, 3), round((first + length) / fps, 3)],
+            "target_box": box,
+            "zoom_span": zoom_slots_span(slot),
+            "zoom_choices": [zoom_slots_span(k) for k in range(4)],
+            "slot": slot,
+        }
+        records.append(
+            user_record(
+                f"{folder.name}-{video_id}", "video", relative, ZOOM_SLOTS_QUESTION, colour, meta
+            )
+        )
+    write_jsonl(folder / f"{split}.jsonl", records)
+
+
 # audio_zoom: "looking closer" in audio. The model's view of a long clip is cut to its first
 # seconds (model.audio.max_seconds, policy truncate); the asked event comes later.
 AUDIO_ZOOM_PITCHES: dict[str, float] = {
@@ -1381,6 +1488,7 @@ BENCHMARKS: dict[str, Benchmark] = {
     "zoom_marks": Benchmark(111, "classification", write_zoom_marks, {"train": 400, "test": 100}),
     "zoom_video": Benchmark(112, "video_qa", write_zoom_video, {"train": 200, "test": 50}),
     "zoom_sites": Benchmark(113, "classification", write_zoom_sites, {"train": 400, "test": 112}),
+    "zoom_slots": Benchmark(116, "video_qa", write_zoom_slots, {"train": 200, "test": 64}),
     "grid_walk": Benchmark(114, "classification", write_grid_walk, {"train": 600, "test": 150}),
     "audio_zoom": Benchmark(115, "classification", write_audio_zoom, {"train": 200, "test": 48}),
 }

@@ -4,6 +4,7 @@ write the benchmark's call at a random place, never where.
 
     python scripts/make_reader.py                          # zoom_video: assets/models/reader-zoom_video
     python scripts/make_reader.py --benchmark zoom_sites   # assets/models/reader-zoom_sites
+    python scripts/make_reader.py --benchmark zoom_slots --read-steps 600 --call-steps 0
     python scripts/make_reader.py --read-steps 40 --time-steps 20 --call-steps 20 --clips 200 --out /tmp/reader
 
 Why: RL through the tool loop did not teach the tiny model to read the fetched clip or crop
@@ -32,6 +33,9 @@ runs RL on it; this is that pre-training, on data of its own, so that what RL wi
    the sites ``meta.zoom_choices`` names) and the loss on every turn: the call's format and
    answering after its observation (the true colour: read when the call found the target, a
    guess when not), nothing about where the target is, so that where to look is RL's to teach;
+   ``--call-steps 0`` skips it: a reader that reads and has never written a call (what
+   ``tools/zoom_sites`` and ``tools/zoom_slots`` start from: their own warm start teaches
+   the call, RL the reading of what it fetched);
 5. **output**: ``--out`` (a ``save_pretrained`` folder) and ``--out/pretraining.json`` (the
    commands, steps, seconds, threads, CPU, each phase's warm-start loss curve).
 
@@ -136,7 +140,9 @@ def phase(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmark", choices=["zoom_video", "zoom_sites"], default="zoom_video")
+    parser.add_argument(
+        "--benchmark", choices=["zoom_video", "zoom_sites", "zoom_slots"], default="zoom_video"
+    )
     parser.add_argument("--out", default=None, help="output model folder")
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="pretraining clips folder")
     parser.add_argument("--work", default=None, help="phases' run folders (runs/reader-BENCHMARK)")
@@ -145,7 +151,9 @@ def main() -> None:
     parser.add_argument("--read-lr", type=float, default=3e-3, help="lr of reading")
     parser.add_argument("--time-steps", type=int, default=0, help="steps of timing (zoom_video)")
     parser.add_argument("--time-lr", type=float, default=1e-3, help="lr of timing")
-    parser.add_argument("--call-steps", type=int, default=300, help="steps of random calls")
+    parser.add_argument(
+        "--call-steps", type=int, default=300, help="steps of random calls (0: a reader only)"
+    )
     parser.add_argument("--call-lr", type=float, default=1e-3, help="lr of random calls")
     parser.add_argument("--batch-size", type=int, default=16, help="clips per step")
     parser.add_argument("--threads", type=int, default=2)
@@ -182,20 +190,21 @@ def main() -> None:
             "warm_start.calls=target",
             "warm_start.train_on=calls",
         )
-    phases["call"], call_checkpoint = phase(
-        "call",
-        checkpoint,
-        split,
-        work,
-        args.call_steps,
-        args.call_lr,
-        args,
-        "warm_start.calls=random",
-        "warm_start.train_on=all",
-    )
+    if args.call_steps:
+        phases["call"], checkpoint = phase(
+            "call",
+            checkpoint,
+            split,
+            work,
+            args.call_steps,
+            args.call_lr,
+            args,
+            "warm_start.calls=random",
+            "warm_start.train_on=all",
+        )
     out = Path(args.out or REPO / "assets" / "models" / f"reader-{args.benchmark}")
     shutil.rmtree(out, ignore_errors=True)
-    shutil.copytree(call_checkpoint, out)
+    shutil.copytree(checkpoint, out, ignore=shutil.ignore_patterns("trainer_state.pt"))
     record = {
         "command": "python scripts/make_reader.py " + " ".join(sys.argv[1:]),
         "base": str(BASE.relative_to(REPO)),

@@ -20,7 +20,7 @@ from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "assets" / "benchmarks"
-BUDGET_BYTES = 30_000_000  # every bundled benchmark together, file bytes
+BUDGET_BYTES = 33_000_000  # every bundled benchmark together, file bytes (30 MB before zoom_slots)
 
 
 def load_generator():

@@ -135,3 +135,24 @@ def test_a_short_site_reader_pretraining_crops_the_sites(tmp_path: Path) -> None
         command + ["--time-steps", "2"], capture_output=True, text=True, timeout=600
     )
     assert refused.returncode != 0 and "only zoom_video" in refused.stderr
+
+
+@pytest.mark.slow  # make test-slow: a few warm-start steps of reading with video tool calls
+def test_a_reading_only_slot_reader_has_one_phase(tmp_path: Path) -> None:
+    """``make_reader.py --benchmark zoom_slots --call-steps 0``: reading the marked slot's
+    window only, no call phase; the reader written is the reading phase's model."""
+    out, cache = tmp_path / "reader", tmp_path / "cache"
+    command = [
+        sys.executable, str(REPO / "scripts" / "make_reader.py"), "--benchmark", "zoom_slots",
+        "--clips", "4", "--read-steps", "2", "--call-steps", "0", "--batch-size", "2",
+        "--threads", "1", "--workers", "1", "--out", str(out), "--cache", str(cache),
+        "--work", str(tmp_path / "w"),
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((out / "pretraining.json").read_text())
+    assert record["benchmark"] == "zoom_slots" and list(record["phases"]) == ["read"]
+    assert "tools/zoom_slots" in record["phases"]["read"]["command"]
+    weights = tmp_path / "w" / "read" / "checkpoints" / "step-000000" / "model.safetensors"
+    assert (out / "model.safetensors").read_bytes() == weights.read_bytes()
+    assert not (out / "trainer_state.pt").exists()

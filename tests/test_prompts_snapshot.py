@@ -66,6 +66,7 @@ BUNDLED = {
     "zoom_sites": ("zoom_sites", "test.jsonl", "mmrft", "classification", QWEN25),
     "grid_walk": ("grid_walk", "test.jsonl", "mmrft", "prompt", QWEN25),
     "zoom_video": ("zoom_video", "test.jsonl", "mmrft", "video_qa", QWEN25),
+    "zoom_slots": ("zoom_slots", "test.jsonl", "mmrft", "video_qa", QWEN25),
     "audio_beeps": ("audio_beeps", "test.jsonl", "mmrft", "counting", AUDIO),
     "audio_zoom": ("audio_zoom", "test.jsonl", "mmrft", "classification", AUDIO),
     "audio_pitch": ("audio_pitch", "test.jsonl", "mmrft", "audio_qa", AUDIO),
