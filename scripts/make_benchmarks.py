@@ -1130,6 +1130,22 @@ def uniform_frame_indices(total_frames: int, frames: int) -> list[int]:
     return [int(i) for i in np.round(np.linspace(0, total_frames - 1, frames))]
 
 
+def clear_starts(
+    earliest: int, latest: int, end: int, length: int, shortest: int, sampled: set[int]
+) -> tuple[list[int], int]:
+    """(starts, length) of a flash of ``length`` frames: the starts ``f`` in
+    ``[earliest, latest]`` with the flash ending by frame ``end`` (``f + length ≤ end``) whose
+    frames ``f … f + length − 1`` keep one frame clear of every ``sampled`` frame index on
+    each side; the length shortened by one frame while none fits, down to ``shortest`` (then
+    possibly no start)."""
+    while True:
+        candidates = range(earliest, min(latest, end - length) + 1)
+        starts = [f for f in candidates if not any(f - 1 <= s <= f + length for s in sampled)]
+        if starts or length == shortest:
+            return starts, length
+        length -= 1
+
+
 def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
     """``zoom_video``: 112×112 px clips of 8, 9 or 10 s at 20 fps over a static neutral
     background (:func:`neutral_canvas`: cells 16–64 px, 6 discs of 6–14 px); a disc of
@@ -1165,15 +1181,7 @@ def write_zoom_video(folder: Path, split: str, n: int, rng: np.random.Generator)
         base = neutral_canvas(rng, size, size, (16, 64), 6, (6, 14))
         length = int(rng.integers(6, 11))  # frames
         sampled = {i for k in ZOOM_VIDEO_BASE_FRAMES for i in uniform_frame_indices(n_frames, k)}
-        while True:
-            starts = [
-                f
-                for f in range(edge, n_frames - edge + 1)
-                if not any(f - 1 <= s <= f + length for s in sampled)
-            ]
-            if starts or length == 6:
-                break
-            length -= 1
+        starts, length = clear_starts(edge, n_frames - edge, n_frames, length, 6, sampled)
         first = starts[int(rng.integers(0, len(starts)))]
         diameter = int(rng.integers(ZOOM_VIDEO_DISC[0], ZOOM_VIDEO_DISC[1] + 1))
         cx, cy = (float(v) for v in rng.uniform(diameter / 2 + 2, size - diameter / 2 - 2, 2))
@@ -1261,15 +1269,9 @@ def write_zoom_slots(folder: Path, split: str, n: int, rng: np.random.Generator)
         frames = np.repeat(np.stack(slots), slot_frames, axis=0)
         length = int(rng.integers(ZOOM_SLOTS_FLASH[0], ZOOM_SLOTS_FLASH[1] + 1))
         first_window, last_window = (round(v * fps) for v in zoom_slots_span(slot))
-        while True:
-            starts = [
-                f
-                for f in range(first_window, last_window - length + 1)
-                if not any(f - 1 <= s <= f + length for s in sampled)
-            ]
-            if starts or length == ZOOM_SLOTS_FLASH[0]:
-                break
-            length -= 1
+        starts, length = clear_starts(
+            first_window, last_window, last_window, length, ZOOM_SLOTS_FLASH[0], sampled
+        )
         first = starts[int(rng.integers(0, len(starts)))]
         margin = ZOOM_SLOTS_MARKER / 2 + 2
         mx, my = (float(v) for v in rng.uniform(margin, size - margin, 2))

@@ -113,17 +113,23 @@ def test_a_short_reader_pretraining_writes_the_reader_and_its_record(tmp_path: P
         assert asked["meta"] == original["meta"] and asked["id"] == original["id"]
 
 
+def short_reader(tmp_path: Path, benchmark: str, *more: str) -> list[str]:
+    """make_reader.py on 4 fresh samples, 2 reading steps of 2, 1 thread; its model in
+    ``tmp_path/reader``, its samples in ``tmp_path/cache``, its phases in ``tmp_path/w``."""
+    return [
+        sys.executable, str(REPO / "scripts" / "make_reader.py"), "--benchmark", benchmark,
+        "--clips", "4", "--read-steps", "2", "--batch-size", "2", "--threads", "1",
+        "--workers", "1", "--out", str(tmp_path / "reader"), "--cache", str(tmp_path / "cache"),
+        "--work", str(tmp_path / "w"), *more,
+    ]  # fmt: skip
+
+
 @pytest.mark.slow  # make test-slow: a few warm-start steps of two phases with crop calls
 def test_a_short_site_reader_pretraining_crops_the_sites(tmp_path: Path) -> None:
     """``make_reader.py --benchmark zoom_sites``: reading the site's crop, then random calls
     among the four sites (``meta.zoom_choices``); no timing phase (its questions state none)."""
     out, cache = tmp_path / "reader", tmp_path / "cache"
-    command = [
-        sys.executable, str(REPO / "scripts" / "make_reader.py"), "--benchmark", "zoom_sites",
-        "--clips", "4", "--read-steps", "2", "--call-steps", "2", "--batch-size", "2",
-        "--threads", "1", "--workers", "1", "--out", str(out), "--cache", str(cache),
-        "--work", str(tmp_path / "w"),
-    ]  # fmt: skip
+    command = short_reader(tmp_path, "zoom_sites", "--call-steps", "2")
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((out / "pretraining.json").read_text())
@@ -141,13 +147,8 @@ def test_a_short_site_reader_pretraining_crops_the_sites(tmp_path: Path) -> None
 def test_a_reading_only_slot_reader_has_one_phase(tmp_path: Path) -> None:
     """``make_reader.py --benchmark zoom_slots --call-steps 0``: reading the marked slot's
     window only, no call phase; the reader written is the reading phase's model."""
-    out, cache = tmp_path / "reader", tmp_path / "cache"
-    command = [
-        sys.executable, str(REPO / "scripts" / "make_reader.py"), "--benchmark", "zoom_slots",
-        "--clips", "4", "--read-steps", "2", "--call-steps", "0", "--batch-size", "2",
-        "--threads", "1", "--workers", "1", "--out", str(out), "--cache", str(cache),
-        "--work", str(tmp_path / "w"),
-    ]  # fmt: skip
+    out = tmp_path / "reader"
+    command = short_reader(tmp_path, "zoom_slots", "--call-steps", "0")
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     record = json.loads((out / "pretraining.json").read_text())

@@ -121,6 +121,7 @@ def warm_start(
                 masks = [trained_turns(t, ws.train_on) for t in trajectories]
                 loss_mask, _ = pad_completions(masks, 0)
                 mask = mask * loss_mask.to(mask.device)
+            if max(choices, default=1) > 1:  # calls "any": a sample's places share one call loss
                 calls = [trained_turns(t, "calls") for t in trajectories]
                 call_mask, _ = pad_completions(calls, 0)
                 total, tokens = any_choice_nll(
