@@ -90,9 +90,10 @@ Videos (``<name>/videos/<id>.mp4``: H.264 yuv420p in MP4, 64×64, frame ``i`` sh
 * ``zoom_slots`` (``video_qa``, as ``zoom_video``; the moment to look at visible): 112×112 px,
   8 s at 20 fps in four 2-s slots, each with its own background gray; a dark disc (84 px)
   stays on screen through one slot (balanced) and a disc of one of the 4 colours (40–56 px)
-  flashes on it for 6–10 frames inside the slot's middle second (``meta.zoom_span``
-  ``[2k + 0.5, 2k + 1.5]``, ``meta.zoom_choices`` the four slots' windows, ``meta.slot`` k),
-  never on the 8 uniformly sampled frames, which show the dark disc on the marked slot's two.
+  flashes on it for 17–20 frames through the slot's 1-s window between its two sampled frames
+  (``meta.zoom_span`` ``[s, s + 1]``, s = 0.1, 2.4, 4.7, 6.9 for slot k = 0–3;
+  ``meta.zoom_choices`` the four slots' windows, ``meta.slot`` k), never on the 8 uniformly
+  sampled frames, which show the dark disc on the marked slot's two.
   "What colour is the dot that flashes briefly on the dark disc?"
 
 Audio (``<name>/audio/<id>.wav``: 16 kHz mono 16-bit PCM WAV; ``meta.duration`` s,
@@ -1222,14 +1223,18 @@ ZOOM_SLOTS_GREYS = (
 )  # each slot's background gray: a time code, as the quadrants'
 ZOOM_SLOTS_MARKER = 84  # px, the dark disc shown through the marked slot (42 px of the base view)
 ZOOM_SLOTS_MARKER_GREY = 60
-ZOOM_SLOTS_FLASH = (6, 10)  # frames, the flash's length (0.3–0.5 s)
+ZOOM_SLOTS_STARTS = (0.1, 2.4, 4.7, 6.9)  # s, each slot's 1-s window, between its 2 base frames
+ZOOM_SLOTS_CUT = 2  # frames: the flash ends 0–2 frames before its window's last clear frame
 ZOOM_SLOTS_QUESTION = "What colour is the dot that flashes briefly on the dark disc?"
 
 
 def zoom_slots_span(slot: int) -> list[float]:
-    """Slot ``slot``'s (0–3) window to fetch, ``[start, end]`` s: the middle second of its 2 s
-    (``[2·slot + 0.5, 2·slot + 1.5]``), where its flash always lies."""
-    return [2.0 * slot + 0.5, 2.0 * slot + 1.5]
+    """Slot ``slot``'s (0–3) window to fetch, ``[start, start + 1]`` s with ``start`` =
+    ``ZOOM_SLOTS_STARTS[slot]`` (0.1, 2.4, 4.7, 6.9): the 1 s between the slot's two frames of
+    the 8-frame uniform sampling (frames 0 | 23, 45 | 68, 91 | 114, 136 | 159 of 160), where
+    its flash always lies."""
+    start = ZOOM_SLOTS_STARTS[slot]
+    return [start, round(start + 1.0, 1)]
 
 
 def write_zoom_slots(folder: Path, split: str, n: int, rng: np.random.Generator) -> None:
@@ -1238,12 +1243,17 @@ def write_zoom_slots(folder: Path, split: str, n: int, rng: np.random.Generator)
     the tiny model, as zoom_sites' quadrants are a place code) under the same static gray
     clutter (12 discs of 6–14 px). A dark disc (84 px, gray 60, at a random place) stays on
     screen through one slot (slots balanced), and on it a disc of one of the 4 colours (40–56
-    px, targets balanced) flashes for ``ZOOM_SLOTS_FLASH`` = 6–10 frames inside the slot's
-    middle second (``meta.zoom_span`` = :func:`zoom_slots_span`), clear of the 8 uniformly
-    sampled frames (:func:`uniform_frame_indices`, one frame to spare): the base view shows
-    which slot holds the dark disc (it is on both of the slot's sampled frames, one temporal
-    patch of Qwen2.5-VL) and never the flash; ``video_frames`` over the window (8 frames,
-    every 2.7 frames) shows it on 2–4 frames. ``meta.zoom_choices`` the four slots' windows,
+    px, targets balanced) flashes through the slot's 1-s window (``meta.zoom_span`` =
+    :func:`zoom_slots_span`, between the slot's two frames of the 8 uniformly sampled ones,
+    :func:`uniform_frame_indices`): from the window's first frame to its last frame that keeps
+    one frame clear of a sampled one, less 0–2 frames (``ZOOM_SLOTS_CUT``), 17–20 frames in
+    all. The base view shows which slot holds the dark disc (it is on both of the slot's
+    sampled frames, one temporal patch of Qwen2.5-VL) and never the flash; ``video_frames``
+    over the window (8 frames, every 2.9 frames) shows it on its first 6–7 frames, at the same
+    places for every slot. (The first version drew 6–10 frames anywhere in the slot's middle
+    second, 2–4 of the fetched frames at a place that varied: the tiny reader did not learn to
+    read it in 1,200 steps, while zoom_video's, whose flash always opens its window, did in
+    860.) ``meta.zoom_choices`` the four slots' windows,
     ``meta.slot`` 0–3, ``meta.target_span`` the flash's ``[start, end]`` s (frames
     ``start·fps … end·fps − 1``), ``meta.target_box`` its box in frame pixels."""
     (folder / "videos").mkdir(exist_ok=True)
@@ -1267,12 +1277,10 @@ def write_zoom_slots(folder: Path, split: str, n: int, rng: np.random.Generator)
                 draw_disc(frame, x, y, diameter, np.full(3, disc_grey, dtype=np.uint8))
             slots.append(frame)
         frames = np.repeat(np.stack(slots), slot_frames, axis=0)
-        length = int(rng.integers(ZOOM_SLOTS_FLASH[0], ZOOM_SLOTS_FLASH[1] + 1))
-        first_window, last_window = (round(v * fps) for v in zoom_slots_span(slot))
-        starts, length = clear_starts(
-            first_window, last_window, last_window, length, ZOOM_SLOTS_FLASH[0], sampled
-        )
-        first = starts[int(rng.integers(0, len(starts)))]
+        first, end = (round(v * fps) for v in zoom_slots_span(slot))  # frames first … end
+        starts, longest = clear_starts(first, first, end + 1, end + 1 - first, 1, sampled)
+        assert starts == [first], (slot, starts)  # ZOOM_SLOTS_STARTS opens clear of the base
+        length = longest - int(rng.integers(0, ZOOM_SLOTS_CUT + 1))
         margin = ZOOM_SLOTS_MARKER / 2 + 2
         mx, my = (float(v) for v in rng.uniform(margin, size - margin, 2))
         marker = np.full(3, ZOOM_SLOTS_MARKER_GREY, dtype=np.uint8)

@@ -101,13 +101,16 @@ def write_chunk(job: tuple[str, Path, int, int]) -> None:
 def pretraining_split(name: str, n: int, cache: Path, workers: int = 1) -> Path:
     """``cache/name/pretrain.jsonl``: ``n`` samples drawn by ``name``'s generator in chunks of
     :data:`CHUNK` (chunk ``c`` at ``[PRETRAIN_SEED, index of name, c]``, so the split does not
-    depend on ``workers``, the processes that draw them); written once (kept while ``n`` is
-    unchanged)."""
+    depend on ``workers``, the processes that draw them); written once, kept while ``n`` and
+    the generator are unchanged (the stamp holds ``n`` and the digest of the bundled
+    ``test.jsonl``, which the generator writes again whenever its output changes)."""
     import multiprocessing
 
     folder = cache / name
     stamp = folder / "pretrain.n"
-    if stamp.is_file() and stamp.read_text() == str(n):
+    test = REPO / "assets" / "benchmarks" / name / "test.jsonl"
+    key = f"{n} {hashlib.sha256(test.read_bytes()).hexdigest()[:16]}"
+    if stamp.is_file() and stamp.read_text() == key:
         return folder / "pretrain.jsonl"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -124,7 +127,7 @@ def pretraining_split(name: str, n: int, cache: Path, workers: int = 1) -> Path:
             out.write(chunk.read_text())
             chunk.unlink()
     check_disjoint(folder, REPO / "assets" / "benchmarks" / name)
-    stamp.write_text(str(n))
+    stamp.write_text(key)
     return folder / "pretrain.jsonl"
 
 

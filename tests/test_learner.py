@@ -61,6 +61,25 @@ def test_the_pretraining_split_does_not_depend_on_the_worker_count(tmp_path, mon
         assert image.read_bytes() == (two.parent / "images" / image.name).read_bytes()
 
 
+def test_the_pretraining_split_is_drawn_again_when_the_generator_changed(tmp_path) -> None:
+    """The cache is kept only while both the sample count and the bundled test split (which the
+    generator writes again whenever its output changes) are the ones it was drawn for: a split
+    stamped with the count alone (as before the digest) or another digest is drawn again."""
+    make_learner = _script()
+    split = make_learner.pretraining_split("shapes_grounding", 3, tmp_path)
+    stamp = split.with_name("pretrain.n")
+    marker = split.with_name("kept")
+    marker.write_text("")
+    assert make_learner.pretraining_split("shapes_grounding", 3, tmp_path) == split
+    assert marker.exists()  # same count, same generator: kept
+    for stale in ("3", "3 0000000000000000"):
+        stamp.write_text(stale)
+        marker.write_text("")
+        make_learner.pretraining_split("shapes_grounding", 3, tmp_path)
+        assert not marker.exists() and stamp.read_text() != stale
+        assert len(split.read_text().splitlines()) == 3
+
+
 def test_pretraining_media_equal_to_test_media_are_refused(tmp_path: Path) -> None:
     make_learner = _script()
     benchmark = REPO / "assets" / "benchmarks" / "shapes_grounding"
