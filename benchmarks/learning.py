@@ -6,8 +6,12 @@
     python benchmarks/learning.py --only shapes_kind -- optim.lr=3e-4   # overrides for both runs
     python benchmarks/learning.py --seeds 3                # every recipe at train.seed 0, 1, 2
     python benchmarks/learning.py --seeds 3 --jobs 2       # two runs at a time, 1 thread each
+    python benchmarks/learning.py --only tools/zoom_sites  # a tool recipe (TOOL_RECIPES)
 
-For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/NAME`` runs):
+For each recipe ``configs/learn/NAME.yaml`` (the same file ``mmrft train learn/NAME`` runs),
+and each tool recipe of :data:`TOOL_RECIPES` (``configs/tools/NAME.yaml``, named
+``tools/NAME``: the tool rows, whose capacity check is the warm start on demonstrations of the
+right call with the true answer):
 
 1. **capacity check** (skipped with ``--no-sft``): ordinary supervised training on the *true*
    labels, with the same model, data, media budget and budget of optimizer steps as the RL
@@ -71,11 +75,24 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 LEARN = REPO / "configs" / "learn"
+TOOL_RECIPES = ("tools/zoom_sites",)
+"""The tool recipes with a row: the tool that pays off (the tool rows of issue 37), each
+starting from its committed reader (``scripts/make_reader.py``)."""
 
 
 def recipes() -> list[str]:
-    """Every recipe name under ``configs/learn/``, sorted."""
-    return sorted(p.stem for p in LEARN.glob("*.yaml"))
+    """Every recipe name under ``configs/learn/``, sorted, then :data:`TOOL_RECIPES`."""
+    return [*sorted(p.stem for p in LEARN.glob("*.yaml")), *TOOL_RECIPES]
+
+
+def config_name(recipe: str) -> str:
+    """The config a recipe name loads: ``learn/NAME``, or a tool recipe's ``tools/NAME``."""
+    return recipe if "/" in recipe else f"learn/{recipe}"
+
+
+def run_label(recipe: str) -> str:
+    """A recipe's name in run directory names: ``tools/zoom_sites`` → ``tools-zoom_sites``."""
+    return recipe.replace("/", "-")
 
 
 BESIDE = 0.25  # cores of other load above which a timing is marked as shared
@@ -164,11 +181,12 @@ def sft_overrides(cfg: Any, out: Path, name: str) -> list[str]:
 
 
 def run_one(name: str, overrides: list[str]) -> dict[str, Any]:
-    """``mmrft train learn/NAME`` in this process with ``overrides``; returns summary.json."""
+    """``mmrft train learn/NAME`` (or ``tools/NAME``) in this process with ``overrides``;
+    returns summary.json."""
     from mmrft.config import load_config
     from mmrft.training.trainer import train
 
-    return train(load_config(f"learn/{name}", overrides))
+    return train(load_config(config_name(name), overrides))
 
 
 def submit(pool: ThreadPoolExecutor | None, name: str, overrides: list[str]) -> Future | dict:
@@ -420,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1:
         parser.error("--seeds needs at least 1")
     common = list(args.overrides)
-    threads_used = load_config(f"learn/{names[0]}", common).train.threads
+    threads_used = load_config(config_name(names[0]), common).train.threads
     cores = os.cpu_count() or 1
     if args.jobs * threads_used > cores:
         print(
@@ -438,13 +456,12 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         for seed in range(args.seeds):
             overrides = [*common, f"train.seed={seed}"]
-            cfg = load_config(f"learn/{name}", overrides)
+            cfg = load_config(config_name(name), overrides)
+            label = f"{run_label(name)}-s{seed}"
             check = None
             if not args.no_sft:
-                check = submit(
-                    pool, name, [*overrides, *sft_overrides(cfg, out, f"{name}-s{seed}")]
-                )
-            rl = submit(pool, name, [*overrides, f"output_dir={out}", f"name={name}-s{seed}"])
+                check = submit(pool, name, [*overrides, *sft_overrides(cfg, out, label)])
+            rl = submit(pool, name, [*overrides, f"output_dir={out}", f"name={label}"])
             pending.setdefault(name, []).append((seed, rl, check))
     rows = []
     for name in names:
@@ -456,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(
                 {"seed": seed, "summary": summary, "sft": sft, "steps": steps, "values": values}
             )
-        cfg = load_config(f"learn/{name}", common)
+        cfg = load_config(config_name(name), common)
         rows.append(recipe_row(name, runs, learner(cfg), cfg.train.threads, load.cores()))
         # written after every recipe, so an interrupted run keeps what it measured
         other = load.cores()

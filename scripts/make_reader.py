@@ -18,7 +18,7 @@ runs RL on it; this is that pre-training, on data of its own, so that what RL wi
    samples (checked: no pretraining video or image equals a test one), written under ``--cache``;
 2. **reading** (``--read-steps``): ``mmrft train tools/BENCHMARK`` as a warm start alone,
    each sample's trajectory the scripted call on ``meta.zoom_span`` (zoom_video: the 1-s
-   window from the stated time; zoom_slots: the marked slot's middle second) or
+   window from the stated time; zoom_slots: the marked slot's 1-s window) or
    ``meta.zoom_box`` (zoom_sites: the marked site), its observation, then the true colour, the loss on the answer turn only
    (``warm_start.train_on=answer``): it learns to read, never to write that call;
 3. **timing** (zoom_video only, ``--time-steps``, default 0: off): the same clips asked

@@ -25,12 +25,16 @@ def learning():
 def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_path):
     bench = learning()
     names = bench.recipes()
-    assert names == sorted(p.stem for p in (REPO / "configs" / "learn").glob("*.yaml"))
+    learn = sorted(p.stem for p in (REPO / "configs" / "learn").glob("*.yaml"))
+    assert names == [*learn, *bench.TOOL_RECIPES]
+    assert bench.config_name("shapes_kind") == "learn/shapes_kind"
+    assert bench.config_name("tools/zoom_sites") == "tools/zoom_sites"
+    assert bench.run_label("tools/zoom_sites") == "tools-zoom_sites"
     for name in names:
-        rl = load_config(f"learn/{name}")
+        rl = load_config(bench.config_name(name))
         assert rl.warm_start.labels == "random" and rl.warm_start.steps > 0  # format only
         assert rl.train.threads == 2
-        sft = load_config(f"learn/{name}", bench.sft_overrides(rl, tmp_path, name))
+        sft = load_config(bench.config_name(name), bench.sft_overrides(rl, tmp_path, bench.run_label(name)))
         assert sft.warm_start.labels == "target" and sft.train.steps == 0
         # one SFT step per RL optimizer update
         updates = rl.train.steps * rl.algorithm.updates_per_batch
