@@ -34,7 +34,9 @@ def test_every_recipe_is_listed_and_its_capacity_check_has_the_same_budget(tmp_p
         rl = load_config(bench.config_name(name))
         assert rl.warm_start.labels == "random" and rl.warm_start.steps > 0  # format only
         assert rl.train.threads == 2
-        sft = load_config(bench.config_name(name), bench.sft_overrides(rl, tmp_path, bench.run_label(name)))
+        sft = load_config(
+            bench.config_name(name), bench.sft_overrides(rl, tmp_path, bench.run_label(name))
+        )
         assert sft.warm_start.labels == "target" and sft.train.steps == 0
         # one SFT step per RL optimizer update
         updates = rl.train.steps * rl.algorithm.updates_per_batch
