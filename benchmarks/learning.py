@@ -75,9 +75,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 LEARN = REPO / "configs" / "learn"
-TOOL_RECIPES = ("tools/zoom_sites",)
-"""The tool recipes with a row: the tool that pays off (the tool rows of issue 37), each
-starting from its committed reader (``scripts/make_reader.py``)."""
+TOOL_RECIPES = ("tools/zoom_sites", "tools/zoom_slots")
+"""The tool recipes with a row: tools that pay off, in an image (crop) and in a video
+(video_frames), each starting from its committed reader (``scripts/make_reader.py``)."""
 
 
 def recipes() -> list[str]:
