@@ -705,7 +705,7 @@ class WarmStartConfig:
     )
     train_on: Literal["all", "answer", "calls"] = _f(
         "all",
-        "Which model turns of a demonstration carry the loss: 'all'; 'answer' the last turn only (reading what the calls fetched: a reader's pre-training); 'calls' every turn but the last (the call's format, the answer left to the model).",
+        "Which model turns of a demonstration carry the loss: 'all'; 'answer' the last turn only (reading what the calls fetched: a reader's pre-training; it teaches answering at a turn's start, so on its own it makes a model stop calling: a 60-step warm start so, random labels, gave RL a use rate of 0); 'calls' every turn but the last (the call's format, the answer left to the model).",
     )
 
 
