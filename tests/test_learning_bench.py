@@ -72,6 +72,7 @@ def test_targets_and_table(tmp_path):
     assert bench.target(0.25, "eval/classification/accuracy") == pytest.approx(0.625)
     assert bench.target(0.5, "eval/audio_qa/accuracy") == pytest.approx(0.75)
     assert bench.target(None, "eval/grounding/acc@0.5") == 0.5
+    assert bench.target(0.25, "eval/video_qa/accuracy", "tools/zoom_slots") == 0.85
     tiny = {"name": "tiny-qwen2_audio", "parameters": 328704}
     one = bench.recipe_row("audio_pitch", [run(0, 0.8)], tiny, 2, 0.05)
     shared = bench.recipe_row("other", [run(0, 0.6)], tiny, 1, 1.02)
