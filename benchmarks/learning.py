@@ -38,10 +38,11 @@ target, RL seconds), ``--out/learning.json`` (the same figures, every seed's amo
 seeds, the band between the lowest and highest seed, the chance level dotted).
 
 Targets (issue "Learning that shows"): the held-out primary metric after RL at least halfway
-from chance to 1.0 (0.85 for a tool row, issue 37); grounding Acc@0.5 and temporal grounding R1@0.5 at least 0.5, detection
-AP50 at least 0.3, and 0.5 for a metric without a chance level (chart QA). RL seconds are the
-RL loop's wall time (``summary.json`` ``train_seconds``: rollouts, verifiers, updates and the
-periodic evaluations), without the warm start and model loading.
+from chance to 1.0 (0.85 for a tool row, issue 37); grounding Acc@0.5 and temporal grounding
+R1@0.5 at least 0.5, detection AP50 at least 0.3, and 0.5 for a metric without a chance level
+(chart QA). RL seconds are the RL loop's wall time (``summary.json`` ``train_seconds``:
+rollouts, verifiers, updates and the periodic evaluations), without the warm start and model
+loading.
 
 Each recipe sets ``train.threads: 2``; run on an otherwise idle machine for timings.
 ``--jobs N`` runs N of the runs (a recipe's seeds, its capacity checks) at a time, each in a

@@ -19,8 +19,9 @@ runs RL on it; this is that pre-training, on data of its own, so that what RL wi
 2. **reading** (``--read-steps``): ``mmrft train tools/BENCHMARK`` as a warm start alone,
    each sample's trajectory the scripted call on ``meta.zoom_span`` (zoom_video: the 1-s
    window from the stated time; zoom_slots: the marked slot's 1-s window) or
-   ``meta.zoom_box`` (zoom_sites: the marked site), its observation, then the true colour, the loss on the answer turn only
-   (``warm_start.train_on=answer``): it learns to read, never to write that call;
+   ``meta.zoom_box`` (zoom_sites: the marked site), its observation, then the true colour,
+   the loss on the answer turn only (``warm_start.train_on=answer``): it learns to read,
+   never to write that call;
 3. **timing** (zoom_video only, ``--time-steps``, default 0: off): the same clips asked
    :data:`TIMING_QUESTIONS` instead (other questions that state the same time: "How many discs
    are on screen at about 3.4 s?"), each answered by the scripted call on the stated time, the
