@@ -301,6 +301,30 @@ def test_video_frames_defaults_to_one_second_and_eight_frames(video_context):
     assert call(tool_call("video_frames", start_s=1.0), few).info["frames"] == 4
 
 
+def test_video_frames_decodes_a_window_once_per_file_version(tmp_path):
+    """A group's completions fetching the same window decode it once (the tool's clip cache,
+    keyed by file, mtime, size, indices and frame size); another window, or the file rewritten,
+    decodes again; the cached frames equal a fresh decode."""
+    import os
+
+    cache = TOOLS.get("video_frames").fn.__globals__["CLIP_CACHE"]
+    clip = write_clip(tmp_path / "square.mp4")
+    context = ToolContext(video=str(clip), video_budget=VideoBudget(max_frames=8), factor=28)
+    cache.clear()
+    first = call(tool_call("video_frames", start_s=1.0, n=4), context)
+    again = call(tool_call("video_frames", start_s=1.0, n=4), context)
+    assert (cache.misses, cache.hits) == (1, 1)
+    assert [f.tobytes() for f in first.videos[0].frames] == [
+        f.tobytes() for f in again.videos[0].frames
+    ]
+    assert call(tool_call("video_frames", start_s=0.5, n=4), context).ok
+    assert (cache.misses, cache.hits) == (2, 1)
+    stat = clip.stat()
+    os.utime(clip, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # the file "changed"
+    assert call(tool_call("video_frames", start_s=1.0, n=4), context).ok
+    assert (cache.misses, cache.hits) == (3, 1)
+
+
 def test_video_frames_refuses_bad_intervals_and_budgets(video_context):
     cases = [
         ({"start_s": 0, "end_s": 1, "n": 1000}, "too_many_frames"),

@@ -28,7 +28,15 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from mmrft.data import DataError
-from mmrft.data.video import TEMPORAL_PATCH, VideoInfo, frame_indices, probe_video, resize_dims
+from mmrft.data.video import (
+    TEMPORAL_PATCH,
+    VideoCache,
+    VideoInfo,
+    decode_frames,
+    frame_indices,
+    probe_video,
+    resize_dims,
+)
 from mmrft.rollout.tool import Observation, ToolContext, ToolFailure, VideoClip, tool
 
 if TYPE_CHECKING:
@@ -37,6 +45,10 @@ if TYPE_CHECKING:
 
 DEFAULT_SPAN_S = 1.0  # s, the interval of a call without end_s
 DEFAULT_FRAMES = 8  # frames of a call without n (at most the video budget's)
+
+CLIP_CACHE = VideoCache(max_bytes=64 * 2**20)
+"""Decoded clips of this process's calls (64 MiB; the tool worker's, whose memory is capped):
+the G completions of a group mostly fetch the same window, which is then decoded once."""
 
 
 def video_frames_example(context: ToolContext) -> dict[str, Any] | None:
@@ -141,10 +153,9 @@ def video_frames(
 
 def _decode(info: VideoInfo, indices: list[int], height: int, width: int) -> list[Image.Image]:
     """The frames at ``indices`` as RGB PIL images of ``width × height`` pixels, decoded by
-    :mod:`mmrft.data.video`'s decoder (only these frames, resized as they are decoded)."""
+    :mod:`mmrft.data.video`'s decoder (only these frames, resized as they are decoded) or
+    taken from :data:`CLIP_CACHE`."""
     from PIL import Image
 
-    from mmrft.data.video import _decode as decode_frames  # the decoder read_video uses
-
-    tensor = decode_frames(info, indices, height, width)
+    tensor = decode_frames(info, indices, height, width, CLIP_CACHE)
     return [Image.fromarray(frame.permute(1, 2, 0).numpy()) for frame in tensor]

@@ -676,6 +676,25 @@ def _decode(info: VideoInfo, indices: Sequence[int], height: int, width: int) ->
     return torch.stack([frames[i] for i in indices])
 
 
+def decode_frames(
+    info: VideoInfo,
+    indices: Sequence[int],
+    height: int,
+    width: int,
+    cache: VideoCache | None = None,
+) -> Any:
+    """The frames at ``indices`` of ``info.path`` as ``[T, C, height, width]`` uint8 (resized as
+    :func:`read_video` resizes), through ``cache`` (default :data:`VIDEO_CACHE`) keyed by the
+    file (path, mtime, size), the decoder, the indices and the size: a tool fetching the same
+    window for every completion of a group decodes it once. The tensor may be the cache's:
+    treat it as read-only."""
+    cache = VIDEO_CACHE if cache is None else cache
+    _, file_key = _source_key(info.path)
+    key = ("frames", *file_key, info.backend, tuple(indices), height, width)
+    frames, _, _ = cache.get_or_load(key, lambda: (_decode(info, indices, height, width), 0.0, {}))
+    return frames
+
+
 # -- frame lists -------------------------------------------------------------------------------
 
 
