@@ -51,8 +51,9 @@ bounded in **bytes**.
 
 **Cache.** Decoded, resized frames are kept in a process-wide LRU cache keyed by the file
 (path, mtime, size), the backend and the sampling decision (frame indices and size), so the G
-completions of a GRPO group (and later epochs) decode a video once. Cached tensors are shared:
-treat them as read-only.
+completions of a GRPO group (and later epochs) decode a video once; :func:`decode_frames` decodes
+given frame indices through such a cache (a tool fetching the same window for a whole group).
+Cached tensors are shared: treat them as read-only.
 
 **Frame lists.** ``{"type": "video", "video": ["f0.png", "f1.png", ...], "sample_fps": 2.0}``:
 the list is a video whose native rate is ``sample_fps`` (qwen-vl-utils' key; default 2.0
