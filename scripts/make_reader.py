@@ -107,7 +107,7 @@ def phase(
         "warm_start.labels=target",
         # the committed readers were built with the tools described in the system message (the
         # default); the RL recipes now leave it out (faster), but at lr 3e-3 without it the
-        # zoom_slots reading loss fell to 0.005 by step 80, then climbed back to 0.14 from step 140
+        # zoom_slots reading loss fell to 0.005 by step 80, then rose to 0.10-0.15 from step 140
         "rollout.tools.describe=true",
         f"warm_start.steps={steps}",
         f"warm_start.lr={lr}",
