@@ -20,7 +20,8 @@ Images (``<name>/images/<split>-NNNN.png``, ``meta.image_size = [W, H]``):
 * ``shapes_grounding`` (``grounding``): 2–4 non-overlapping shapes with distinct
   (colour, kind) on 112×112; the question is the expression ("the red circle"); target the
   tight box of that shape, absolute pixels ``[x1, y1, x2, y2]`` of the image, edges inclusive
-  of the drawn pixels (pixel ``x`` spans ``[x, x + 1)``).
+  of the drawn pixels (pixel ``x`` spans ``[x, x + 1)``); ``meta.other_boxes`` the boxes of the
+  image's other shapes (the grounding task's ``wrong_object``: a box on one of them).
 * ``shapes_detection`` (``detection``): 0–4 shapes of the asked-for kind among 1–3 shapes of
   other kinds on 112×112 ("Find every triangle in the image."); target the list of their tight
   boxes (same frame as grounding) sorted by ``(x1, y1)``, ``[]`` when there is none;
@@ -329,7 +330,8 @@ def make_grounding(rng: np.random.Generator, n: int) -> list[Item]:
             boxes.append(tight_box(mask))
         target = int(rng.integers(0, count))
         colour, kind = chosen[target]
-        items.append(Item(image, f"the {colour} {kind}", boxes[target], {}))
+        others = [box for i, box in enumerate(boxes) if i != target]  # for `wrong_object`
+        items.append(Item(image, f"the {colour} {kind}", boxes[target], {"other_boxes": others}))
     return items
 
 

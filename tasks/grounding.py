@@ -28,7 +28,10 @@ Dataset formats:
   are read by the layout every task has, ``data.format: conversations``.
 
 Metrics (:meth:`GroundingTask.evaluate_one`): ``acc@0.5`` (IoU ≥ 0.5, the RefCOCO metric,
-primary) and ``iou``.
+primary) and ``iou``; with ``meta["other_boxes"]`` (the boxes of the image's *other* objects,
+original pixels, optional) also ``wrong_object``: the share of answers that miss the referred
+object but box another one (IoU ≥ 0.5 with it), the error of a model that localises objects
+but does not bind the expression to the right one.
 """
 
 from __future__ import annotations
@@ -200,6 +203,14 @@ class GroundingTask(Task):
         sample = super().parse_record(record, base, where)
         size = image_size_of(sample, where, "grounding")
         sample.target = _check_box(sample.target, size, where)
+        others = sample.meta.get("other_boxes")
+        if others is not None:
+            if not isinstance(others, list):
+                raise DataError(
+                    f"{where}: meta.other_boxes must be a list of boxes, got {others!r}"
+                )
+            for box in others:
+                _check_box(box, size, where, field="meta.other_boxes")
         return sample
 
     def _parse_refcoco(self, record: Any, root: Path, where: str) -> Sample:
@@ -241,15 +252,19 @@ class GroundingTask(Task):
         reaching further past an edge than :data:`mmrft.rewards.boxes.EDGE_TOLERANCE`, 5 % of the image
         side, or wholly outside it, scores 0 with ``box outside image``).
 
-        Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0. Unparsable answers
-        score 0 with the parser's reason (``no answer tag``, ``no box``, ``several boxes``,
+        Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0; with
+        ``meta["other_boxes"]``, ``wrong_object`` = 1 if the box misses the target but has
+        IoU ≥ 0.5 with one of them, else 0. Unparsable answers score 0 with the parser's reason (``no answer tag``, ``no box``, ``several boxes``,
         ``degenerate box``, ``box outside image``); ``parsed`` is the predicted box in original pixels.
         Raises ``ValueError`` for a sample without ``box_frame`` (a setup error, not the model's).
         """
         frame = box_frame(sample)
+        others = sample.meta.get("other_boxes")
 
         def failed(reason: str | None) -> EvalRecord:
             values = {"acc@0.5": 0.0, "iou": 0.0}
+            if others is not None:
+                values["wrong_object"] = 0.0
             return EvalRecord(sample.id, completion, None, 0.0, reason, values)
 
         answer, reason = extract_answer(completion)
@@ -264,9 +279,13 @@ class GroundingTask(Task):
         width, height = float(sample.meta["image_size"][0]), float(sample.meta["image_size"][1])
         if outside_image(pixels, width, height):
             return failed("box outside image")
-        iou = box_iou(clip_box(pixels, width, height), sample.target)
+        clipped = clip_box(pixels, width, height)
+        iou = box_iou(clipped, sample.target)
         correct = float(iou >= ACC_IOU)
+        values = {"acc@0.5": correct, "iou": iou}
+        if others is not None:
+            values["wrong_object"] = float(
+                not correct and any(box_iou(clipped, box) >= ACC_IOU for box in others)
+            )
         parsed = [round(v, 2) for v in pixels]
-        return EvalRecord(
-            sample.id, completion, parsed, correct, None, {"acc@0.5": correct, "iou": iou}
-        )
+        return EvalRecord(sample.id, completion, parsed, correct, None, values)

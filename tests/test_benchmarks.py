@@ -105,6 +105,12 @@ def test_grounding_boxes_are_tight():
         inside = saturated[y1:y2, x1:x2]
         assert inside[0].any() and inside[-1].any() and inside[:, 0].any() and inside[:, -1].any()
         assert record["messages"][0]["content"][1]["text"].startswith("the ")
+        # meta.other_boxes: the image's 1-3 other shapes, none overlapping the target
+        others = record["meta"]["other_boxes"]
+        assert 1 <= len(others) <= 3 and record["target"] not in others
+        for ox1, oy1, ox2, oy2 in others:
+            assert saturated[oy1:oy2, ox1:ox2].any()
+            assert min(x2, ox2) <= max(x1, ox1) or min(y2, oy2) <= max(y1, oy1)
 
 
 # -- the video, audio, chart and detection benchmarks ---------------------------------------

@@ -188,6 +188,39 @@ def test_grounding_evaluate_reads_the_family_frame(frame, input_size, answer):
     assert record.parsed == pytest.approx([20, 10, 60, 50])
 
 
+def test_grounding_wrong_object_is_a_box_on_another_listed_object():
+    task = build_task("grounding")
+    sample = grounding_sample("pixels")
+    sample.meta["other_boxes"] = [[100, 10, 140, 50], [150, 60, 190, 95]]
+    cases = {  # completion: (acc@0.5, wrong_object)
+        "<answer>[20, 10, 60, 50]</answer>": (1.0, 0.0),  # the referred object
+        "<answer>[102, 12, 140, 50]</answer>": (0.0, 1.0),  # IoU 0.9 with another object
+        "<answer>[70, 10, 95, 50]</answer>": (0.0, 0.0),  # background: neither
+        "<answer>[120, 10, 160, 50]</answer>": (0.0, 0.0),  # IoU 1/3 with the other: a miss
+        "<answer>left</answer>": (0.0, 0.0),  # unparsable: a format failure, not an object
+    }
+    for completion, (correct, wrong) in cases.items():
+        values = task.evaluate_one(completion, sample).values
+        assert (values["acc@0.5"], values["wrong_object"]) == (correct, wrong), completion
+    # Without meta.other_boxes the value is absent, not 0: nothing to compare with.
+    plain = task.evaluate_one("<answer>[102, 12, 140, 50]</answer>", grounding_sample("pixels"))
+    assert "wrong_object" not in plain.values
+
+
+def test_grounding_other_boxes_are_checked_when_read(tmp_path):
+    lines = [
+        mmrft_line([1, 2, 3, 4], {"image_size": [10, 10], "other_boxes": [[5, 5, 9, 9]]}),
+        mmrft_line([1, 2, 3, 4], {"image_size": [10, 10], "other_boxes": [[5, 5, 4, 9]]}),
+        mmrft_line([1, 2, 3, 4], {"image_size": [10, 10], "other_boxes": [5, 5, 9, 9]}),
+    ]
+    path = write_lines(tmp_path / "d.jsonl", lines)
+    with pytest.raises(DataError, match=r"d.jsonl:2: 'meta.other_boxes' box .* x1 < x2"):
+        build_task("grounding").read(path)
+    samples, stats = build_task("grounding").read(path, on_error="skip")
+    assert [s.meta["other_boxes"] for s in samples] == [[[5, 5, 9, 9]]]
+    assert sum(stats.skipped.values()) == 2
+
+
 def test_grounding_evaluate_failures():
     task = build_task("grounding")
     sample = grounding_sample("pixels")
