@@ -254,8 +254,9 @@ class GroundingTask(Task):
 
         Values: ``iou`` in [0, 1] and ``acc@0.5`` = 1 if IoU ≥ 0.5 else 0; with
         ``meta["other_boxes"]``, ``wrong_object`` = 1 if the box misses the target but has
-        IoU ≥ 0.5 with one of them, else 0. Unparsable answers score 0 with the parser's reason (``no answer tag``, ``no box``, ``several boxes``,
-        ``degenerate box``, ``box outside image``); ``parsed`` is the predicted box in original pixels.
+        IoU ≥ 0.5 with one of them, else 0. Unparsable answers score 0 with the parser's reason
+        (``no answer tag``, ``no box``, ``several boxes``, ``degenerate box``, ``box outside
+        image``); ``parsed`` is the predicted box in original pixels.
         Raises ``ValueError`` for a sample without ``box_frame`` (a setup error, not the model's).
         """
         frame = box_frame(sample)
