@@ -226,7 +226,7 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     model = AutoModelForImageTextToText.from_pretrained(args.eval_only, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(args.eval_only)
     metrics = {}
-    for name in [k for k in MIXTURE if not args.only or k in args.only]:
+    for name in args.only or list(MIXTURE):
         split = REPO / "assets" / "benchmarks" / name / "train.jsonl"  # read, not trained on
         bench = load_benchmark(name, split, Path(args.eval_only), args.held_out)
         metric = held_out(model, processor, bench, args.form)
@@ -234,10 +234,28 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     return metrics
 
 
+def pretraining_mixture(only: list[str] | None, samples: int | None) -> dict[str, int]:
+    """benchmark → pretraining samples: :data:`MIXTURE` (``only`` keeps some of it, or names
+    any other bundled benchmark with a learning recipe, which then needs ``samples``)."""
+    names = only or list(MIXTURE)
+    known = set(generators().BENCHMARKS)
+    mixture = {}
+    for name in names:
+        if name not in known:
+            raise SystemExit(f"--only {name}: no such benchmark (scripts/make_benchmarks.py)")
+        if not (REPO / "configs" / "learn" / f"{name}.yaml").is_file():
+            raise SystemExit(f"--only {name}: no learning recipe configs/learn/{name}.yaml")
+        n = samples or MIXTURE.get(name)
+        if not n:
+            raise SystemExit(f"--only {name}: not in MIXTURE, give --samples")
+        mixture[name] = n
+    return mixture
+
+
 def pretrain(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     seed_everything(args.seed)
-    mixture = {k: args.samples or v for k, v in MIXTURE.items() if not args.only or k in args.only}
+    mixture = pretraining_mixture(args.only, args.samples)
     out = Path(args.out)
     start = Path(tempfile.mkdtemp(prefix="learner-init-"))
     if args.init:  # continued pretraining of an earlier learner
@@ -351,7 +369,9 @@ def main() -> None:
     parser.add_argument(
         "--workers", type=int, default=2, help="processes drawing the pretraining data"
     )
-    parser.add_argument("--only", nargs="+", help="benchmarks of MIXTURE to pretrain on")
+    parser.add_argument(
+        "--only", nargs="+", help="benchmarks to pretrain on (default: those of MIXTURE)"
+    )
     parser.add_argument(
         "--samples", type=int, help="pretraining samples per benchmark (default: MIXTURE's)"
     )

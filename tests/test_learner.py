@@ -176,3 +176,19 @@ def test_a_reading_only_slot_reader_has_one_phase(tmp_path: Path) -> None:
     weights = tmp_path / "w" / "read" / "checkpoints" / "step-000000" / "model.safetensors"
     assert (out / "model.safetensors").read_bytes() == weights.read_bytes()
     assert not (out / "trainer_state.pt").exists()
+
+
+def test_the_mixture_is_mixture_or_named_benchmarks_with_a_sample_count() -> None:
+    """No --only: MIXTURE; --only keeps part of it, or names another benchmark with a learning
+    recipe, which then needs --samples; an unknown name or a missing count fails naming it."""
+    make_learner = _script()
+    assert make_learner.pretraining_mixture(None, None) == make_learner.MIXTURE
+    assert make_learner.pretraining_mixture(["shapes_grounding"], 7) == {"shapes_grounding": 7}
+    assert make_learner.pretraining_mixture(["video_direction"], 9) == {"video_direction": 9}
+    for only, samples, named in (
+        (["video_direction"], None, "give --samples"),
+        (["shapes_grounded"], 9, "no such benchmark"),
+        (["zoom_sites"], 9, "no learning recipe"),
+    ):
+        with pytest.raises(SystemExit, match=named):
+            make_learner.pretraining_mixture(only, samples)
