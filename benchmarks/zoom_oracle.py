@@ -189,7 +189,7 @@ def accuracy(answers: list[str], records: list[dict]) -> float:
 
 # -- videos ----------------------------------------------------------------------------------
 VIDEO_VIEWS: dict[str, dict[str, Any]] = {
-    "8 frames, 56x56 (configs/learn/video_*.yaml)": {
+    "8 frames, 56x56 (the tiny Qwen2.5-VL's video recipes before the learner)": {
         "fps": 2.0,
         "min_frames": 8,
         "max_frames": 8,
