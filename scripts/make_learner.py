@@ -10,10 +10,12 @@ learner is the tiny Qwen3-VL's architecture made wider and deeper (``size="learn
 before anyone runs RL on it:
 
 1. **data**: a *pretraining* split of each benchmark in :data:`MIXTURE` (so far grounding and
-   detection), drawn by the bundled generators (scripts/make_benchmarks.py) at seeds of its own
-   (chunk ``c`` of benchmark ``i`` at ``[PRETRAIN_SEED, i, c]``), never the benchmarks' train
-   or test splits (checked: no pretraining image equals a test image), written under
-   ``--cache`` once by ``--workers`` processes;
+   detection) or each that ``--only`` names (any benchmark with a learning recipe; outside
+   :data:`MIXTURE` with ``--samples``), drawn by the bundled generators
+   (scripts/make_benchmarks.py) at seeds of its own (chunk ``c`` of benchmark ``i`` at
+   ``[PRETRAIN_SEED, i, c]``), never the benchmarks' train or test splits (checked: no
+   pretraining image equals a test image), written under ``--cache`` once by ``--workers``
+   processes;
 2. **form** (``--form``): ``task`` (the default) trains on each task's own prompt (template,
    instructions, the family's box instruction) answered ``<answer>reference</answer>``, as the
    instruction-tuned checkpoints RL papers start from, so the learner's RL recipes need no
@@ -222,11 +224,12 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     """The held-out metric of an existing learner (``--eval-only MODEL``) on each benchmark."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    names = benchmark_names(args.only)  # before any weights are loaded
     torch.set_num_threads(args.threads)
     model = AutoModelForImageTextToText.from_pretrained(args.eval_only, dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(args.eval_only)
     metrics = {}
-    for name in args.only or list(MIXTURE):
+    for name in names:
         split = REPO / "assets" / "benchmarks" / name / "train.jsonl"  # read, not trained on
         bench = load_benchmark(name, split, Path(args.eval_only), args.held_out)
         metric = held_out(model, processor, bench, args.form)
@@ -234,21 +237,26 @@ def evaluate_only(args: argparse.Namespace) -> dict:
     return metrics
 
 
-def pretraining_mixture(only: list[str] | None, samples: int | None) -> dict[str, int]:
-    """benchmark → pretraining samples: :data:`MIXTURE` (``only`` keeps some of it, or names
-    any other bundled benchmark with a learning recipe, which then needs ``samples``)."""
-    names = only or list(MIXTURE)
+def benchmark_names(only: list[str] | None) -> list[str]:
+    """The benchmarks ``--only`` names (default: those of :data:`MIXTURE`), each a bundled
+    benchmark with a learning recipe."""
     known = set(generators().BENCHMARKS)
-    mixture = {}
-    for name in names:
+    for name in only or []:
         if name not in known:
             raise SystemExit(f"--only {name}: no such benchmark (scripts/make_benchmarks.py)")
         if not (REPO / "configs" / "learn" / f"{name}.yaml").is_file():
             raise SystemExit(f"--only {name}: no learning recipe configs/learn/{name}.yaml")
-        n = samples or MIXTURE.get(name)
-        if not n:
+    return only or list(MIXTURE)
+
+
+def pretraining_mixture(only: list[str] | None, samples: int | None) -> dict[str, int]:
+    """benchmark → pretraining samples: ``samples``, else :data:`MIXTURE`'s count (a
+    benchmark outside it needs ``samples``)."""
+    mixture = {}
+    for name in benchmark_names(only):
+        mixture[name] = samples or MIXTURE.get(name, 0)
+        if not mixture[name]:
             raise SystemExit(f"--only {name}: not in MIXTURE, give --samples")
-        mixture[name] = n
     return mixture
 
 
