@@ -39,6 +39,13 @@ curves and times, about 100 + 52 + 38 minutes on 2 cores)::
         --lr 3e-4 --eval-every 1000 --out runs/stage2
     python scripts/make_learner.py --init runs/stage2 --only shapes_grounding --samples 80000 \
         --steps 6000 --lr 2e-4 --eval-every 1000
+
+The charts learner (assets/models/learner-qwen3_vl-charts, the ``charts`` recipe's model)
+continues the committed learner on fresh charts only (about 55 minutes on 2 cores)::
+
+    python scripts/make_learner.py --init assets/models/learner-qwen3_vl --only charts \
+        --samples 24000 --steps 6000 --lr 5e-4 --eval-every 1000 \
+        --out assets/models/learner-qwen3_vl-charts
 """
 
 from __future__ import annotations
