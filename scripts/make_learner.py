@@ -41,7 +41,8 @@ curves and times, about 100 + 52 + 38 minutes on 2 cores)::
         --steps 6000 --lr 2e-4 --eval-every 1000
 
 The charts learner (assets/models/learner-qwen3_vl-charts, the ``charts`` recipe's model)
-continues the committed learner on fresh charts only (about 55 minutes on 2 cores)::
+continues the committed learner on fresh charts only (12 minutes to draw them with 2 workers,
+then about 50 minutes of training on 2 cores)::
 
     python scripts/make_learner.py --init assets/models/learner-qwen3_vl --only charts \
         --samples 24000 --steps 6000 --lr 5e-4 --eval-every 1000 \
